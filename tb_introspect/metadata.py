@@ -1,0 +1,185 @@
+"""Plugin name, format version, tags and the packed-vector layout of summaries.
+
+This module is shared by the writer side and the plugin side, so it must
+never import TensorFlow. The format is documented in ``docs/format.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tensorboard.compat.proto import summary_pb2
+
+from tb_introspect.proto import plugin_data_pb2
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "introspect"
+PROTO_VERSION = 1
+
+VIEWS = ("variable", "gradient", "output", "output_gradient")
+CADENCES = ("step", "epoch")
+
+TENSOR_STATS = plugin_data_pb2.PluginData.TENSOR_STATS
+METRIC = plugin_data_pb2.PluginData.METRIC
+METRIC_EPOCH = plugin_data_pb2.PluginData.METRIC_EPOCH
+
+TAG_PREFIX = PLUGIN_NAME + "/"
+
+#: Default percentile points: 0, 12.5, 25, ..., 100.
+DEFAULT_QUANTILES: tuple[float, ...] = tuple(12.5 * i for i in range(9))
+
+#: Slots every TENSOR_STATS vector starts with, in order.
+BASE_FIELDS: tuple[str, ...] = (
+    "epoch",
+    "count",
+    "finite_count",
+    "nan_count",
+    "posinf_count",
+    "neginf_count",
+    "zero_fraction",
+    "sign_balance",
+    "mean",
+    "std",
+    "rms",
+    "l2",
+    "min",
+    "max",
+    "activation_rate",
+    "dead_rate",
+    "spatial_dead_rate",
+)
+
+#: Extra slots appended per view, after the quantile slots.
+VIEW_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
+    # ||w_t - w_prev|| / ||w_t|| between two logged points.
+    "variable": ("update_ratio",),
+    # cosine between this gradient aggregate and the previous logged one.
+    "gradient": ("cos_prev",),
+    "output": (),
+    "output_gradient": (),
+}
+
+METRIC_FIELDS: tuple[str, ...] = ("epoch", "value")
+METRIC_EPOCH_FIELDS: tuple[str, ...] = (
+    "epoch", "min", "p25", "p50", "p75", "max", "mean", "count",
+)
+
+
+def quantile_field(q: float, log: bool = False) -> str:
+    """Name of the slot holding percentile ``q``: ``q12.5`` or ``logq12.5``."""
+    text = f"{float(q):g}"
+    return ("logq" if log else "q") + text
+
+
+def tensor_stats_fields(
+    view: str, quantiles: Sequence[float] = DEFAULT_QUANTILES
+) -> tuple[str, ...]:
+    """The ordered slot names of a TENSOR_STATS vector for ``view``."""
+    _check_view(view)
+    return (
+        BASE_FIELDS
+        + tuple(quantile_field(q) for q in quantiles)
+        + tuple(quantile_field(q, log=True) for q in quantiles)
+        + VIEW_EXTRA_FIELDS[view]
+    )
+
+
+def stats_tag(view: str, name: str) -> str:
+    """Tag of the summary holding ``view`` statistics of tensor ``name``."""
+    _check_view(view)
+    return f"{TAG_PREFIX}{view}/{name}"
+
+
+def metric_tag(name: str, per_epoch: bool = False) -> str:
+    """Tag of a per-step metric, or of its per-epoch band."""
+    return f"{TAG_PREFIX}{'metric_epoch' if per_epoch else 'metric'}/{name}"
+
+
+def _check_view(view: str) -> None:
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r}; expected one of {', '.join(VIEWS)}")
+
+
+def create_tensor_stats_metadata(
+    *,
+    view: str,
+    name: str,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+    dtype: str = "float32",
+    cadence: str = "step",
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+) -> summary_pb2.SummaryMetadata:
+    """SummaryMetadata for the statistics of one view of one tensor."""
+    if cadence not in CADENCES:
+        raise ValueError(f"unknown cadence {cadence!r}; expected 'step' or 'epoch'")
+    data = plugin_data_pb2.PluginData(
+        version=PROTO_VERSION,
+        kind=TENSOR_STATS,
+        view=view,
+        layer=layer or name,
+        depth=int(depth),
+        name=name,
+        shape=[-1 if d is None else int(d) for d in shape],
+        dtype=str(dtype),
+        cadence=cadence,
+        fields=tensor_stats_fields(view, quantiles),
+        quantiles=[float(q) for q in quantiles],
+    )
+    return _summary_metadata(data, f"{view} statistics of {name}")
+
+
+def create_metric_metadata(
+    name: str, per_epoch: bool = False
+) -> summary_pb2.SummaryMetadata:
+    """SummaryMetadata for a per-step metric or its per-epoch band."""
+    data = plugin_data_pb2.PluginData(
+        version=PROTO_VERSION,
+        kind=METRIC_EPOCH if per_epoch else METRIC,
+        name=name,
+        cadence="epoch" if per_epoch else "step",
+        fields=METRIC_EPOCH_FIELDS if per_epoch else METRIC_FIELDS,
+    )
+    return _summary_metadata(data, f"metric {name}")
+
+
+def _summary_metadata(
+    data: plugin_data_pb2.PluginData, description: str
+) -> summary_pb2.SummaryMetadata:
+    return summary_pb2.SummaryMetadata(
+        summary_description=description,
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(
+            plugin_name=PLUGIN_NAME, content=data.SerializeToString()
+        ),
+        # Without DATA_CLASS_TENSOR, TensorBoard's loaders drop the data.
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+
+
+def parse_plugin_data(content: bytes) -> plugin_data_pb2.PluginData:
+    """Parse ``SummaryMetadata.plugin_data.content``.
+
+    Raises ``ValueError`` on bytes that are not a PluginData message. Data
+    written by a newer format version is parsed on a best-effort basis and
+    logs a warning (once per version) instead of failing.
+    """
+    data = plugin_data_pb2.PluginData()
+    try:
+        data.ParseFromString(content)
+    except Exception as e:  # protobuf raises DecodeError, a private subclass
+        raise ValueError(f"malformed tb-introspect plugin data: {e}") from e
+    if data.version > PROTO_VERSION and data.version not in _warned_versions:
+        _warned_versions.add(data.version)
+        logger.warning(
+            "tb-introspect data has format version %d, newer than this reader's %d;"
+            " reading it on a best-effort basis (upgrade tb-introspect)",
+            data.version,
+            PROTO_VERSION,
+        )
+    return data
+
+
+_warned_versions: set[int] = set()

@@ -1,0 +1,68 @@
+"""Numpy-only builders of tb-introspect ``Summary`` protos (no TensorFlow).
+
+These let any framework write the format: pass the protos to TensorBoard's
+``EventFileWriter`` (see ``tb_introspect.writer``) or to PyTorch's
+``SummaryWriter.file_writer.add_summary``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.util import tensor_util
+
+from tb_introspect import metadata
+
+
+def _summary(tag: str, meta: summary_pb2.SummaryMetadata, vector) -> summary_pb2.Summary:
+    vec = np.asarray(vector, dtype=np.float64).reshape(-1)
+    expected = len(metadata.parse_plugin_data(meta.plugin_data.content).fields)
+    if vec.size != expected:
+        raise ValueError(f"{tag}: packed vector has {vec.size} slots, layout has {expected}")
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=tag, metadata=meta, tensor=tensor_util.make_tensor_proto(vec))
+    return summary
+
+
+def tensor_stats_pb(
+    stats_vector: Sequence[float] | np.ndarray,
+    *,
+    view: str,
+    name: str,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+    dtype: str = "float32",
+    cadence: str = "step",
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+) -> summary_pb2.Summary:
+    """A Summary holding an already packed statistics vector (see docs/format.md)."""
+    meta = metadata.create_tensor_stats_metadata(
+        view=view, name=name, layer=layer, depth=depth, shape=shape,
+        dtype=dtype, cadence=cadence, quantiles=quantiles,
+    )
+    return _summary(metadata.stats_tag(view, name), meta, stats_vector)
+
+
+def metric_pb(name: str, value: float, epoch: int = 0) -> summary_pb2.Summary:
+    """A Summary holding one per-step value of a loss or metric."""
+    return _summary(
+        metadata.metric_tag(name), metadata.create_metric_metadata(name), [epoch, value]
+    )
+
+
+def metric_epoch_pb(name: str, values: Sequence[float], epoch: int) -> summary_pb2.Summary:
+    """A Summary holding the per-epoch band (min, quartiles, max, mean, count) of ``values``."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    if v.size:
+        band = [*np.percentile(v, [0, 25, 50, 75, 100]), v.mean()]
+    else:
+        band = [np.nan] * 6
+    return _summary(
+        metadata.metric_tag(name, per_epoch=True),
+        metadata.create_metric_metadata(name, per_epoch=True),
+        [epoch, *band, v.size],
+    )
