@@ -1,0 +1,1 @@
+export function render() { document.body.textContent = "Introspect"; }
