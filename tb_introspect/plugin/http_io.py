@@ -1,0 +1,105 @@
+"""JSON encoding, responses and query-parameter checks for the plugin's routes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+import numpy as np
+from tensorboard.backend import http_util
+from werkzeug import wrappers
+
+JSON = "application/json"
+
+
+class RequestError(Exception):
+    """Bad input from the client; answered with ``status`` and a JSON message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def not_found(message: str) -> RequestError:
+    """A 404 error for an unknown run, tag or file."""
+    return RequestError(message, 404)
+
+
+def num_list(values: Any, decimals: int | None = None) -> list:
+    """A (nested) list of floats with NaN and ±Inf as ``None`` (JSON ``null``)."""
+    a = np.asarray(values, dtype=np.float64)
+    if decimals is not None:
+        a = np.round(a, decimals)
+    finite = np.isfinite(a)
+    if finite.all():
+        return a.tolist()
+    out = a.astype(object)
+    out[~finite] = None
+    return out.tolist()
+
+
+def int_list(values: Any) -> list:
+    """A list of Python ints, ``None`` where the input is not finite."""
+    a = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(a)
+    out = np.where(finite, a, 0).astype(np.int64).astype(object)
+    out[~finite] = None
+    return out.tolist()
+
+
+def encode(obj: Any) -> bytes:
+    """Compact JSON bytes; refuses NaN so that a missed conversion fails loudly in tests."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """Gzip as TensorBoard's ``Respond`` does (level 3, fixed mtime) for cached bodies."""
+    return gzip.compress(data, compresslevel=3, mtime=0)
+
+
+def json_response(request: wrappers.Request, obj: Any, status: int = 200) -> wrappers.Response:
+    """JSON response, gzip-compressed when the client accepts it."""
+    return http_util.Respond(request, encode(obj), JSON, code=status)
+
+
+def gzipped_json_response(request: wrappers.Request, body_gz: bytes) -> wrappers.Response:
+    """A cached gzip body; ``Respond`` inflates it for clients without gzip."""
+    return http_util.Respond(request, body_gz, JSON, content_encoding="gzip")
+
+
+def error_response(request: wrappers.Request, error: RequestError) -> wrappers.Response:
+    """``{"error": message}`` with the error's status."""
+    return json_response(request, {"error": str(error)}, status=error.status)
+
+
+def required(request: wrappers.Request, name: str) -> str:
+    """The single value of query parameter ``name``; 400 when missing or empty."""
+    values = request.args.getlist(name)
+    if not values or values[0] == "":
+        raise RequestError(f"missing query parameter {name!r}")
+    if len(values) > 1:
+        raise RequestError(f"query parameter {name!r} given {len(values)} times; expected once")
+    return values[0]
+
+
+def repeated(request: wrappers.Request, name: str, *, required_: bool = False) -> list[str]:
+    """All values of a repeatable query parameter, in order, without duplicates."""
+    values = list(dict.fromkeys(v for v in request.args.getlist(name) if v != ""))
+    if required_ and not values:
+        raise RequestError(f"missing query parameter {name!r}")
+    return values
+
+
+def non_negative_int(request: wrappers.Request, name: str, default: int) -> int:
+    """An optional non-negative integer parameter; 400 when malformed."""
+    text = request.args.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise RequestError(f"query parameter {name!r} must be an integer, got {text!r}") from None
+    if value < 0:
+        raise RequestError(f"query parameter {name!r} must be >= 0, got {value}")
+    return value

@@ -1,0 +1,233 @@
+"""The run overview, computed from a :class:`~tb_introspect.plugin.reader.RunSeries`.
+
+Everything is vectorised over a (tensors x steps) matrix per view, so a run with
+hundreds of tensors and thousands of steps takes milliseconds. The JSON shape
+is documented in ``docs/http_api.md`` (route ``./overview``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tb_introspect import metadata
+from tb_introspect.plugin.http_io import int_list, num_list
+from tb_introspect.plugin.reader import RunSeries, Series
+
+logger = logging.getLogger(__name__)
+
+#: Percentiles (over tensors) of the per-tensor RMS drawn as model-level bands.
+RMS_QUANTILES: tuple[float, ...] = metadata.DEFAULT_QUANTILES
+ACTIVITY_FIELDS = ("activation_rate", "dead_rate", "spatial_dead_rate")
+NONFINITE_FIELDS = ("nan_count", "posinf_count", "neginf_count")
+DEFAULT_MAX_POINTS = 2000
+
+
+def union_steps(series: Sequence[Series]) -> np.ndarray:
+    """Sorted union of the steps of ``series``."""
+    if not series:
+        return np.empty(0, dtype=np.int64)
+    return np.unique(np.concatenate([s.steps for s in series]))
+
+
+def field_matrix(series: Sequence[Series], name: str, steps: np.ndarray) -> np.ndarray:
+    """``m[i, j]`` = field ``name`` of ``series[i]`` at ``steps[j]``; NaN where it has no point."""
+    m = np.full((len(series), len(steps)), np.nan)
+    for i, s in enumerate(series):
+        if len(s) and s.has(name):
+            m[i, np.searchsorted(steps, s.steps)] = s.field(name)
+    return m
+
+
+def stack_fractions(rms: np.ndarray) -> np.ndarray:
+    """Layer-scale stack fractions of a (tensors x steps) RMS matrix (DESIGN.md).
+
+    Per step: ``l = log10(rms)`` over tensors with a finite positive RMS,
+    ``s = l - (min(l) - 1)`` (the smallest becomes 1), fraction ``s / sum(s)``.
+    Tensors without a finite positive RMS get 0; a step with none is all 0.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.where(np.isfinite(rms) & (rms > 0), np.log10(rms), np.nan)
+    low = np.fmin.reduce(logs, axis=0, initial=np.inf)
+    shifted = np.nan_to_num(logs - (low - 1.0), nan=0.0, posinf=0.0, neginf=0.0)
+    total = shifted.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, shifted / np.where(total > 0, total, 1.0), 0.0)
+
+
+def band_over_rows(m: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    """Per column, the ``quantiles`` of the finite values (rows = quantiles); NaN if none."""
+    finite = np.where(np.isfinite(m), m, np.nan)
+    if finite.size == 0:
+        return np.full((len(quantiles), m.shape[1]), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        return np.nanpercentile(finite, list(quantiles), axis=0)
+
+
+def summarise_rows(m: np.ndarray) -> dict[str, np.ndarray]:
+    """Per column: mean, min, max of the finite values and ``worst`` = argmax row (-1 if none)."""
+    finite = np.isfinite(m)
+    count = finite.sum(axis=0)
+    has = count > 0
+    high = np.where(finite, m, -np.inf)
+    low = np.where(finite, m, np.inf).min(axis=0, initial=np.inf)
+    worst = high.argmax(axis=0) if m.shape[0] else np.zeros(m.shape[1], dtype=np.int64)
+    return {
+        "mean": np.where(has, np.where(finite, m, 0.0).sum(axis=0) / np.maximum(count, 1), np.nan),
+        "min": np.where(has, low, np.nan),
+        "max": np.where(has, high.max(axis=0, initial=-np.inf), np.nan),
+        "worst": np.where(has, worst, -1),
+    }
+
+
+def column_subset(n: int, max_points: int) -> np.ndarray:
+    """Indices of at most ``max_points`` evenly strided columns, the last one kept."""
+    if max_points <= 0 or n <= max_points:
+        return np.arange(n)
+    idx = np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
+    return idx
+
+
+def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
+    """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
+    steps = union_steps(series)
+    rms = field_matrix(series, "rms", steps)
+    epochs = np.fmax.reduce(field_matrix(series, "epoch", steps), axis=0) if len(series) \
+        else np.empty(0)
+    nonfinite_m = sum(
+        np.nan_to_num(field_matrix(series, f, steps), nan=0.0) for f in NONFINITE_FIELDS
+    )
+    first_nonfinite = None
+    hits = np.argwhere(nonfinite_m.T > 0)  # (step column, tensor) in step-major order
+    if hits.size:
+        col, row = hits[0]
+        first_nonfinite = {"tag": series[row].info.tag, "step": int(steps[col])}
+
+    cols = column_subset(len(steps), max_points)
+    rms_c = rms[:, cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_rms = np.where(np.isfinite(rms_c) & (rms_c > 0), np.log10(rms_c), np.nan)
+    activity = {}
+    for name in ACTIVITY_FIELDS:
+        summary = summarise_rows(field_matrix(series, name, steps)[:, cols])
+        entry = {k: num_list(summary[k]) for k in ("mean", "min", "max")}
+        if name != "activation_rate":
+            entry["worst"] = [None if w < 0 else w for w in summary["worst"].tolist()]
+        activity[name] = entry
+    return {
+        "tensors": [
+            {"tag": s.info.tag, "name": s.info.name, "layer": s.info.layer, "depth": s.info.depth}
+            for s in series
+        ],
+        "steps": steps[cols].tolist(),
+        "epochs": int_list(epochs[cols]),
+        "rms_quantiles": list(RMS_QUANTILES),
+        "rms_bands": num_list(band_over_rows(rms_c, RMS_QUANTILES)),
+        "log10_rms": num_list(log_rms, decimals=4),
+        "stack": num_list(stack_fractions(rms_c), decimals=5),
+        "activity": activity,
+        "nonfinite": int_list(nonfinite_m.sum(axis=0)[cols]) if len(series) else [],
+        "first_nonfinite": first_nonfinite,
+    }
+
+
+def epoch_band_from_steps(values: np.ndarray, epochs: np.ndarray, steps: np.ndarray) -> dict:
+    """Per-epoch min/quartiles/max/mean/count of finite per-step values, grouped by epoch."""
+    keep = np.isfinite(epochs)
+    epochs, values, steps = epochs[keep], values[keep], steps[keep]
+    out: dict[str, list] = {k: [] for k in ("steps", "epochs", "min", "p25", "p50", "p75",
+                                           "max", "mean", "count")}
+    for e in np.unique(epochs):
+        in_epoch = epochs == e
+        v = values[in_epoch]
+        v = v[np.isfinite(v)]
+        out["steps"].append(int(steps[in_epoch].max()))
+        out["epochs"].append(int(e))
+        band = np.percentile(v, [0, 25, 50, 75, 100]) if v.size else np.full(5, np.nan)
+        for key, b in zip(("min", "p25", "p50", "p75", "max"), band, strict=True):
+            out[key].append(float(b))
+        out["mean"].append(float(v.mean()) if v.size else np.nan)
+        out["count"].append(int(v.size))
+    return {k: (v if k in ("steps", "epochs", "count") else num_list(v)) for k, v in out.items()}
+
+
+def metric_overview(step: Series | None, per_epoch: Series | None) -> dict[str, Any]:
+    """Per-step values and per-epoch band of one metric (see docs/http_api.md)."""
+    entry: dict[str, Any] = {
+        "tag": step.info.tag if step is not None else None,
+        "steps": step.steps.tolist() if step is not None else [],
+        "epochs": int_list(step.epochs) if step is not None else [],
+        "values": num_list(step.field("value")) if step is not None else [],
+    }
+    if per_epoch is not None:
+        band = {"source": "logged", "steps": per_epoch.steps.tolist(),
+                "epochs": int_list(per_epoch.epochs)}
+        for key in ("min", "p25", "p50", "p75", "max", "mean"):
+            band[key] = num_list(per_epoch.field(key))
+        band["count"] = int_list(per_epoch.field("count"))
+        entry["epoch_band"] = band
+    elif step is not None and np.isfinite(step.epochs).any():
+        entry["epoch_band"] = {
+            "source": "computed",
+            **epoch_band_from_steps(step.field("value"), step.epochs, step.steps),
+        }
+    else:
+        entry["epoch_band"] = None
+    return entry
+
+
+def find_issues_hook(run: RunSeries) -> tuple[list, str | None]:
+    """Findings from ``tb_introspect.diagnose.find_issues`` when that module exists.
+
+    Returns ``(findings, error)``. Findings may be dicts, dataclasses or objects
+    with ``to_json()``; a failure of the rules is reported, never raised.
+    """
+    try:
+        diagnose = importlib.import_module("tb_introspect.diagnose")
+    except ModuleNotFoundError as e:
+        if e.name == "tb_introspect.diagnose":  # not written/installed: no findings
+            return [], None
+        logger.exception("tb-introspect: importing the findings rules failed")
+        return [], f"findings unavailable: {e}"
+    except Exception as e:  # a broken rules module must not take the overview down
+        logger.exception("tb-introspect: importing the findings rules failed")
+        return [], f"findings unavailable: {e}"
+    find = getattr(diagnose, "find_issues", None)
+    if find is None:
+        return [], None
+    try:
+        return [_finding_json(f) for f in find(run)], None
+    except Exception as e:  # same reason
+        logger.exception("tb-introspect: findings rules failed on run %s", run.run)
+        return [], f"findings failed: {e}"
+
+
+def _finding_json(finding: Any) -> Any:
+    if hasattr(finding, "to_json"):
+        return finding.to_json()
+    if dataclasses.is_dataclass(finding) and not isinstance(finding, type):
+        return dataclasses.asdict(finding)
+    return finding
+
+
+def compute_overview(run: RunSeries, max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
+    """The whole ``./overview`` document of a run (JSON-ready)."""
+    names = sorted(set(run.metrics) | set(run.metric_epochs))
+    findings, error = find_issues_hook(run)
+    doc: dict[str, Any] = {
+        "run": run.run,
+        "views": {v: view_overview(s, max_points) for v, s in run.tensors.items() if s},
+        "metrics": {n: metric_overview(run.metrics.get(n), run.metric_epochs.get(n))
+                    for n in names},
+        "findings": findings,
+    }
+    if error is not None:
+        doc["findings_error"] = error
+    return doc
