@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from tensorboard import context as tb_context
 from tensorboard.data import provider as tb_provider
 
 from tb_introspect import metadata
@@ -164,7 +165,7 @@ def list_tags(
     ``(tag, reason)`` pairs whose metadata could not be parsed (also logged).
     """
     listing = data_provider.list_tensors(
-        ctx,
+        _ctx(ctx),
         experiment_id=experiment_id,
         plugin_name=PLUGIN_NAME,
         run_tag_filter=_filter(runs, tags),
@@ -218,7 +219,7 @@ def read_series(
     if not infos:
         return {}, []
     data = data_provider.read_tensors(
-        ctx,
+        _ctx(ctx),
         experiment_id=experiment_id,
         plugin_name=PLUGIN_NAME,
         downsample=ALL_POINTS if not downsample else int(downsample),
@@ -344,6 +345,11 @@ def read_logdir(logdir: str, runs: Sequence[str] | None = None) -> dict[str, Run
         series, unreadable = read_series(dp, "", run, run_infos.values())
         out[run] = assemble_run(run, run_infos, series, bad.get(run, []) + unreadable)
     return out
+
+
+def _ctx(ctx):
+    # Providers insist on a RequestContext; offline callers have none.
+    return ctx if ctx is not None else tb_context.RequestContext()
 
 
 def _filter(

@@ -1,0 +1,88 @@
+"""The overview's numpy kernels against plain-Python reference implementations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from tb_introspect.plugin import overview
+
+
+def stack_reference(column: list[float]) -> list[float]:
+    """DESIGN.md recipe, one step, written out plainly."""
+    logs = {i: math.log10(r) for i, r in enumerate(column) if math.isfinite(r) and r > 0}
+    if not logs:
+        return [0.0] * len(column)
+    low = min(logs.values())
+    shifted = {i: v - (low - 1) for i, v in logs.items()}
+    total = sum(shifted.values())
+    return [shifted.get(i, 0.0) / total for i in range(len(column))]
+
+
+rms_values = st.one_of(
+    st.floats(1e-30, 1e30),
+    st.sampled_from([0.0, np.nan, np.inf, -1.0]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=2, max_side=7),
+                  elements=rms_values))
+def test_stack_fractions_match_reference(rms: np.ndarray) -> None:
+    got = overview.stack_fractions(rms)
+    assert got.shape == rms.shape
+    for j in range(rms.shape[1]):
+        np.testing.assert_allclose(got[:, j], stack_reference(list(rms[:, j])),
+                                   rtol=1e-9, atol=1e-12)
+        total = got[:, j].sum()
+        assert total == pytest.approx(1.0) or total == 0.0
+
+
+def test_stack_fractions_smallest_layer_gets_one_unit() -> None:
+    # rms 1e-3, 1e-1, 1: logs -3, -1, 0 -> shifted 1, 3, 4 -> fractions 1/8, 3/8, 4/8.
+    got = overview.stack_fractions(np.array([[1e-3], [1e-1], [1.0]]))
+    np.testing.assert_allclose(got[:, 0], [1 / 8, 3 / 8, 4 / 8])
+
+
+@settings(max_examples=40, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=2, max_side=6),
+                  elements=st.one_of(st.floats(-1e6, 1e6), st.sampled_from([np.nan, np.inf]))))
+def test_band_and_row_summaries_match_reference(m: np.ndarray) -> None:
+    q = [0, 25, 50, 90, 100]
+    bands = overview.band_over_rows(m, q)
+    summary = overview.summarise_rows(m)
+    for j in range(m.shape[1]):
+        col = [v for v in m[:, j] if math.isfinite(v)]
+        if not col:
+            assert np.isnan(bands[:, j]).all()
+            assert np.isnan(summary["mean"][j]) and summary["worst"][j] == -1
+            continue
+        np.testing.assert_allclose(bands[:, j], np.percentile(col, q), rtol=1e-9, atol=1e-9)
+        assert summary["mean"][j] == pytest.approx(sum(col) / len(col), rel=1e-9, abs=1e-6)
+        assert summary["min"][j] == min(col) and summary["max"][j] == max(col)
+        assert m[summary["worst"][j], j] == max(col)
+
+
+def test_column_subset_keeps_first_and_last() -> None:
+    idx = overview.column_subset(10_001, 500)
+    assert len(idx) <= 500 and idx[0] == 0 and idx[-1] == 10_000
+    assert (np.diff(idx) > 0).all()
+    np.testing.assert_array_equal(overview.column_subset(7, 500), np.arange(7))
+    np.testing.assert_array_equal(overview.column_subset(7, 0), np.arange(7))
+
+
+def test_epoch_band_from_steps_groups_by_epoch() -> None:
+    steps = np.arange(6)
+    epochs = np.array([0, 0, 0, 1, 1, np.nan])
+    values = np.array([3.0, 1.0, np.nan, 5.0, 7.0, 9.0])
+    band = overview.epoch_band_from_steps(values, epochs, steps)
+    assert band["epochs"] == [0, 1]
+    assert band["steps"] == [2, 4]
+    assert band["count"] == [2, 2]
+    assert band["min"] == [1.0, 5.0] and band["max"] == [3.0, 7.0]
+    assert band["p50"] == [2.0, 6.0] and band["mean"] == [2.0, 6.0]
