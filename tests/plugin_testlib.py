@@ -167,7 +167,8 @@ class TensorBoardProcess:
     """A running ``tensorboard``; ``url(route)`` is the plugin route's absolute URL."""
 
     proc: subprocess.Popen
-    base: str
+    root: str  # http://host:port
+    base: str  # root + path prefix
     log_path: str
 
     def url(self, route: str) -> str:
@@ -191,7 +192,8 @@ def tensorboard(
         cmd += ["--path_prefix", path_prefix]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    tb = TensorBoardProcess(proc, f"http://127.0.0.1:{port}{path_prefix}", log.name)
+    root = f"http://127.0.0.1:{port}"
+    tb = TensorBoardProcess(proc, root, root + path_prefix, log.name)
     try:
         deadline = time.monotonic() + timeout
         while True:
