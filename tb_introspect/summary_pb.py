@@ -66,3 +66,53 @@ def metric_epoch_pb(name: str, values: Sequence[float], epoch: int) -> summary_p
         metadata.create_metric_metadata(name, per_epoch=True),
         [epoch, *band, v.size],
     )
+
+
+def tensor_stats_pb_from_array(
+    array,
+    *,
+    view: str,
+    name: str,
+    layer: str = "",
+    depth: int = 0,
+    cadence: str = "step",
+    epoch: int = 0,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    sample_size: int | None = None,
+    seed: int | None = None,
+    extras: dict[str, float] | None = None,
+) -> summary_pb2.Summary:
+    """Compute the statistics of ``array`` with numpy and wrap them in a Summary.
+
+    ``sample_size=None`` (the default here) gives exact percentiles; ``extras``
+    fills view slots such as ``update_ratio`` / ``cos_prev`` by name.
+    """
+    from tb_introspect import stats_np  # numpy only; imported here to keep this module light
+
+    a = np.asarray(array)
+    vec = stats_np.tensor_stats(
+        a, view, quantiles=quantiles, sample_size=sample_size, seed=seed, name=name
+    )
+    vec = fill_slots(vec, view, quantiles, epoch=epoch, **(extras or {}))
+    return tensor_stats_pb(
+        vec, view=view, name=name, layer=layer, depth=depth, shape=a.shape,
+        dtype=str(a.dtype), cadence=cadence, quantiles=quantiles,
+    )
+
+
+def fill_slots(
+    vector, view: str, quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES, **values: float
+) -> np.ndarray:
+    """A copy of a packed vector with the named slots (e.g. ``epoch=3``) set."""
+    fields = metadata.tensor_stats_fields(view, quantiles)
+    vec = np.array(vector, dtype=np.float64).reshape(-1)
+    for key, value in values.items():
+        if key not in fields:
+            raise ValueError(f"{key!r} is not a slot of {view} statistics; slots: {fields}")
+        vec[fields.index(key)] = value
+    return vec
+
+
+def vector_of(summary: summary_pb2.Summary) -> np.ndarray:
+    """The packed float64 vector of a one-value tb-introspect Summary."""
+    return tensor_util.make_ndarray(summary.value[0].tensor).astype(np.float64)

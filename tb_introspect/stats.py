@@ -1,0 +1,651 @@
+"""In-graph statistics of one tensor, and a mergeable accumulator of them (TensorFlow).
+
+Everything here runs eagerly, under ``tf.function`` and with ``jit_compile=True``.
+Definitions, edge cases and the accuracy statement are in ``docs/statistics.md``;
+``tb_introspect.stats_np`` is the numpy twin with the same definitions.
+
+Percentiles come from a bounded sample of the finite non-zero values, combined
+with the exact counts of negative, zero and positive values: exact whenever the
+tensor has at most ``sample_size`` finite non-zero values, otherwise a uniform
+random sample whose rank error is about ``0.5 / sqrt(sample_size)`` (one sigma).
+Everything else (counts, moments, min, max, dead rates) is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import metadata
+
+#: Default bound on the number of sampled values percentiles are taken from.
+DEFAULT_SAMPLE_SIZE = 2**18
+
+_F64 = tf.float64
+_NAN = float("nan")
+_INF = float("inf")
+# Moments are taken of x * 2**-e with e the binary exponent of max|x|, clipped so
+# that the scale factor itself is a normal float64; this keeps squares of values
+# near the float64 limits from overflowing.
+_MAX_EXP = 1000.0
+
+#: How each key of an accumulator state merges (see ``merge_states``):
+#: ``sum`` adds, ``min``/``max`` take the extreme, ``any`` is a 0/1 flag array
+#: merged by maximum, ``moments`` is (mean, m2) merged with Chan's formula using
+#: ``finite_count`` (m2 is stored scaled by 4**-e, e from max(|min|, |max|)),
+#: ``bottom_k`` is the random-key sample (keys and values merge together).
+STATE_MERGE: dict[str, str] = {
+    "count": "sum",
+    "finite_count": "sum",
+    "posinf_count": "sum",
+    "neginf_count": "sum",
+    "pos_count": "sum",
+    "neg_count": "sum",
+    "mean": "moments",
+    "m2": "moments",
+    "min": "min",
+    "max": "max",
+    "min_abs": "min",
+    "channel_active": "any",
+    "spatial_active": "any",
+    "sample_keys": "bottom_k",
+    "sample_values": "bottom_k",
+}
+
+
+# --------------------------------------------------------------------------- input
+
+
+def _describe(x, name: str | None) -> str:
+    if name:
+        return name
+    try:
+        return x.name
+    except (AttributeError, ValueError):  # eager tensors have no name
+        return f"<tensor of shape {getattr(x, 'shape', '?')}>"
+
+
+def _to_float(x, name: str | None = None) -> tf.Tensor:
+    """``x`` as float32 (float16/bfloat16/float32/small ints/bool) or float64."""
+    try:
+        t = tf.convert_to_tensor(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"cannot compute statistics of {_describe(x, name)!r}: {e}") from e
+    dt = t.dtype
+    if not (dt.is_floating or dt.is_integer or dt.is_bool) or dt.is_complex or dt.is_quantized:
+        raise TypeError(
+            f"cannot compute statistics of tensor {_describe(x, name)!r} with dtype"
+            f" {dt.name}: expected a float, integer or bool tensor"
+        )
+    if dt == tf.float32:
+        return t
+    if dt in (tf.float64, tf.int32, tf.int64, tf.uint32, tf.uint64):
+        return tf.cast(t, _F64)  # float32 would round integers above 2**24
+    return tf.cast(t, tf.float32)
+
+
+def _check_quantiles(quantiles: Sequence[float]) -> np.ndarray:
+    q = np.asarray(quantiles, dtype=np.float64).reshape(-1)
+    if q.size == 0 or not np.all((q >= 0) & (q <= 100)):
+        raise ValueError(f"quantiles must be percentile points in [0, 100], got {quantiles!r}")
+    return q
+
+
+def _check_sample_size(sample_size: int) -> int:
+    k = int(sample_size)
+    if k < 1:
+        raise ValueError(f"sample_size must be a positive integer, got {sample_size!r}")
+    return k
+
+
+def _seed_pair(seed) -> tf.Tensor:
+    s = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+    if s.shape.rank == 0:
+        s = tf.stack([s, tf.constant(0x5EED, tf.int64)])
+    return s
+
+
+def _uniform(shape, seed, salt: int) -> tf.Tensor:
+    """Uniform [0, 1) float64: stateful when ``seed`` is None, else stateless."""
+    if seed is None:
+        return tf.random.uniform(shape, dtype=_F64)
+    return tf.random.stateless_uniform(shape, seed=_seed_pair(seed) + salt, dtype=_F64)
+
+
+def _normal(shape, seed, salt: int) -> tf.Tensor:
+    if seed is None:
+        return tf.random.normal(shape, dtype=_F64)
+    return tf.random.stateless_normal(shape, seed=_seed_pair(seed) + salt, dtype=_F64)
+
+
+def _where(cond, a, b) -> tf.Tensor:
+    """``tf.where`` that gives Python numbers the dtype of the tensor argument (float64 if none)."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        a = tf.constant(a, _F64)
+    if isinstance(a, (int, float)):
+        a = tf.constant(a, tf.convert_to_tensor(b).dtype)
+    elif isinstance(b, (int, float)):
+        b = tf.constant(b, tf.convert_to_tensor(a).dtype)
+    return tf.where(cond, a, b)
+
+
+def _in_xla_context() -> bool:
+    """Whether the op being built will be compiled by XLA (``jit_compile=True``)."""
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # private modules moved: take the path that compiles everywhere
+        return True
+    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+
+
+def _count(mask) -> tf.Tensor:
+    return tf.cast(tf.math.count_nonzero(mask, dtype=tf.int64), _F64)
+
+
+def _pow2(e) -> tf.Tensor:
+    return tf.pow(tf.constant(2.0, _F64), e)
+
+
+def _scale_exponent(vmin, vmax) -> tf.Tensor:
+    """Binary exponent of max(|vmin|, |vmax|), 0 when that is not a positive finite number."""
+    m = tf.maximum(tf.abs(vmin), tf.abs(vmax))
+    ok = tf.math.is_finite(m) & (m > 0)
+    e = tf.floor(tf.math.log(_where(ok, m, 1.0)) / np.log(2.0))
+    return tf.clip_by_value(_where(ok, e, 0.0), -_MAX_EXP, _MAX_EXP)
+
+
+# --------------------------------------------------------------------------- one batch
+
+
+def _batch_parts(x: tf.Tensor, k: int, seed, keyed: bool) -> dict[str, tf.Tensor]:
+    """Exact counts/moments/extremes, dead-rate flags and a <= k sample of one tensor.
+
+    With ``keyed`` the sample carries bottom-k random keys (for merging), otherwise
+    the sample is only what the quantiles of this tensor need.
+    """
+    flat = tf.reshape(x, [-1])
+    n_static = flat.shape[0]
+    n = tf.size(flat, out_type=tf.int64)
+    finite = tf.math.is_finite(flat)
+    xf = _where(finite, flat, tf.zeros_like(flat))
+    pos = xf > 0
+    neg = xf < 0
+    active = pos | neg
+    inf = tf.constant(_INF, flat.dtype)
+
+    out: dict[str, tf.Tensor] = {
+        "count": tf.cast(n, _F64),
+        "finite_count": _count(finite),
+        "posinf_count": _count(tf.equal(flat, inf)),
+        "neginf_count": _count(tf.equal(flat, -inf)),
+        "pos_count": _count(pos),
+        "neg_count": _count(neg),
+    }
+    nf = out["finite_count"]
+    vmin = tf.cast(tf.reduce_min(_where(finite, flat, inf)), _F64)
+    vmax = tf.cast(tf.reduce_max(_where(finite, flat, -inf)), _F64)
+    out["min"], out["max"] = vmin, vmax
+    out["min_abs"] = tf.cast(tf.reduce_min(_where(active, tf.abs(flat), inf)), _F64)
+
+    e = _scale_exponent(vmin, vmax)
+    xs = tf.cast(xf, _F64) * _pow2(-e)
+    mean_s = tf.reduce_sum(xs) / tf.maximum(nf, 1.0)
+    dev = _where(finite, xs - mean_s, tf.zeros_like(xs))
+    out["mean"] = mean_s * _pow2(e)
+    out["m2"] = tf.reduce_sum(dev * dev)  # in units of 4**e
+    out["_exp"] = e
+
+    out["channel_active"], out["spatial_active"] = _activity_flags(
+        tf.reshape(active, tf.shape(x)), x.shape
+    )
+
+    nnz = out["pos_count"] + out["neg_count"]
+    if n_static == 0:
+        vals = tf.fill([k], tf.constant(_INF, _F64))
+        keys = tf.fill([k], tf.constant(_INF, _F64))
+    elif n_static is not None:
+        vals, keys = _sample(flat, xf, active, n, nnz, k, seed, keyed)
+    else:
+        vals, keys = tf.cond(
+            n > 0,
+            lambda: _sample(flat, xf, active, n, nnz, k, seed, keyed),
+            lambda: (tf.fill([k], tf.constant(_INF, _F64)), tf.fill([k], tf.constant(_INF, _F64))),
+        )
+    out["sample_values"] = vals
+    out["sample_keys"] = keys
+    return out
+
+
+def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per-channel (last axis) and per-spatial-position "ever active" flags, as 0/1 float64."""
+    rank = shape.rank
+    if rank == 0:
+        channel = tf.reshape(active, [1])
+    elif rank == 1:
+        channel = active  # each element is its own channel
+    else:
+        channel = tf.reduce_any(active, axis=list(range(rank - 1)))
+    if rank >= 3:
+        spatial = tf.reduce_any(active, axis=[0, rank - 1])
+    else:
+        spatial = tf.zeros([0], tf.bool)
+    return tf.cast(channel, _F64), tf.cast(spatial, _F64)
+
+
+def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
+    """Up to ``k`` finite non-zero values of ``flat`` (float64, +inf padded) and their keys.
+
+    All of them, in order, when there are at most ``k``; otherwise ``k`` drawn
+    uniformly with replacement.
+    """
+    nnz_i = tf.cast(nnz, tf.int64)
+    exact = nnz_i <= k
+    u = _uniform([k], seed, 1)
+    drawn = tf.minimum(tf.cast(tf.floor(u * nnz), tf.int64), tf.maximum(nnz_i - 1, 0))
+    ranks = _where(exact, tf.range(k, dtype=tf.int64), drawn)
+    valid = ranks < nnz_i
+
+    def direct():  # every element is finite and non-zero: ranks are positions
+        return tf.gather(flat, tf.clip_by_value(ranks, 0, n - 1))
+
+    def compacted():
+        if _in_xla_context():
+            # XLA has no dynamic shapes (boolean_mask) and lowers searchsorted to a
+            # k x n comparison; a scatter to the running count compacts in O(n).
+            cs = tf.cumsum(tf.cast(active, tf.int64)) - 1
+            idx = _where(active, cs, n)
+            compact = tf.scatter_nd(idx[:, tf.newaxis], xf, tf.reshape(n + 1, [1]))
+        else:
+            compact = tf.boolean_mask(flat, active)
+        return tf.gather(compact, tf.clip_by_value(ranks, 0, tf.maximum(nnz_i - 1, 0)))
+
+    def nothing():
+        return tf.zeros([k], flat.dtype)
+
+    gathered = tf.cond(
+        tf.equal(nnz_i, n),
+        direct,
+        lambda: tf.cond(nnz_i > 0, compacted, nothing),
+    )
+    vals = _where(valid, tf.cast(gathered, _F64), _INF)
+    if not keyed:
+        return vals, tf.zeros([0], _F64)
+    # Bottom-k keys: with all values kept, i.i.d. uniform keys; with a draw, the k
+    # smallest of nnz uniform keys, made from exponential spacings S_i / S_(nnz+1)
+    # (S_(nnz+1) - S_k ~ Gamma(nnz - k + 1), Wilson-Hilferty approximation).
+    spacings = -tf.math.log1p(-_uniform([k], seed, 2))
+    s = tf.cumsum(spacings)
+    shape_param = tf.maximum(nnz - k + 1.0, 1.0)
+    z = _normal([], seed, 3)
+    gamma = shape_param * tf.pow(
+        tf.maximum(1.0 - 1.0 / (9.0 * shape_param) + z / (3.0 * tf.sqrt(shape_param)), 0.0), 3.0
+    )
+    drawn_keys = s / (s[-1] + gamma)
+    keys = _where(exact, _uniform([k], seed, 4), drawn_keys)
+    return vals, _where(valid, keys, _INF)
+
+
+# --------------------------------------------------------------------------- quantiles
+
+
+def _sample_quantiles(
+    sorted_vals: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Value and log10-magnitude percentiles from a sorted (+inf padded) sample.
+
+    Value percentiles are taken over the finite values with numpy's linear
+    interpolation between order statistics; the rank of an order statistic is
+    mapped into the sample within its sign stratum, using the exact negative /
+    zero / positive counts. This is exact when the sample holds every finite
+    non-zero value, and never lets sampling noise move a value across zero.
+    """
+    k = sorted_vals.shape[0]
+    p = tf.constant(q / 100.0, _F64)
+    n_neg, n_pos = parts["neg_count"], parts["pos_count"]
+    n_fin = parts["finite_count"]
+    n_zero = n_fin - n_neg - n_pos
+    valid = tf.math.is_finite(sorted_vals)
+    m = _count(valid)
+    m_neg = _count(sorted_vals < 0)
+    m_pos = m - m_neg
+    vmin, vmax = parts["min"], parts["max"]
+
+    def at(s):  # sample value at (fractional) position s, interpolated
+        lo = tf.floor(s)
+        hi = tf.math.ceil(s)
+        a = tf.gather(sorted_vals, tf.clip_by_value(tf.cast(lo, tf.int64), 0, k - 1))
+        b = tf.gather(sorted_vals, tf.clip_by_value(tf.cast(hi, tf.int64), 0, k - 1))
+        return _where(hi > lo, a + (b - a) * (s - lo), a)
+
+    def stratum(j, n_pop, m_samp, offset, fallback):
+        # Population rank j (0-based within the stratum) -> sample position.
+        s = _where(
+            tf.equal(n_pop, m_samp), j, j * (m_samp - 1.0) / tf.maximum(n_pop - 1.0, 1.0)
+        )
+        return _where(m_samp > 0, at(offset + s), fallback)
+
+    def value_at_rank(i):
+        neg_v = stratum(i, n_neg, m_neg, 0.0, vmin)
+        pos_v = stratum(i - n_neg - n_zero, n_pos, m_pos, m_neg, vmax)
+        return _where(i < n_neg, neg_v, _where(i < n_neg + n_zero, 0.0, pos_v))
+
+    r = p * tf.maximum(n_fin - 1.0, 0.0)
+    lo = tf.floor(r)
+    hi = tf.minimum(lo + 1.0, tf.maximum(n_fin - 1.0, 0.0))
+    a, b = value_at_rank(lo), value_at_rank(hi)
+    vq = _where(hi > lo, a + (b - a) * (r - lo), a)
+    # The extremes are known exactly; sampled estimates stay inside them.
+    vq = _where(tf.equal(p, 0.0), vmin, _where(tf.equal(p, 1.0), vmax, vq))
+    vq = tf.clip_by_value(vq, tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
+    vq = _where(n_fin > 0, vq, _NAN)
+
+    # log10|x| percentiles over the finite non-zero values (log10 is monotone,
+    # so only the order statistics used are logged). The magnitudes in ascending
+    # order merge two sorted runs of the sample: -negatives reversed, positives.
+    rm = p * tf.maximum(m - 1.0, 0.0)
+    lo = tf.floor(rm)
+    hi = tf.math.ceil(rm)
+    la = _log10(_merged_order_statistic(sorted_vals, m_neg, m_pos, lo))
+    lb = _log10(_merged_order_statistic(sorted_vals, m_neg, m_pos, hi))
+    lq = _where(hi > lo, la + (lb - la) * (rm - lo), la)
+    max_abs = tf.maximum(tf.abs(vmin), tf.abs(vmax))
+    lq = _where(
+        tf.equal(p, 0.0),
+        _log10(parts["min_abs"]),
+        _where(tf.equal(p, 1.0), _log10(max_abs), lq),
+    )
+    lq = _where(m > 0, lq, _NAN)
+    return vq, lq
+
+
+def _merged_order_statistic(sorted_vals, m_neg, m_pos, r) -> tf.Tensor:
+    """The r-th smallest |value| (r: float64 vector of 0-based ranks) of a sorted sample.
+
+    With P = positives ascending and N = |negatives| ascending, the first r+1
+    magnitudes take i from P and r+1-i from N, for the smallest i with
+    N[r-i] <= P[i]; a vectorised binary search finds it in log2(k) steps of
+    tiny gathers (XLA lowers searchsorted to a dense comparison, so no
+    searchsorted here).
+    """
+    k = sorted_vals.shape[0]
+    m_neg = tf.cast(m_neg, tf.int64)
+    m_pos = tf.cast(m_pos, tf.int64)
+    c = tf.cast(r, tf.int64) + 1
+
+    def p_at(i):  # P[i], +inf past the end, -inf before the start
+        v = tf.gather(sorted_vals, tf.clip_by_value(m_neg + i, 0, k - 1))
+        return _where(i >= m_pos, _INF, _where(i < 0, -_INF, v))
+
+    def n_at(j):  # N[j] = -sorted[m_neg - 1 - j]
+        v = -tf.gather(sorted_vals, tf.clip_by_value(m_neg - 1 - j, 0, k - 1))
+        return _where(j >= m_neg, _INF, _where(j < 0, -_INF, v))
+
+    lo = tf.maximum(c - m_neg, 0)
+    hi = tf.minimum(c, m_pos)
+    for _ in range(int(k).bit_length() + 1):
+        mid = (lo + hi) // 2
+        ok = n_at(c - mid - 1) <= p_at(mid)
+        hi = _where(ok, mid, hi)
+        lo = _where(ok, lo, mid + 1)
+    return tf.maximum(p_at(lo - 1), n_at(c - lo - 1))
+
+
+def _log10(v):
+    return tf.math.log(v) / np.log(10.0)
+
+
+# --------------------------------------------------------------------------- vector
+
+
+def _assemble(
+    parts: Mapping[str, tf.Tensor], e: tf.Tensor, view: str, q: np.ndarray
+) -> tf.Tensor:
+    """The packed vector (``metadata.tensor_stats_fields`` layout) from exact parts."""
+    count = parts["count"]
+    nf = parts["finite_count"]
+    posinf, neginf = parts["posinf_count"], parts["neginf_count"]
+    nan_count = tf.maximum(count - nf - posinf - neginf, 0.0)
+    n_neg, n_pos = parts["neg_count"], parts["pos_count"]
+    has = nf > 0
+    denom = tf.maximum(nf, 1.0)
+
+    def rate(v):
+        return _where(has, v, _NAN)
+
+    scale = _pow2(e)
+    mean_s = parts["mean"] * _pow2(-e)
+    m2_s = parts["m2"]
+    std = tf.sqrt(m2_s / denom) * scale
+    sumsq_s = m2_s + nf * mean_s * mean_s
+    l2 = tf.sqrt(sumsq_s) * scale
+    rms = tf.sqrt(sumsq_s / denom) * scale
+
+    def dead(flags):
+        size = tf.cast(tf.size(flags), _F64)
+        ok = (count > 0) & (size > 0)
+        return _where(ok, 1.0 - tf.reduce_sum(flags) / tf.maximum(size, 1.0), _NAN)
+
+    sorted_vals = tf.sort(parts["sample_values"])
+    vq, lq = _sample_quantiles(sorted_vals, parts, q)
+    base = tf.stack([
+        tf.constant(_NAN, _F64),  # epoch: filled by the caller
+        count,
+        nf,
+        nan_count,
+        posinf,
+        neginf,
+        rate((nf - n_neg - n_pos) / denom),
+        rate((n_pos - n_neg) / denom),
+        rate(parts["mean"]),
+        rate(std),
+        rate(rms),
+        rate(l2),
+        rate(parts["min"]),
+        rate(parts["max"]),
+        rate((n_neg + n_pos) / denom),
+        dead(parts["channel_active"]),
+        dead(parts["spatial_active"]),
+    ])
+    extras = tf.fill([len(metadata.VIEW_EXTRA_FIELDS[view])], tf.constant(_NAN, _F64))
+    return tf.concat([base, vq, lq, extras], axis=0)
+
+
+def tensor_stats(
+    x,
+    view: str,
+    *,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    sample_size: int = DEFAULT_SAMPLE_SIZE,
+    seed=None,
+    name: str | None = None,
+) -> tf.Tensor:
+    """Statistics of ``x`` as a float64 vector laid out as ``metadata.tensor_stats_fields``.
+
+    The ``epoch`` slot and the view's extra slots are NaN (callers fill them).
+    ``seed`` (int or shape-[2] int tensor) makes the percentile sample
+    deterministic; ``name`` names the tensor in error messages. Raises
+    ``TypeError`` for string/complex tensors and ``ValueError`` for unknown rank.
+    """
+    metadata.tensor_stats_fields(view, quantiles)  # validates the view
+    q = _check_quantiles(quantiles)
+    k = _check_sample_size(sample_size)
+    x = _to_float(x, name)
+    if x.shape.rank is None:
+        raise ValueError(f"tensor {_describe(x, name)!r} must have a known rank")
+    with tf.name_scope("tensor_stats"):
+        parts = _batch_parts(x, k, seed, keyed=False)
+        return _assemble(parts, parts["_exp"], view, q)
+
+
+# --------------------------------------------------------------------------- accumulator
+
+
+def _flag_shapes(x_shape) -> tuple[list[int], list[int]]:
+    shape = tf.TensorShape(x_shape)
+    if shape.rank is None:
+        raise ValueError("empty_state needs a tensor shape of known rank")
+    rank = shape.rank
+    dims = shape.as_list()
+    if rank == 0:
+        channel = [1]
+    else:
+        channel = [dims[-1]] if dims[-1] is not None else [0]  # unknown: not tracked
+    if rank >= 3 and all(d is not None for d in dims[1:-1]):
+        spatial = dims[1:-1]
+    else:
+        spatial = [0]
+    return channel, spatial
+
+
+def empty_state(x_shape, *, sample_size: int = DEFAULT_SAMPLE_SIZE) -> dict[str, tf.Tensor]:
+    """An accumulator holding nothing, for tensors of static shape ``x_shape``.
+
+    All entries are float64 tensors of fixed shape, so a state can live in
+    ``tf.Variable``s. The batch axis may be unknown; the channel (last) axis and
+    the spatial axes must be known for the dead rates to be tracked (otherwise
+    those slots finalize to NaN).
+    """
+    k = _check_sample_size(sample_size)
+    channel, spatial = _flag_shapes(x_shape)
+    z = tf.constant(0.0, _F64)
+    return {
+        "count": z,
+        "finite_count": z,
+        "posinf_count": z,
+        "neginf_count": z,
+        "pos_count": z,
+        "neg_count": z,
+        "mean": z,
+        "m2": z,
+        "min": tf.constant(_INF, _F64),
+        "max": tf.constant(-_INF, _F64),
+        "min_abs": tf.constant(_INF, _F64),
+        "channel_active": tf.zeros(channel, _F64),
+        "spatial_active": tf.zeros(spatial, _F64),
+        "sample_keys": tf.fill([k], tf.constant(_INF, _F64)),
+        "sample_values": tf.fill([k], tf.constant(_INF, _F64)),
+    }
+
+
+def _check_state(state: Mapping[str, tf.Tensor]) -> None:
+    missing = set(STATE_MERGE) - set(state)
+    if missing:
+        raise ValueError(f"not a tb_introspect statistics state: missing {sorted(missing)}")
+
+
+def update_state(
+    state: Mapping[str, tf.Tensor], x, seed=None, *, name: str | None = None
+) -> dict[str, tf.Tensor]:
+    """``state`` with the tensor ``x`` (one batch / step) folded in."""
+    _check_state(state)
+    k = int(state["sample_keys"].shape[0])
+    x = _to_float(x, name)
+    if x.shape.rank is None:
+        raise ValueError(f"tensor {_describe(x, name)!r} must have a known rank")
+    with tf.name_scope("update_state"):
+        parts = _batch_parts(x, k, seed, keyed=True)
+        # parts["m2"] is in units of 4**_exp, _exp being _state_exp(parts): the state convention.
+        parts.pop("_exp")
+        for key in ("channel_active", "spatial_active"):
+            want = state[key].shape
+            if want.num_elements() == 0:
+                parts[key] = tf.zeros(want, _F64)
+            elif not parts[key].shape.is_compatible_with(want):
+                raise ValueError(
+                    f"tensor {_describe(x, name)!r} of shape {x.shape} does not match the"
+                    f" state's {key} flags of shape {want}"
+                )
+        return merge_stacked({key: tf.stack([state[key], parts[key]]) for key in STATE_MERGE})
+
+
+def _state_exp(state: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    return _scale_exponent(
+        _where(state["finite_count"] > 0, state["min"], 0.0),
+        _where(state["finite_count"] > 0, state["max"], 0.0),
+    )
+
+
+def _rescale_m2(m2, e_from, e_to):
+    """m2 in units of 4**e_from -> units of 4**e_to (two steps: 4**d may overflow)."""
+    f = _pow2(e_from - e_to)
+    return m2 * f * f
+
+
+def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Merge states stacked along a new leading axis (e.g. from ``all_gather``)."""
+    _check_state(stacked)
+    out: dict[str, tf.Tensor] = {}
+    for key, how in STATE_MERGE.items():
+        v = stacked[key]
+        if how == "sum":
+            out[key] = tf.reduce_sum(v, axis=0)
+        elif how == "min":
+            out[key] = tf.reduce_min(v, axis=0)
+        elif how == "max" or how == "any":
+            out[key] = tf.reduce_max(v, axis=0)
+    # Chan et al. parallel moments, at the merged scale exponent.
+    n_i = stacked["finite_count"]
+    e_i = _scale_exponent(
+        _where(n_i > 0, stacked["min"], 0.0), _where(n_i > 0, stacked["max"], 0.0)
+    )
+    e = _state_exp(out)
+    n = out["finite_count"]
+    mean_i_s = stacked["mean"] * _pow2(-e)
+    mean_s = tf.reduce_sum(n_i * mean_i_s) / tf.maximum(n, 1.0)
+    d = _where(n_i > 0, mean_i_s - mean_s, 0.0)
+    out["mean"] = mean_s * _pow2(e)
+    out["m2"] = tf.reduce_sum(_rescale_m2(stacked["m2"], e_i, e) + n_i * d * d)
+    # Bottom-k: keep the k smallest keys of the union.
+    k = stacked["sample_keys"].shape[-1]
+    keys = tf.reshape(stacked["sample_keys"], [-1])
+    vals = tf.reshape(stacked["sample_values"], [-1])
+    neg_keys, idx = tf.math.top_k(-keys, k=k, sorted=True)
+    out["sample_keys"] = -neg_keys
+    out["sample_values"] = tf.gather(vals, idx)
+    return out
+
+
+def merge_states(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Associative, commutative merge of two states (steps of an epoch, replicas)."""
+    _check_state(a)
+    _check_state(b)
+    return merge_stacked({key: tf.stack([a[key], b[key]]) for key in STATE_MERGE})
+
+
+def merge_replicas(state: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """In replica context under ``tf.distribute``: every replica gets the merged state.
+
+    Uses ``all_gather`` (min/max/bottom-k are not all-reduce sums). Outside a
+    strategy, or with one replica, returns ``state`` unchanged.
+    """
+    _check_state(state)
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:
+        raise ValueError("merge_replicas must be called in replica context (inside strategy.run)")
+    if ctx.num_replicas_in_sync == 1:
+        return dict(state)
+    stacked = {key: ctx.all_gather(state[key][tf.newaxis], axis=0) for key in STATE_MERGE}
+    return merge_stacked(stacked)
+
+
+def finalize(
+    state: Mapping[str, tf.Tensor],
+    view: str,
+    *,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+) -> tf.Tensor:
+    """The packed statistics vector (same layout as ``tensor_stats``) of a state."""
+    metadata.tensor_stats_fields(view, quantiles)
+    q = _check_quantiles(quantiles)
+    _check_state(state)
+    with tf.name_scope("finalize_stats"):
+        parts = dict(state)
+        valid = tf.math.is_finite(parts["sample_keys"])
+        parts["sample_values"] = _where(valid, parts["sample_values"], _INF)
+        has = parts["finite_count"] > 0
+        parts["min"] = _where(has, parts["min"], _NAN)
+        parts["max"] = _where(has, parts["max"], _NAN)
+        return _assemble(parts, _state_exp(state), view, q)

@@ -1,0 +1,138 @@
+"""tf.summary-style ops writing tb-introspect summaries under the default writer.
+
+Use them in any TensorFlow training code::
+
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default():
+        tensor_stats_summary("dense/kernel", kernel, step, view="variable", layer="dense")
+
+Each op returns the boolean tensor of ``tf.summary.write`` (False when no
+default writer is set). ``tf.summary`` ops fail inside XLA-compiled functions:
+compute ``stats.tensor_stats`` in the compiled step and write the vector outside
+with ``write_stats_vector``. The numpy twins are in ``tb_introspect.summary_pb``
+and ``tb_introspect.writer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+from tb_introspect import metadata, stats
+
+
+def _fill(vector: tf.Tensor, fields: Sequence[str], values: Mapping[str, object]) -> tf.Tensor:
+    """``vector`` with the named slots replaced (values may be tensors)."""
+    if not values:
+        return vector
+    for key in values:
+        if key not in fields:
+            raise ValueError(f"{key!r} is not a slot of this layout; slots: {tuple(fields)}")
+    parts = tf.unstack(vector, num=len(fields))
+    for key, value in values.items():
+        parts[fields.index(key)] = tf.cast(tf.reshape(value, []), tf.float64)
+    return tf.stack(parts)
+
+
+def write_stats_vector(
+    name: str,
+    vector,
+    step=None,
+    *,
+    view: str,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+    dtype: str = "float32",
+    cadence: str = "step",
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+) -> tf.Tensor:
+    """Write an already computed statistics vector (e.g. from ``stats.tensor_stats``).
+
+    ``step`` defaults to ``tf.summary.experimental.get_step()``.
+    """
+    meta = metadata.create_tensor_stats_metadata(
+        view=view, name=name, layer=layer, depth=depth, shape=shape, dtype=dtype,
+        cadence=cadence, quantiles=quantiles,
+    )
+    n = len(metadata.tensor_stats_fields(view, quantiles))
+    vec = tf.cast(tf.reshape(vector, [-1]), tf.float64)
+    if vec.shape[0] is not None and vec.shape[0] != n:
+        raise ValueError(f"{name}: statistics vector has {vec.shape[0]} slots, layout has {n}")
+    return tf.summary.write(
+        tag=metadata.stats_tag(view, name), tensor=vec, step=step, metadata=meta
+    )
+
+
+def tensor_stats_summary(
+    name: str,
+    tensor,
+    step=None,
+    *,
+    view: str,
+    layer: str = "",
+    depth: int = 0,
+    cadence: str = "step",
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    epoch=0,
+    sample_size: int = stats.DEFAULT_SAMPLE_SIZE,
+    seed=None,
+    extras: Mapping[str, object] | None = None,
+) -> tf.Tensor:
+    """Compute the statistics of ``tensor`` in-graph and write them.
+
+    ``extras`` sets view slots such as ``update_ratio`` / ``cos_prev`` by name.
+    """
+    t = tf.convert_to_tensor(tensor) if not isinstance(tensor, tf.Variable) else tensor
+    vec = stats.tensor_stats(
+        t, view, quantiles=quantiles, sample_size=sample_size, seed=seed, name=name
+    )
+    fields = metadata.tensor_stats_fields(view, quantiles)
+    vec = _fill(vec, fields, {"epoch": epoch, **(extras or {})})
+    return write_stats_vector(
+        name, vec, step, view=view, layer=layer, depth=depth,
+        shape=t.shape.as_list() if t.shape.rank is not None else (),
+        dtype=t.dtype.name, cadence=cadence, quantiles=quantiles,
+    )
+
+
+def metric_summary(name: str, value, step=None, *, epoch=0) -> tf.Tensor:
+    """Write one per-step value of a loss or metric."""
+    vec = tf.stack([tf.cast(epoch, tf.float64), tf.cast(tf.reshape(value, []), tf.float64)])
+    return tf.summary.write(
+        tag=metadata.metric_tag(name), tensor=vec, step=step,
+        metadata=metadata.create_metric_metadata(name),
+    )
+
+
+def metric_epoch_band(values, epoch=0) -> tf.Tensor:
+    """``[epoch, min, p25, p50, p75, max, mean, count]`` over the finite ``values``.
+
+    Percentiles are exact with numpy's linear interpolation (the values of one
+    epoch are few); NaN when there is no finite value, ``count`` is then 0.
+    """
+    v = tf.cast(tf.reshape(values, [-1]), tf.float64)
+    v = tf.sort(tf.boolean_mask(v, tf.math.is_finite(v)))
+    n = tf.cast(tf.size(v), tf.float64)
+
+    def band():
+        r = tf.constant([0.0, 0.25, 0.5, 0.75, 1.0], tf.float64) * (n - 1.0)
+        lo = tf.floor(r)
+        hi = tf.math.ceil(r)
+        a = tf.gather(v, tf.cast(lo, tf.int32))
+        b = tf.gather(v, tf.cast(hi, tf.int32))
+        return tf.concat([a + (b - a) * (r - lo), [tf.reduce_mean(v)]], axis=0)
+
+    body = tf.cond(n > 0, band, lambda: tf.fill([6], tf.constant(float("nan"), tf.float64)))
+    return tf.concat([[tf.cast(epoch, tf.float64)], body, [n]], axis=0)
+
+
+def metric_epoch_summary(name: str, values, step=None, *, epoch=0) -> tf.Tensor:
+    """Write the per-epoch band of a metric's per-step ``values`` (see ``metric_epoch_band``)."""
+    return tf.summary.write(
+        tag=metadata.metric_tag(name, per_epoch=True),
+        tensor=metric_epoch_band(values, epoch),
+        step=step,
+        metadata=metadata.create_metric_metadata(name, per_epoch=True),
+    )

@@ -1,0 +1,157 @@
+"""Numpy-only event writer for tb-introspect summaries (no TensorFlow).
+
+TensorBoard's own ``EventFileWriter`` imports TensorFlow when it is installed
+(for ``tf.io.gfile``), so this writes the event file directly with
+TensorBoard's TF-free ``RecordWriter``: local directories only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from tb_introspect import metadata, summary_pb
+
+_uid_lock = threading.Lock()
+_uid = 0
+
+
+def _next_uid() -> int:
+    global _uid
+    with _uid_lock:
+        _uid += 1
+        return _uid
+
+
+class NumpyWriter:
+    """Writes tb-introspect summaries of numpy arrays to an event file in ``logdir``.
+
+    Usable from any framework (PyTorch: pass ``tensor.detach().cpu().numpy()``).
+    Each instance writes its own ``events.out.tfevents.*`` file.
+    """
+
+    def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "") -> None:
+        self.logdir = os.fspath(logdir)
+        os.makedirs(self.logdir, exist_ok=True)
+        name = (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+            f".{os.getpid()}.{_next_uid()}{filename_suffix}"
+        )
+        self.path = os.path.join(self.logdir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._records = RecordWriter(self._file)
+        self._lock = threading.Lock()
+        self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    # ------------------------------------------------------------------ raw
+
+    def _write_event(self, event: event_pb2.Event) -> None:
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"NumpyWriter for {self.logdir!r} is closed")
+            self._records.write(event.SerializeToString())
+
+    def add_summary(
+        self, summary: summary_pb2.Summary, step: int, wall_time: float | None = None
+    ) -> None:
+        """Write any ``Summary`` proto at ``step``."""
+        self._write_event(
+            event_pb2.Event(
+                wall_time=time.time() if wall_time is None else wall_time,
+                step=int(step),
+                summary=summary,
+            )
+        )
+
+    # ------------------------------------------------------------------ tb-introspect
+
+    def add_tensor_stats(
+        self,
+        array,
+        step: int,
+        *,
+        view: str,
+        name: str,
+        layer: str = "",
+        depth: int = 0,
+        cadence: str = "step",
+        epoch: int = 0,
+        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        sample_size: int | None = None,
+        seed: int | None = None,
+        extras: dict[str, float] | None = None,
+    ) -> np.ndarray:
+        """Compute and write the statistics of ``array``; returns the packed vector."""
+        summary = summary_pb.tensor_stats_pb_from_array(
+            array, view=view, name=name, layer=layer, depth=depth, cadence=cadence,
+            epoch=epoch, quantiles=quantiles, sample_size=sample_size, seed=seed,
+            extras=extras,
+        )
+        self.add_summary(summary, step)
+        return summary_pb.vector_of(summary)
+
+    def add_stats_vector(
+        self,
+        vector,
+        step: int,
+        *,
+        view: str,
+        name: str,
+        layer: str = "",
+        depth: int = 0,
+        shape: Sequence[int | None] = (),
+        dtype: str = "float32",
+        cadence: str = "step",
+        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    ) -> None:
+        """Write an already packed statistics vector."""
+        self.add_summary(
+            summary_pb.tensor_stats_pb(
+                vector, view=view, name=name, layer=layer, depth=depth, shape=shape,
+                dtype=dtype, cadence=cadence, quantiles=quantiles,
+            ),
+            step,
+        )
+
+    def add_metric(self, name: str, value: float, step: int, *, epoch: int = 0) -> None:
+        """Write one per-step value of a loss or metric."""
+        self.add_summary(summary_pb.metric_pb(name, value, epoch=epoch), step)
+
+    def add_metric_epoch(
+        self, name: str, values: Sequence[float], step: int, *, epoch: int
+    ) -> None:
+        """Write the per-epoch band of the per-step ``values`` of a metric."""
+        self.add_summary(summary_pb.metric_epoch_pb(name, values, epoch=epoch), step)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+                self._file.close()
+
+    def __enter__(self) -> NumpyWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
