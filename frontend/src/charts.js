@@ -1,0 +1,354 @@
+// Chart building blocks on top of uPlot: line/band charts, percentile bands,
+// the layer-scale stack plot, exact hover readouts and PNG export.
+//
+// uPlot draws thousands of points per panel on a canvas in well under a
+// millisecond and supports log axes and filled bands, which is what a grid of
+// 200 panels x 1,000 steps needs (see benchmarks/frontend_bench.py).
+
+import uPlot from "uplot";
+import { h } from "./dom.js";
+import { fmt, tick } from "./format.js";
+import { theme } from "./theme.js";
+
+const live = new Set();
+
+/** Destroys every chart inside `root` (before re-rendering a view). */
+export function destroyCharts(root) {
+  for (const c of [...live]) {
+    if (!root || root.contains(c.el)) {
+      c.destroy();
+    }
+  }
+}
+
+/** Re-fits all live charts to their containers (window resize). */
+export function resizeCharts() {
+  for (const c of live) c.fit();
+}
+
+/** Non-positive values cannot sit on a log axis: they become gaps. */
+export function positiveOnly(arr) {
+  return arr.map((v) => (v != null && v > 0 && Number.isFinite(v) ? v : null));
+}
+
+function axisStyle(t) {
+  return {
+    stroke: t.axis,
+    grid: { stroke: t.grid, width: 1 },
+    ticks: { stroke: t.grid, width: 1, size: 4 },
+    font: `10px ${t.font}`,
+    labelFont: `11px ${t.font}`,
+  };
+}
+
+/**
+ * A chart card: header (title, optional controls, PNG button), the plot, and
+ * a readout line that shows the exact values under the cursor (or at the last
+ * point when the cursor is elsewhere).
+ *
+ * spec: {
+ *   title, subtitle, controls: Node[], height, width,
+ *   x: number[], xLabel,
+ *   series: [{label, values, color, width, dash, scale, spanGaps, fill, points}],
+ *   bands: [{upper, lower, fill}]        (indices into spec.series)
+ *   y: {log, range:[min,max], label, format},
+ *   y2: {range, format, label}           (second axis on the right, scale "y2")
+ *   readout: (idx) => string | Node       (idx = data index, null when none)
+ *   draw: (u) => void                     (custom canvas drawing after series)
+ *   onHover: (u, idx) => void, onClick: (u, idx, event) => void
+ *   legend: [[label, color], ...]         (static legend shown in the header)
+ *   name: file name for the PNG export
+ * }
+ */
+export function chart(parent, spec) {
+  const t = theme();
+  const el = h("div.chart", { dataset: { chart: spec.name || spec.title || "chart" } });
+  const header = h("div.chart-head",
+    h("div.chart-title", spec.title || ""),
+    spec.subtitle ? h("div.chart-sub", spec.subtitle) : null,
+    h("div.chart-tools", spec.controls || [],
+      h("button.png", { title: "Save this chart as PNG", type: "button", on: { click: () => handle.exportPNG() } }, "PNG")));
+  const legend = spec.legend && spec.legend.length
+    ? h("div.chart-legend", spec.legend.map(([label, color]) =>
+      h("span.key", h("i", { style: { background: color } }), label)))
+    : null;
+  const plot = h("div.chart-plot");
+  const readout = h("div.readout", { "aria-live": "off" });
+  el.append(header, legend || "", plot, readout);
+  parent.append(el);
+
+  const width = spec.width || Math.max(160, plot.clientWidth || parent.clientWidth || 300);
+  const height = spec.height || 180;
+  const yLog = !!(spec.y && spec.y.log);
+
+  const data = [spec.x];
+  const series = [{ label: spec.xLabel || "step" }];
+  for (const s of spec.series) {
+    const scale = s.scale || "y";
+    const values = yLog && scale === "y" ? positiveOnly(s.values) : s.values;
+    data.push(values);
+    series.push({
+      label: s.label,
+      scale,
+      stroke: s.color || t.line,
+      width: s.width ?? 1.25,
+      dash: s.dash,
+      fill: s.fill,
+      spanGaps: !!s.spanGaps,
+      points: { show: s.points ?? false, size: 4, fill: s.color },
+      show: s.show ?? true,
+    });
+  }
+  const bands = (spec.bands || []).map((b) => ({ series: [b.upper + 1, b.lower + 1], fill: b.fill }));
+
+  const yFmt = (spec.y && spec.y.format) || tick;
+  const axes = [
+    { ...axisStyle(t), values: (u, splits) => splits.map(tick), size: 28, space: 60 },
+    {
+      ...axisStyle(t),
+      scale: "y",
+      values: (u, splits) => splits.map((v) => yFmt(v)),
+      size: 46,
+      label: spec.y && spec.y.label,
+      labelSize: spec.y && spec.y.label ? 14 : 0,
+    },
+  ];
+  const scales = {
+    x: { time: false },
+    y: yLog
+      ? { distr: 3, log: 10, ...(spec.y.range ? { range: spec.y.range } : {}) }
+      : { ...(spec.y && spec.y.range ? { range: spec.y.range } : {}) },
+  };
+  if (spec.y2) {
+    scales.y2 = { range: spec.y2.range };
+    axes.push({
+      ...axisStyle(t),
+      scale: "y2",
+      side: 1,
+      grid: { show: false },
+      values: (u, splits) => splits.map((v) => (spec.y2.format || tick)(v)),
+      size: 40,
+      label: spec.y2.label,
+      labelSize: spec.y2.label ? 14 : 0,
+    });
+  }
+
+  let lastIdx = -1;
+  const showReadout = (idx) => {
+    if (idx === lastIdx) return;
+    lastIdx = idx;
+    const content = spec.readout ? spec.readout(idx) : "";
+    readout.textContent = "";
+    if (content instanceof Node) readout.append(content);
+    else readout.textContent = content || "";
+  };
+
+  const opts = {
+    width,
+    height,
+    pxAlign: 0,
+    legend: { show: false },
+    cursor: {
+      points: { show: false },
+      drag: { x: true, y: false, setScale: true },
+      focus: { prox: -1 },
+    },
+    focus: { alpha: 1 },
+    scales,
+    axes,
+    series,
+    bands,
+    hooks: {
+      draw: spec.draw ? [spec.draw] : [],
+      setCursor: [
+        (u) => {
+          const idx = u.cursor.idx;
+          showReadout(idx == null ? lastPoint(u) : idx);
+          if (spec.onHover) spec.onHover(u, idx);
+        },
+      ],
+    },
+  };
+  const u = new uPlot(opts, data, plot);
+  if (spec.onClick) {
+    u.over.addEventListener("click", (e) => {
+      if (u.cursor.idx != null) spec.onClick(u, u.cursor.idx, e);
+    });
+    u.over.style.cursor = "pointer";
+  }
+  u.over.addEventListener("mouseleave", () => showReadout(lastPoint(u)));
+  // Double-click restores the full x range after a drag-zoom (uPlot default),
+  // we only make sure the readout follows.
+  showReadout(lastPoint(u));
+
+  const handle = {
+    el,
+    u,
+    readout,
+    fit() {
+      const w = plot.clientWidth;
+      if (w > 0 && Math.abs(w - u.width) > 2) u.setSize({ width: w, height: u.height });
+    },
+    destroy() {
+      live.delete(handle);
+      u.destroy();
+    },
+    exportPNG() {
+      exportPNG(u, spec.title || "chart", spec.legend, spec.name || spec.title);
+    },
+  };
+  live.add(handle);
+  return handle;
+}
+
+/** Index of the last point with any non-null value (readout when not hovering). */
+function lastPoint(u) {
+  const n = u.data[0].length;
+  for (let i = n - 1; i >= 0; i--) {
+    for (let s = 1; s < u.data.length; s++) if (u.data[s][i] != null) return i;
+  }
+  return n ? n - 1 : null;
+}
+
+/**
+ * Percentile-band series for `quantiles` (ascending) with values per
+ * quantile: symmetric pairs become bands, darker towards the median, and the
+ * median is a line (the article's value/magnitude distribution plots).
+ */
+export function percentileBands(quantiles, rows, color, labelFn = (q) => `p${q}`) {
+  const t = theme();
+  const n = quantiles.length;
+  const series = quantiles.map((q, i) => ({
+    label: labelFn(q),
+    values: rows[i],
+    color: "transparent",
+    width: 0,
+  }));
+  const bands = [];
+  const pairs = Math.floor(n / 2);
+  for (let i = 0; i < pairs; i++) {
+    // Outer pairs lighter; the innermost pair darkest.
+    const alpha = 0.16 + (0.5 * (i + 1)) / pairs;
+    bands.push({ upper: n - 1 - i, lower: i, fill: t.alpha(color, Math.min(alpha, 0.8) * 0.6) });
+  }
+  if (n % 2 === 1) {
+    const mid = (n - 1) / 2;
+    series[mid] = { ...series[mid], color, width: 1.5 };
+  }
+  return { series, bands };
+}
+
+/**
+ * Stack plot of per-layer fractions, first row at the bottom, alternating
+ * colours (the article's layer-scale stack plot). Drawn in a uPlot draw hook
+ * so axes, zoom and cursor behave like every other chart.
+ */
+export function stackDrawer(x, rows, { colors, highlight }) {
+  const n = x.length;
+  const cum = [];
+  let prev = new Float64Array(n);
+  for (const row of rows) {
+    const next = new Float64Array(n);
+    for (let j = 0; j < n; j++) next[j] = prev[j] + (row[j] || 0);
+    cum.push(next);
+    prev = next;
+  }
+  const state = { hover: -1, focus: highlight ?? -1 };
+  function layerAt(idx, yVal) {
+    if (idx == null || yVal == null) return -1;
+    let below = 0;
+    for (let i = 0; i < cum.length; i++) {
+      const top = cum[i][idx];
+      if (yVal >= below && yVal < top) return i;
+      below = top;
+    }
+    return -1;
+  }
+  function draw(u) {
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(left, top, width, height);
+    ctx.clip();
+    const px = new Float64Array(n);
+    for (let j = 0; j < n; j++) px[j] = u.valToPos(x[j], "x", true);
+    const yPos = (v) => u.valToPos(v, "y", true);
+    let lower = null;
+    for (let i = 0; i < cum.length; i++) {
+      const upper = cum[i];
+      ctx.beginPath();
+      ctx.moveTo(px[0], yPos(upper[0]));
+      for (let j = 1; j < n; j++) ctx.lineTo(px[j], yPos(upper[j]));
+      for (let j = n - 1; j >= 0; j--) ctx.lineTo(px[j], yPos(lower ? lower[j] : 0));
+      ctx.closePath();
+      ctx.fillStyle = i === state.hover || i === state.focus ? colors.highlight : colors.bands[i % 2];
+      ctx.fill();
+      lower = upper;
+    }
+    ctx.restore();
+  }
+  return { draw, layerAt, state, cum };
+}
+
+/** Renders a chart to a PNG file with a title and legend, and downloads it. */
+export function exportPNG(u, title, legend, name) {
+  const t = theme();
+  const dpr = window.devicePixelRatio || 1;
+  const src = u.ctx.canvas;
+  const pad = 10 * dpr;
+  const titleH = 22 * dpr;
+  const legendH = legend && legend.length ? 18 * dpr : 0;
+  const canvas = document.createElement("canvas");
+  canvas.width = src.width + 2 * pad;
+  canvas.height = src.height + titleH + legendH + 2 * pad;
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = t.bg;
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.fillStyle = t.text;
+  ctx.font = `${13 * dpr}px ${t.font}`;
+  ctx.textBaseline = "top";
+  ctx.fillText(title, pad, pad);
+  let lx = pad;
+  if (legendH) {
+    ctx.font = `${11 * dpr}px ${t.font}`;
+    for (const [label, color] of legend) {
+      ctx.fillStyle = color;
+      ctx.fillRect(lx, pad + titleH + 2 * dpr, 10 * dpr, 10 * dpr);
+      ctx.fillStyle = t.text;
+      ctx.fillText(label, lx + 14 * dpr, pad + titleH);
+      lx += ctx.measureText(label).width + 30 * dpr;
+    }
+  }
+  ctx.drawImage(src, pad, pad + titleH + legendH);
+  canvas.toBlob((blob) => {
+    if (!blob) return;
+    const url = URL.createObjectURL(blob);
+    const a = h("a", { href: url, download: `${safeFileName(name || title)}.png` });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  }, "image/png");
+}
+
+function safeFileName(s) {
+  return String(s).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^_+|_+$/g, "").slice(0, 80) || "chart";
+}
+
+/** Formats a readout row: "label value" pairs separated by thin gaps. */
+export function readoutLine(head, pairs, warn) {
+  const line = h("span.ro");
+  if (head) line.append(h("b", head));
+  for (const [label, value, color] of pairs) {
+    line.append(h("span.pair", color ? h("i.sw", { style: { background: color } }) : null,
+      h("span.k", label), " ", h("span.v", typeof value === "number" || value == null ? fmt(value) : value)));
+  }
+  if (warn) line.append(h("span.warn", warn));
+  return line;
+}
+
+/** Resolves after uPlot's microtask commit and one frame: the charts are on screen. */
+export function afterPaint() {
+  return new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+}

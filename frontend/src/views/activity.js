@@ -1,0 +1,114 @@
+// Activity: per-tensor activation rate and dead rate (and spatial dead rate
+// for convolutional tensors), the final dead % labelled in every panel, under
+// a model-level summary (mean activation with min–max band, worst dead rate).
+
+import { afterPaint, chart, readoutLine } from "../charts.js";
+import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues } from "../common.js";
+import { h } from "../dom.js";
+import { pct } from "../format.js";
+import { theme } from "../theme.js";
+import { modelActivity, overviewEpochMap } from "./shared.js";
+
+const FIELDS = ["activation_rate", "dead_rate", "spatial_dead_rate"];
+const CHUNK = 25;
+
+export async function renderActivity(ctx) {
+  const { api, state, root } = ctx;
+  const view = state.aview;
+  const [info, ov] = await Promise.all([api.run(state.run), api.overview(state.run)]);
+  if (!ctx.alive()) return;
+  const all = info.views[view] || [];
+  const filter = compileFilter(state.filter);
+  const tensors = all.filter(filter.test);
+  root.append(h("div.view-head", h("h2", `Activity of ${VIEW_LABELS[view].toLowerCase()}: ${tensors.length} of ${all.length} tensors`)),
+    h("p.hint", "Blue: activation rate (share of non-zero elements). Red: dead rate (channels zero for every sample and position). ",
+      "Orange: spatial dead rate (positions zero for every sample and channel)."));
+  if (!all.length) {
+    root.append(emptyNote(`No ${VIEW_LABELS[view].toLowerCase()} statistics were logged in run “${state.run}”.`,
+      "Activity is most telling for layer outputs and gradients; pick another view above."));
+    return;
+  }
+  const epochMap = overviewEpochMap(ov);
+  const v = ov.views && ov.views[view];
+  if (v) {
+    const sum = h("div.summary");
+    root.append(sum);
+    const { series, bands, legend, readout } = modelActivity(v);
+    chart(sum, {
+      title: "Model: mean activation rate (min–max band) and worst dead rate",
+      name: `${view}-activity-model`,
+      x: xValues(state.x, v.steps, v.epochs, epochMap),
+      xLabel: state.x,
+      series,
+      bands,
+      height: 160,
+      y: { range: [0, 1], format: (p) => pct(p, 0) },
+      legend,
+      readout,
+    });
+  }
+  if (!tensors.length) {
+    root.append(emptyNote(`No tensor name matches the filter “${state.filter}”.`));
+    return;
+  }
+  const grid = h("div.grid");
+  root.append(grid);
+  const panels = tensors.map((tt) => {
+    const plot = h("div.panel-plot");
+    const label = h("span.final");
+    const el = h("div.panel", { dataset: { tag: tt.tag } },
+      h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name), label),
+      h("div.panel-meta", h("span.shape", `shape ${shapeText(tt.shape)}`)),
+      plot);
+    return { el, plot, label, tensor: tt };
+  });
+  grid.append(...panels.map((p) => p.el));
+  const width = Math.max(180, panels[0].plot.clientWidth);
+  const jobs = [];
+  for (let i = 0; i < panels.length; i += CHUNK) {
+    const part = panels.slice(i, i + CHUNK);
+    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS).then((series) => {
+      if (!ctx.alive()) return;
+      for (const p of part) drawPanel(ctx, p, series[p.tensor.tag], width, epochMap);
+    }));
+  }
+  await Promise.all(jobs);
+  await afterPaint();
+}
+
+function lastFinite(arr) {
+  for (let i = (arr || []).length - 1; i >= 0; i--) if (arr[i] != null) return arr[i];
+  return null;
+}
+
+function drawPanel(ctx, p, s, width, epochMap) {
+  if (!s) return;
+  const t = theme();
+  const act = s.values.activation_rate || [];
+  const dead = s.values.dead_rate || [];
+  const spatial = s.values.spatial_dead_rate || [];
+  const hasSpatial = spatial.some((z) => z != null);
+  const finalDead = lastFinite(dead);
+  p.label.textContent = finalDead == null ? "dead —" : `dead ${pct(finalDead)}`;
+  if (finalDead != null && finalDead > 0.2) p.label.classList.add("bad");
+  const series = [
+    { label: "activation rate", values: act, color: t.active, width: 1.25, fill: t.alpha(t.active, 0.25) },
+    { label: "dead rate", values: dead, color: t.dead, width: 1.25, fill: t.alpha(t.dead, 0.3) },
+  ];
+  if (hasSpatial) series.push({ label: "spatial dead rate", values: spatial, color: t.spatial, width: 1.25, dash: [4, 3] });
+  const em = epochMap.empty ? new EpochMap().add(s.steps, s.epochs) : epochMap;
+  p.chart = chart(p.plot, {
+    name: `activity-${p.tensor.name}`,
+    x: xValues(ctx.state.x, s.steps, s.epochs, em),
+    xLabel: ctx.state.x,
+    width,
+    height: 130,
+    series,
+    y: { range: [0, 1], format: (v) => pct(v, 0) },
+    readout: (idx) => idx == null ? "" : readoutLine(pointLabel(s.steps[idx], s.epochs[idx]), [
+      ["active", pct(act[idx]), t.active],
+      ["dead", pct(dead[idx]), t.dead],
+      ...(hasSpatial ? [["spatial dead", pct(spatial[idx]), t.spatial]] : []),
+    ]),
+  });
+}

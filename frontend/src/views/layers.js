@@ -1,0 +1,292 @@
+// Layers: every monitored tensor of one view in a compact grid, first layer
+// first. Per panel a mode switch: value percentiles (linear axis), magnitude
+// percentiles (log10 axis, sign balance on a second axis), or RMS.
+
+import { afterPaint, chart, percentileBands, readoutLine } from "../charts.js";
+import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues } from "../common.js";
+import { h } from "../dom.js";
+import { pct } from "../format.js";
+import { theme } from "../theme.js";
+
+export const MODES = {
+  values: "values",
+  magnitude: "|x| log",
+  rms: "RMS",
+};
+const MODE_HELP = {
+  values: "percentiles of the values (linear axis)",
+  magnitude: "percentiles of |x| on a log axis (zeros at the bottom); orange: sign balance −100%…+100%",
+  rms: "RMS = L2 norm / √size, comparable across layers",
+};
+// The article's advice: weights and outputs read best as values, gradients as magnitudes.
+const DEFAULT_MODE = { variable: "values", gradient: "magnitude", output: "values", output_gradient: "magnitude" };
+const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
+const CHUNK = 25;
+
+export function modeOf(state, view, tag) {
+  return state.modes[tag] || state.lmode || DEFAULT_MODE[view];
+}
+
+function qField(q, log) {
+  // Matches metadata.quantile_field: Python's f"{q:g}" for the quantile.
+  return `${log ? "logq" : "q"}${formatG(q)}`;
+}
+
+function formatG(q) {
+  return String(Number(q.toPrecision(6)));
+}
+
+export function fieldsFor(mode, quantiles) {
+  if (mode === "values") return [...quantiles.map((q) => qField(q, false)), ...NONFINITE];
+  if (mode === "magnitude") return [...quantiles.map((q) => qField(q, true)), "zero_fraction", "sign_balance", ...NONFINITE];
+  return ["rms", ...NONFINITE];
+}
+
+export async function renderLayers(ctx) {
+  const { api, state, root } = ctx;
+  const info = await api.run(state.run);
+  if (!ctx.alive()) return;
+  const view = state.view;
+  const all = info.views[view] || [];
+  const filter = compileFilter(state.filter);
+  const tensors = all.filter(filter.test);
+  const head = h("div.view-head",
+    h("h2", `${VIEW_LABELS[view]}: ${tensors.length} of ${all.length} tensors`),
+    modeAllSwitch(ctx, view));
+  root.append(head);
+  if (!all.length) {
+    root.append(emptyNote(`No ${VIEW_LABELS[view].toLowerCase()} statistics were logged in run “${state.run}”.`,
+      "Pick another view above, or turn this view on in the writer."));
+    return;
+  }
+  if (!tensors.length) {
+    root.append(emptyNote(`No tensor name matches the filter “${state.filter}”.`));
+    return;
+  }
+  const grid = h("div.grid");
+  root.append(grid);
+  const L = { ctx, view, width: 0, epochMap: new EpochMap() };
+  const panels = tensors.map((t) => panel(L, t));
+  grid.append(...panels.map((p) => p.el));
+  L.width = Math.max(180, panels[0].plot.clientWidth);
+
+  const focus = panels.find((p) => p.tensor.tag === state.focus);
+  if (focus) {
+    focus.el.classList.add("focused");
+    focus.el.scrollIntoView({ block: "center" });
+  }
+
+  // Fetch in chunks, drawing each as it arrives, so the first panels appear
+  // while the server is still encoding the rest.
+  const jobs = [];
+  for (let i = 0; i < panels.length; i += CHUNK) {
+    jobs.push(loadAndDraw(L, panels.slice(i, i + CHUNK)));
+  }
+  await Promise.all(jobs);
+  if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
+  await afterPaint();
+}
+
+async function loadAndDraw(L, part) {
+  const { ctx, view } = L;
+  // Group by (mode, quantile layout): one request per group.
+  const groups = new Map();
+  for (const p of part) {
+    const fields = fieldsFor(p.mode, p.tensor.quantiles || []);
+    const key = fields.join(",");
+    if (!groups.has(key)) groups.set(key, { fields, panels: [] });
+    groups.get(key).panels.push(p);
+  }
+  await Promise.all([...groups.values()].map(async (g) => {
+    const series = await ctx.api.series(ctx.state.run, g.panels.map((p) => p.tensor.tag), g.fields);
+    if (!ctx.alive()) return;
+    for (const p of g.panels) {
+      const s = series[p.tensor.tag];
+      if (!s) continue;
+      L.epochMap.add(s.steps, s.epochs);
+      drawPanel(L, p, s);
+    }
+  }));
+}
+
+function modeAllSwitch(ctx, view) {
+  const current = ctx.state.lmode || "";
+  const btn = (mode, label) => h(`button.seg${current === mode ? ".on" : ""}`, {
+    type: "button",
+    title: mode ? `Show every panel as ${MODE_HELP[mode]}` : "Each view's default: values for weights/outputs, magnitudes for gradients",
+    on: { click: () => ctx.setState({ lmode: mode, modes: {} }) },
+  }, label);
+  return h("div.segmented", { role: "group", "aria-label": "mode of all panels" },
+    h("span.seg-label", "all panels:"), btn("", "default"), btn("values", "values"), btn("magnitude", "|x| log"), btn("rms", "RMS"));
+}
+
+function panel(L, t) {
+  const { ctx, view } = L;
+  const mode = modeOf(ctx.state, view, t.tag);
+  const switcher = h("div.segmented.small", { role: "group", "aria-label": "chart mode" },
+    Object.entries(MODES).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
+      type: "button",
+      title: MODE_HELP[m],
+      dataset: { mode: m },
+      on: { click: () => switchMode(L, p, m) },
+    }, label)));
+  const plot = h("div.panel-plot");
+  const el = h("div.panel", { dataset: { tag: t.tag, mode } },
+    h("div.panel-head",
+      h("div.panel-name", { title: t.tag }, t.name),
+      switcher),
+    h("div.panel-meta",
+      h("span.shape", `shape ${shapeText(t.shape)}`),
+      t.dtype ? ` · ${t.dtype}` : "",
+      t.layer && t.layer !== t.name ? [" · layer ", h("span.name", t.layer)] : "",
+      t.cadence === "epoch" ? " · per epoch" : ""),
+    plot);
+  const p = { el, plot, switcher, tensor: t, mode, chart: null };
+  return p;
+}
+
+/** Redraws one panel in another mode; only this panel's data is fetched. */
+async function switchMode(L, p, mode) {
+  if (mode === p.mode) return;
+  const { ctx } = L;
+  ctx.setState({ modes: { ...ctx.state.modes, [p.tensor.tag]: mode } }, { render: false });
+  p.mode = mode;
+  p.el.dataset.mode = mode;
+  for (const b of p.switcher.querySelectorAll("button")) b.classList.toggle("on", b.dataset.mode === mode);
+  const fields = fieldsFor(mode, p.tensor.quantiles || []);
+  const series = await ctx.api.series(ctx.state.run, [p.tensor.tag], fields);
+  if (!ctx.alive() || p.mode !== mode) return;
+  if (p.chart) p.chart.destroy();
+  p.plot.textContent = "";
+  drawPanel(L, p, series[p.tensor.tag]);
+}
+
+function nonfiniteText(s, idx) {
+  const v = s.values;
+  const parts = [];
+  const names = { nan_count: "NaN", posinf_count: "+Inf", neginf_count: "−Inf" };
+  for (const f of NONFINITE) {
+    const c = v[f] ? v[f][idx] : 0;
+    if (c) parts.push(`${names[f]} ×${c}`);
+  }
+  return parts.length ? parts.join(", ") : null;
+}
+
+function drawPanel(L, p, s) {
+  const { ctx, view, width, epochMap } = L;
+  const t = theme();
+  const color = t.views[view];
+  const mode = p.mode;
+  const x = xValues(ctx.state.x, s.steps, s.epochs, epochMap);
+  const xLabel = ctx.state.x === "epoch" ? "epoch" : "step";
+  const qs = s.quantiles || p.tensor.quantiles || [];
+  const head = (idx) => pointLabel(s.steps[idx], s.epochs[idx]);
+  const common = { x, xLabel, width, height: 150, name: `${view}-${p.tensor.name}-${mode}` };
+  const title = "";
+  if (mode === "rms") {
+    const rms = s.values.rms;
+    p.chart = chart(p.plot, {
+      ...common,
+      title,
+      series: [{ label: "RMS", values: rms, color, width: 1.5 }],
+      y: { log: ctx.state.y === "log" },
+      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [["RMS", rms[idx]]], nonfiniteText(s, idx)),
+    });
+    return;
+  }
+  if (mode === "values") {
+    const rows = qs.map((q) => s.values[qField(q, false)]);
+    const { series, bands } = percentileBands(qs, rows, color, (q) => `${q}%`);
+    p.chart = chart(p.plot, {
+      ...common,
+      title,
+      series,
+      bands,
+      readout: (idx) => idx == null ? "" : readoutLine(head(idx), quantilePairs(qs, rows, idx, ""), nonfiniteText(s, idx)),
+    });
+    return;
+  }
+  // magnitude
+  const logRows = qs.map((q) => s.values[qField(q, true)]);
+  const zf = s.values.zero_fraction;
+  const { rows, floor } = magnitudeRows(qs, logRows, zf);
+  const { series, bands } = percentileBands(qs, rows, color, (q) => `|x| ${q}%`);
+  series.push({ label: "sign balance", values: s.values.sign_balance, color: t.sign, width: 1, scale: "y2" });
+  p.chart = chart(p.plot, {
+    ...common,
+    title,
+    series,
+    bands,
+    y: { log: true, range: floor ? (u, min, max) => [floor, 10 ** Math.ceil(Math.log10(Math.max(max, floor * 10)))] : undefined },
+    y2: { range: [-1, 1], format: (v) => `${v > 0 ? "+" : ""}${Math.round(v * 100)}%` },
+    readout: (idx) => {
+      if (idx == null) return "";
+      const pairs = quantilePairs(qs, rows.map((r) => r.map((v) => (v === floor ? 0 : v))), idx, "|x| ");
+      pairs.push(["zeros", pct(zf ? zf[idx] : null)],
+        ["sign", s.values.sign_balance[idx] == null ? "—" : `${s.values.sign_balance[idx] > 0 ? "+" : ""}${pct(s.values.sign_balance[idx])}`, t.sign]);
+      return readoutLine(head(idx), pairs, nonfiniteText(s, idx));
+    },
+  });
+}
+
+function quantilePairs(qs, rows, idx, prefix) {
+  const want = [0, 25, 50, 75, 100];
+  const pairs = [];
+  qs.forEach((q, i) => {
+    if (qs.length <= 5 || want.includes(q)) {
+      const label = q === 0 ? "min" : q === 100 ? "max" : q === 50 ? "median" : `${q}%`;
+      pairs.push([prefix + label, rows[i][idx]]);
+    }
+  });
+  return pairs;
+}
+
+/**
+ * Magnitude percentiles over *all* finite values, zeros included: the writer
+ * logs percentiles of log10|x| over the non-zero values plus the zero
+ * fraction z. Overall percentile p is 0 when p <= z, else the non-zero
+ * percentile at (p - z) / (1 - z), interpolated linearly in log space between
+ * the logged points. With z = 0 this is exactly the logged values. Zeros are
+ * drawn at a floor one decade below the smallest magnitude so that a band
+ * "falls to the bottom" when that share of the tensor is exactly zero.
+ */
+export function magnitudeRows(qs, logRows, zf) {
+  const n = logRows.length ? logRows[0].length : 0;
+  let minLog = Infinity;
+  for (const r of logRows) for (const v of r) if (v != null && v < minLog) minLog = v;
+  const floor = Number.isFinite(minLog) ? 10 ** (Math.floor(minLog) - 1) : null;
+  const rows = qs.map(() => new Array(n).fill(null));
+  for (let j = 0; j < n; j++) {
+    const z = zf ? zf[j] ?? 0 : 0;
+    for (let i = 0; i < qs.length; i++) {
+      const p = qs[i] / 100;
+      if (z > 0 && p <= z) {
+        rows[i][j] = floor;
+        continue;
+      }
+      let l;
+      if (z <= 0) {
+        l = logRows[i][j];
+      } else {
+        const r = ((p - z) / (1 - z)) * 100;
+        l = interpolate(qs, logRows, j, r);
+      }
+      rows[i][j] = l == null ? null : 10 ** l;
+    }
+  }
+  return { rows, floor };
+}
+
+function interpolate(qs, logRows, j, r) {
+  for (let k = 1; k < qs.length; k++) {
+    if (r <= qs[k]) {
+      const a = logRows[k - 1][j];
+      const b = logRows[k][j];
+      if (a == null || b == null) return null;
+      const f = (r - qs[k - 1]) / (qs[k] - qs[k - 1]);
+      return a + f * (b - a);
+    }
+  }
+  return logRows[qs.length - 1][j];
+}
+
