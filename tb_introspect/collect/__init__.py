@@ -1,0 +1,1 @@
+"""Training-side collection: the Keras callback and the custom-loop ``Introspector``."""

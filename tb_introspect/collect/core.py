@@ -1,0 +1,581 @@
+"""The collector shared by the Keras callback and the custom-loop ``Introspector``.
+
+Split of the work (why it is split this way):
+
+* **In the training step** (traced into the user's compiled step, XLA-safe, no
+  summary ops): gradients are added to per-replica accumulators, layer outputs
+  and output gradients are folded into fixed-size mergeable states
+  (``stats.update_state``), and a step counter advances. With ``every=N`` this
+  happens only on sampled steps, inside a ``tf.cond``.
+* **At logging time** (a separate ``tf.function`` the host calls when a point is
+  due): the accumulators are reduced over replicas (gradient sums by a SUM
+  read, output states by one ``all_gather``), turned into packed statistics
+  vectors, the ``epoch`` / ``update_ratio`` / ``cos_prev`` slots are filled,
+  summaries are written (by the chief only) and the accumulators are reset.
+
+Per-epoch cadence therefore gives exactly DESIGN.md's aggregation: variables
+at the epoch's end, gradients summed over every step of the epoch, outputs and
+output gradients merged over every batch of the epoch, on every replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import metadata, stats
+from tb_introspect.collect import capture
+
+logger = logging.getLogger("tb_introspect")
+
+#: Percentile sample bound for tensors summarised once per logged point
+#: (variables, gradient aggregates). Cheap at logging time.
+DEFAULT_LOG_SAMPLE_SIZE = 2**14
+#: Percentile sample bound for the in-step output/output-gradient accumulators.
+#: It is paid on every accumulated step, so it is kept small; rank error is
+#: about 0.5/sqrt(k) (0.8 percentile points at 4096, one sigma).
+DEFAULT_STEP_SAMPLE_SIZE = 2**12
+
+_ON_READ = tf.VariableSynchronization.ON_READ
+_AGG = tf.VariableAggregation
+
+
+def warn(message: str) -> None:
+    """One user-visible warning line (also logged)."""
+    warnings.warn(f"tb_introspect: {message}", RuntimeWarning, stacklevel=3)
+    logger.warning(message)
+
+
+@dataclass
+class Monitored:
+    """One monitored tensor of one view: what the summary metadata needs."""
+
+    view: str
+    name: str
+    layer: str
+    depth: int
+    shape: tuple[int | None, ...]
+    dtype: str
+    has_grad: bool = True  # outputs only: does a gradient reach it?
+    meta: Any = field(default=None, repr=False)
+
+    @property
+    def tag(self) -> str:
+        return metadata.stats_tag(self.view, self.name)
+
+
+class StateLayout:
+    """Packs a ``stats`` accumulator state into one flat float64 vector (one variable)."""
+
+    def __init__(self, shape: Sequence[int | None], sample_size: int):
+        empty = stats.empty_state(tf.TensorShape(shape), sample_size=sample_size)
+        self.keys = list(stats.STATE_MERGE)
+        self.shapes = [empty[k].shape for k in self.keys]
+        self.sizes = [int(s.num_elements()) for s in self.shapes]
+        self.empty = np.concatenate(
+            [np.asarray(empty[k], np.float64).reshape(-1) for k in self.keys]
+        )
+
+    def pack(self, state: dict[str, tf.Tensor]) -> tf.Tensor:
+        return tf.concat([tf.reshape(tf.cast(state[k], tf.float64), [-1]) for k in self.keys], 0)
+
+    def unpack(self, flat: tf.Tensor) -> dict[str, tf.Tensor]:
+        parts = tf.split(flat, self.sizes, axis=-1)
+        lead = flat.shape[:-1].as_list()
+        return {
+            k: tf.reshape(p, lead + s.as_list())
+            for k, p, s in zip(self.keys, parts, self.shapes, strict=True)
+        }
+
+
+def sanitize(name: str) -> str:
+    """A tag-safe tensor name (TensorBoard tags allow most characters; drop control/space)."""
+    name = re.sub(r"[\s]+", "_", str(name))
+    return name.strip("/") or "tensor"
+
+
+class Collector:
+    """Monitored tensors, their in-step accumulators and the logging function.
+
+    Life cycle: ``set_variables`` / ``set_outputs`` / ``set_metrics`` (host, eager),
+    ``build`` (creates the tf.Variables under ``strategy``'s scope), then per
+    training step a ``StepRecorder`` in the traced step, and ``log`` /
+    ``read_metrics`` from the host.
+    """
+
+    def __init__(
+        self,
+        *,
+        views: Sequence[str],
+        every: str | int,
+        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
+        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        strategy: tf.distribute.Strategy | None = None,
+        writer: Any = None,
+        seed: int = 0,
+    ):
+        self.views = tuple(views)
+        self.every = every
+        self.quantiles = tuple(float(q) for q in quantiles)
+        self.sample_size = int(sample_size)
+        self.step_sample_size = int(step_sample_size)
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.writer = writer
+        self.seed = int(seed)
+        self.variables: list[Any] = []
+        self.var_specs: list[Monitored] = []
+        self.var_index: dict[int, int] = {}
+        self.out_specs: list[Monitored] = []
+        self.out_index: dict[str, int] = {}
+        self.metric_names: list[str] = []
+        self.metric_rows = 1
+        self.built = False
+        # Names of tensors whose instrumentation failed while tracing: they are
+        # skipped from then on (the log function is re-traced without them).
+        self.off: set[str] = set()
+        self._warned: set[str] = set()
+        self._log_fns: dict[frozenset, Callable] = {}
+        self._read_metrics_fn: Callable | None = None
+        self.output_grad_seen: set[int] = set()
+        self.output_seen: set[int] = set()
+
+    # ------------------------------------------------------------------ registration
+
+    def want(self, view: str) -> bool:
+        return view in self.views
+
+    def set_variables(
+        self,
+        variables: Sequence[Any],
+        names: Sequence[str],
+        layers: Sequence[str],
+        depths: Sequence[int],
+    ) -> None:
+        """Trainable variables (for the variable and gradient views), in model order."""
+        self.variables = list(variables)
+        self.var_index = {id(v): i for i, v in enumerate(self.variables)}
+        self.var_specs = []
+        for v, name, layer, depth in zip(self.variables, names, layers, depths, strict=True):
+            self.var_specs.append(
+                Monitored(
+                    view="variable",
+                    name=sanitize(name),
+                    layer=layer,
+                    depth=int(depth),
+                    shape=tuple(v.shape),
+                    dtype=tf.as_dtype(v.dtype).name,
+                )
+            )
+
+    def set_outputs(self, specs: Sequence[Monitored]) -> None:
+        """Layer outputs (for the output and output-gradient views), in forward order."""
+        self.out_specs = list(specs)
+        self.out_index = {s.name: j for j, s in enumerate(self.out_specs)}
+
+    def set_metrics(self, names: Sequence[str], rows: int) -> None:
+        """Per-step scalars buffered in the step (``rows`` steps between two reads)."""
+        self.metric_names = list(names)
+        self.metric_rows = max(int(rows), 1)
+
+    # ------------------------------------------------------------------ variables
+
+    def build(self, initial_step: int = 0) -> None:
+        """Create all accumulators (once, before the instrumented step is traced)."""
+        with self.strategy.scope(), tf.name_scope("tb_introspect"):
+            self.counter = tf.Variable(
+                int(initial_step), dtype=tf.int64, trainable=False, name="step",
+                synchronization=_ON_READ, aggregation=_AGG.ONLY_FIRST_REPLICA,
+            )
+            use_vars = self.want("variable") or self.want("gradient")
+            self.grad_acc, self.grad_prev, self.w_prev = [], [], []
+            if self.want("gradient"):
+                for v in self.variables:
+                    self.grad_acc.append(tf.Variable(
+                        tf.zeros(v.shape, v.dtype), trainable=False, name="grad_acc",
+                        synchronization=_ON_READ, aggregation=_AGG.SUM,
+                    ))
+                    self.grad_prev.append(tf.Variable(
+                        tf.zeros(v.shape, v.dtype), trainable=False, name="grad_prev"
+                    ))
+                self.has_grad_prev = tf.Variable(False, trainable=False, name="has_grad_prev")
+            if self.want("variable"):
+                for v in self.variables:
+                    # The starting point, so the first logged update_ratio is the
+                    # change since training began.
+                    self.w_prev.append(tf.Variable(
+                        tf.convert_to_tensor(_value(v)), trainable=False, name="w_prev"
+                    ))
+            del use_vars
+            self.layouts = [StateLayout(s.shape, self.step_sample_size) for s in self.out_specs]
+            self.out_state, self.out_grad_state = [], []
+            for j, layout in enumerate(self.layouts):
+                if self.want("output"):
+                    self.out_state.append(tf.Variable(
+                        layout.empty, trainable=False, name=f"out_state_{j}",
+                        synchronization=_ON_READ, aggregation=_AGG.NONE,
+                    ))
+                if self.want("output_gradient"):
+                    self.out_grad_state.append(tf.Variable(
+                        layout.empty, trainable=False, name=f"out_grad_state_{j}",
+                        synchronization=_ON_READ, aggregation=_AGG.NONE,
+                    ))
+            m = max(len(self.metric_names), 1)
+            self.metric_total = tf.Variable(
+                tf.zeros([self.metric_rows, m], tf.float64), trainable=False,
+                name="metric_total", synchronization=_ON_READ, aggregation=_AGG.SUM,
+            )
+            self.metric_count = tf.Variable(
+                tf.zeros([self.metric_rows, m], tf.float64), trainable=False,
+                name="metric_count", synchronization=_ON_READ, aggregation=_AGG.SUM,
+            )
+        for s in self.var_specs:
+            s.meta = {
+                view: metadata.create_tensor_stats_metadata(
+                    view=view, name=s.name, layer=s.layer, depth=s.depth, shape=s.shape,
+                    dtype=s.dtype, cadence=self.cadence, quantiles=self.quantiles,
+                )
+                for view in ("variable", "gradient")
+            }
+        for s in self.out_specs:
+            s.meta = {
+                view: metadata.create_tensor_stats_metadata(
+                    view=view, name=s.name, layer=s.layer, depth=s.depth, shape=s.shape,
+                    dtype=s.dtype, cadence=self.cadence, quantiles=self.quantiles,
+                )
+                for view in ("output", "output_gradient")
+            }
+        self.built = True
+
+    @property
+    def cadence(self) -> str:
+        return "epoch" if self.every == "epoch" else "step"
+
+    # ------------------------------------------------------------------ in-step
+
+    def sampled(self, step: tf.Tensor) -> bool | tf.Tensor:
+        """Whether this (1-based) step contributes: always per epoch / every step."""
+        if self.every == "epoch" or self.every == 1:
+            return True
+        return tf.equal(step % int(self.every), 0)
+
+    def fail(self, what: str, error: BaseException) -> None:
+        """Report one instrumentation failure once; the tensor/part is off from then on."""
+        self.off.add(what)
+        if what not in self._warned:
+            self._warned.add(what)
+            warn(f"{what}: instrumentation failed ({type(error).__name__}: {error});"
+                 " it is off for the rest of training, training goes on")
+
+    # ------------------------------------------------------------------ host side
+
+    def current_step(self) -> int:
+        with self.strategy.scope():
+            return int(self.counter.read_value().numpy())
+
+    def read_metrics(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """(steps done, per-row metric totals, per-row counts), summed over replicas."""
+        if self._read_metrics_fn is None:
+            @tf.function(autograph=False)
+            def read():
+                return (
+                    self.counter.read_value(),
+                    self.metric_total.read_value(),
+                    self.metric_count.read_value(),
+                )
+            self._read_metrics_fn = read
+        with self.strategy.scope():
+            step, total, count = self._read_metrics_fn()
+        return int(step.numpy()), total.numpy(), count.numpy()
+
+    def log(self, step: int, epoch: int) -> None:
+        """Compute, write (chief) and reset: one logged point at TensorBoard ``step``."""
+        key = frozenset(self.off)
+        fn = self._log_fns.get(key)
+        if fn is None:
+            fn = tf.function(self._log_body, autograph=False)
+            self._log_fns = {key: fn}
+        with self.strategy.scope():
+            fn(tf.constant(step, tf.int64), tf.constant(float(epoch), tf.float64))
+
+    # The body of the logging function (traced once per set of switched-off tensors).
+    def _log_body(self, step: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+        writes: list[tuple[Monitored, str, tf.Tensor]] = []
+        q = self.quantiles
+        seed = tf.stack([step, tf.constant(self.seed, tf.int64)])
+        if self.want("variable"):
+            slot = metadata.tensor_stats_fields("variable", q).index("update_ratio")
+            for i, (v, s) in enumerate(zip(self.variables, self.var_specs, strict=True)):
+                if _off(self, "variable", s.name):
+                    continue
+                w = tf.convert_to_tensor(_value(v))
+                vec = stats.tensor_stats(w, "variable", quantiles=q, sample_size=self.sample_size,
+                                         seed=seed + 2 * i, name=s.name)
+                prev = self.w_prev[i]
+                ratio = _norm(w - prev) / _norm(w)
+                vec = _fill(vec, {0: epoch, slot: ratio})
+                writes.append((s, "variable", vec))
+                with tf.control_dependencies([vec]):
+                    prev.assign(w)
+        if self.want("gradient"):
+            slot = metadata.tensor_stats_fields("gradient", q).index("cos_prev")
+            has_prev = self.has_grad_prev.read_value()
+            for i, s in enumerate(self.var_specs):
+                if _off(self, "gradient", s.name):
+                    continue
+                acc = self.grad_acc[i]
+                g = acc.read_value()  # SUM over replicas
+                vec = stats.tensor_stats(g, "gradient", quantiles=q, sample_size=self.sample_size,
+                                         seed=seed + 2 * i + 1, name=s.name)
+                prev = self.grad_prev[i].read_value()
+                g64, p64 = tf.cast(g, tf.float64), tf.cast(prev, tf.float64)
+                cos = tf.reduce_sum(g64 * p64) / (_norm(g64) * _norm(p64))
+                cos = tf.where(has_prev, cos, tf.constant(np.nan, tf.float64))
+                vec = _fill(vec, {0: epoch, slot: cos})
+                writes.append((s, "gradient", vec))
+                with tf.control_dependencies([vec, cos]):
+                    self.grad_prev[i].assign(g)
+                    acc.assign(tf.zeros_like(g))
+            if self.var_specs:
+                with tf.control_dependencies([w for _, _, w in writes]):
+                    self.has_grad_prev.assign(True)
+        out_views = [v for v in ("output", "output_gradient") if self.want(v)]
+        if out_views and self.out_specs:
+            vectors = self.strategy.run(self._finalize_outputs, args=(epoch,))
+            vectors = [self.strategy.experimental_local_results(v)[0] for v in vectors]
+            order = [
+                (j, view) for view in out_views for j in range(len(self.out_specs))
+                if self._writes_output(view, j)
+            ]
+            for (j, view), vec in zip(order, vectors, strict=True):
+                writes.append((self.out_specs[j], view, vec))
+        if self.writer is not None:
+            with self.writer.as_default():
+                for s, view, vec in writes:
+                    tf.summary.write(metadata.stats_tag(view, s.name), vec, step=step,
+                                     metadata=s.meta[view])
+        return tf.constant(len(writes))
+
+    def _writes_output(self, view: str, j: int) -> bool:
+        s = self.out_specs[j]
+        if _off(self, view, s.name):
+            return False
+        if view == "output_gradient" and not s.has_grad:
+            return False
+        return True
+
+    def _finalize_outputs(self, epoch: tf.Tensor) -> list[tf.Tensor]:
+        """Replica context: merge every replica's states (one all_gather), finalize, reset."""
+        ctx = tf.distribute.get_replica_context()
+        pending: list[tuple[StateLayout, str, tf.Variable]] = []
+        for view, states in (("output", self.out_state), ("output_gradient", self.out_grad_state)):
+            if not self.want(view):
+                continue
+            for j, var in enumerate(states):
+                if self._writes_output(view, j):
+                    pending.append((self.layouts[j], view, var))
+        if not pending:
+            return []
+        local = [var.read_value() for _, _, var in pending]
+        sizes = [int(t.shape[0]) for t in local]
+        flat = tf.concat(local, 0)
+        replicas = ctx.num_replicas_in_sync if ctx is not None else 1
+        if replicas > 1:
+            gathered = ctx.all_gather(flat[tf.newaxis], axis=0)  # [R, total]
+        else:
+            gathered = flat[tf.newaxis]
+        parts = tf.split(gathered, sizes, axis=1)
+        vectors = []
+        for (layout, view, _), part in zip(pending, parts, strict=True):
+            merged = stats.merge_stacked(layout.unpack(part)) if replicas > 1 else layout.unpack(
+                part[0])
+            vec = stats.finalize(merged, view, quantiles=self.quantiles)
+            vectors.append(_fill(vec, {0: epoch}))
+        with tf.control_dependencies(vectors):
+            for layout, _, var in pending:
+                var.assign(tf.constant(layout.empty))
+        return [tf.identity(v) for v in vectors]
+
+
+class StepRecorder:
+    """Per-trace recording inside one replica's training step.
+
+    Created at the start of the traced step (it reads the step counter), fed
+    by the layer-call wrappers (``layer_output``) and the optimizer wrapper
+    (``gradients``), closed by ``finish`` (advances the counter).
+    """
+
+    def __init__(self, collector: Collector, loss_scale: tf.Tensor | None = None):
+        self.c = collector
+        self.step = collector.counter.read_value() + 1
+        self.sampled = collector.sampled(self.step)
+        self.loss_scale = loss_scale
+        ctx = tf.distribute.get_replica_context()
+        rid = ctx.replica_id_in_sync_group if ctx is not None else 0
+        self.replica = tf.cast(rid, tf.int64)
+        self.calls: dict[str, int] = {}
+        self.grads_done = False
+
+    # -- helpers
+
+    def _when_sampled(self, fn: Callable[[], Any]) -> None:
+        if self.sampled is True:
+            fn()
+        else:
+            _run_if(self.sampled, fn)
+
+    def _seed(self, j: int, salt: int) -> tf.Tensor:
+        return tf.stack([self.step * 4 + salt, self.replica * 100003 + j + self.c.seed])
+
+    def _unscale(self, t: tf.Tensor) -> tf.Tensor:
+        if self.loss_scale is None:
+            return t
+        return t / tf.cast(self.loss_scale, t.dtype)
+
+    # -- layer outputs (called by capture.LayerPatcher wrappers)
+
+    def layer_output(self, name: str, outputs: Any) -> Any:
+        count = self.calls.get(name, 0)
+        self.calls[name] = count + 1
+        base = name if count == 0 else f"{name}@{count}"
+        leaves = capture.leaves_with_names(base, outputs)
+        new = []
+        for leaf_name, leaf in leaves:
+            j = self.c.out_index.get(sanitize(leaf_name))
+            if j is None or not capture.capturable(leaf):
+                new.append(leaf)
+                continue
+            new.append(capture.copy_keras_mask(leaf, self._capture(j, leaf)))
+        return capture.replace_leaves(outputs, new)
+
+    def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
+        c = self.c
+        spec = c.out_specs[j]
+        if c.want("output") and not _off(c, "output", spec.name):
+            try:
+                self._update_state(c.out_state[j], c.layouts[j], x, self._seed(j, 0))
+                c.output_seen.add(j)
+            except Exception as e:  # never break training
+                c.fail(f"output {spec.name}", e)
+        if (
+            c.want("output_gradient")
+            and spec.has_grad
+            and capture.is_float(x.dtype)
+            and not _off(c, "output_gradient", spec.name)
+        ):
+            def on_grad(dy, j=j, spec=spec):
+                try:
+                    self._update_state(
+                        c.out_grad_state[j], c.layouts[j], self._unscale(dy), self._seed(j, 1)
+                    )
+                    c.output_grad_seen.add(j)
+                except Exception as e:
+                    c.fail(f"output_gradient {spec.name}", e)
+
+            try:
+                return capture.probe(x, on_grad)
+            except Exception as e:
+                c.fail(f"output_gradient {spec.name}", e)
+        return x
+
+    def _update_state(self, var: tf.Variable, layout: StateLayout, x: tf.Tensor, seed) -> None:
+        def update():
+            state = layout.unpack(var.read_value())
+            var.assign(layout.pack(stats.update_state(state, x, seed=seed)))
+
+        self._when_sampled(update)
+
+    # -- gradients (called by the optimizer wrapper)
+
+    def gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
+        c = self.c
+        if not c.want("gradient") or self.grads_done:
+            return
+        self.grads_done = True  # a train step applying twice: the first is recorded
+        pairs = []
+        for g, v in zip(grads, variables, strict=True):
+            i = c.var_index.get(id(v))
+            if g is None or i is None or _off(c, "gradient", c.var_specs[i].name):
+                continue
+            pairs.append((i, g))
+        if not pairs:
+            return
+        try:
+            dense = []
+            for i, g in pairs:
+                if isinstance(g, tf.IndexedSlices):
+                    g = tf.convert_to_tensor(g)
+                dense.append((i, tf.cast(self._unscale(tf.cast(g, tf.float32)),
+                                         c.grad_acc[i].dtype)))
+
+            def add():
+                for i, g in dense:
+                    c.grad_acc[i].assign_add(g)
+
+            if self.loss_scale is not None and c.every == "epoch":
+                # A loss-scaled step with overflowed gradients is skipped by the
+                # optimizer; leave it out of the epoch sum too (it would be inf).
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for _, g in dense])
+                self._when_sampled(lambda: _run_if(finite, add))
+            else:
+                self._when_sampled(add)
+        except Exception as e:
+            c.fail("gradient view", e)
+
+    def record_metrics(self, totals: Sequence[tf.Tensor], counts: Sequence[tf.Tensor]) -> None:
+        """This step's per-metric (weighted) totals and counts, into the step ring buffer."""
+        c = self.c
+        if not c.metric_names:
+            return
+        row = (self.step - 1) % c.metric_rows
+        t = tf.cast(tf.stack([tf.cast(x, tf.float64) for x in totals]), tf.float64)
+        n = tf.cast(tf.stack([tf.cast(x, tf.float64) for x in counts]), tf.float64)
+        idx = tf.reshape(row, [1, 1])
+        c.metric_total.assign(tf.tensor_scatter_nd_update(c.metric_total, idx, t[tf.newaxis]))
+        c.metric_count.assign(tf.tensor_scatter_nd_update(c.metric_count, idx, n[tf.newaxis]))
+
+    def finish(self) -> None:
+        self.c.counter.assign_add(1)
+
+
+def _run_if(pred: Any, fn: Callable[[], Any]) -> None:
+    """Run the side effects of ``fn`` when ``pred`` holds (eagerly or as a ``tf.cond``)."""
+    if tf.executing_eagerly():
+        if bool(pred):
+            fn()
+        return
+
+    def run():
+        fn()
+        return tf.constant(0)
+
+    tf.cond(pred, run, lambda: tf.constant(0))
+
+
+def _off(c: Collector, view: str, name: str) -> bool:
+    return f"{view} {name}" in c.off or f"{view} view" in c.off
+
+
+def _value(v: Any) -> Any:
+    """The TF value of a Keras 3 variable (or a tf.Variable itself)."""
+    if isinstance(v, tf.Variable):
+        return v
+    return getattr(v, "value", v)
+
+
+def _norm(x: tf.Tensor) -> tf.Tensor:
+    x = tf.cast(x, tf.float64)
+    return tf.sqrt(tf.reduce_sum(x * x))
+
+
+def _fill(vec: tf.Tensor, slots: dict[int, tf.Tensor]) -> tf.Tensor:
+    idx = tf.constant([[k] for k in slots], tf.int32)
+    vals = tf.stack([tf.cast(v, tf.float64) for v in slots.values()])
+    return tf.tensor_scatter_nd_update(vec, idx, vals)

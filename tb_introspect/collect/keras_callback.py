@@ -1,0 +1,626 @@
+"""``Introspect``: a Keras 3 callback that logs the four views from an unmodified ``fit``.
+
+How it gets at what a callback normally cannot see:
+
+* **gradients** — the optimizer's ``apply`` gets an instance-level wrapper that
+  hands the gradients to the step recorder before applying them (works for the
+  built-in train step, user ``train_step`` overrides, loss scaling);
+* **layer outputs and output gradients** — the monitored layers' ``call`` gets
+  a wrapper that routes outputs through a probe (``capture.py``);
+* **per-step loss/metrics** — Keras' trackers are running means; the step
+  records each ``Mean`` metric's change in total and count, so the exact
+  per-step value is total/count even with ``steps_per_execution > 1``.
+
+The instrumented step wraps whatever ``model.train_step`` is, so compile
+settings, metrics, loss scaling, ``steps_per_execution``, ``jit_compile`` and
+distribution strategies are the user's own. Nothing is written inside the
+compiled step; the callback writes between executions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import uuid
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import metadata, summary_pb
+from tb_introspect.collect import capture
+from tb_introspect.collect.core import (
+    DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_STEP_SAMPLE_SIZE,
+    Collector,
+    Monitored,
+    StepRecorder,
+    sanitize,
+    warn,
+)
+
+_CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
+
+
+def check_views(views: Sequence[str]) -> tuple[str, ...]:
+    views = tuple(views)
+    for v in views:
+        if v not in metadata.VIEWS:
+            raise ValueError(f"unknown view {v!r}; expected some of {', '.join(metadata.VIEWS)}")
+    return views
+
+
+def check_every(every: str | int) -> str | int:
+    if every == "epoch":
+        return every
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise ValueError(f"every must be 'epoch' or a positive number of steps, got {every!r}")
+    return int(every)
+
+
+def check_log_dir(log_dir: str) -> str:
+    """Create ``log_dir`` and prove it is writable, or raise a clear ``OSError`` now."""
+    log_dir = os.fspath(log_dir)
+    probe = os.path.join(log_dir, f".tb_introspect_probe_{uuid.uuid4().hex}")
+    try:
+        tf.io.gfile.makedirs(log_dir)
+        with tf.io.gfile.GFile(probe, "w") as f:
+            f.write("ok")
+        tf.io.gfile.remove(probe)
+    except Exception as e:
+        raise OSError(f"tb_introspect: log_dir {log_dir!r} is not writable: {e}") from e
+    return log_dir
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True unless this is a non-chief worker of a multi-worker strategy."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True
+    ext = strategy.extended
+    for attr in ("should_save_summary", "should_checkpoint"):
+        if hasattr(ext, attr):
+            return bool(getattr(ext, attr))
+    kind, index = resolver.task_type, resolver.task_id
+    return kind == "chief" or (kind == "worker" and index == 0)
+
+
+def make_writer(log_dir: str, flush_secs: float) -> Any:
+    return tf.summary.create_file_writer(
+        log_dir, max_queue=1000, flush_millis=int(flush_secs * 1000)
+    )
+
+
+class _Discovery:
+    """Recorder used while tracing the forward pass once to learn what there is to capture."""
+
+    def __init__(self) -> None:
+        self.specs: list[Monitored] = []
+        self.first_index: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.skipped: list[str] = []
+
+    def layer_output(self, name: str, outputs: Any) -> Any:
+        count = self.calls.get(name, 0)
+        self.calls[name] = count + 1
+        base = name if count == 0 else f"{name}@{count}"
+        self.first_index.setdefault(name, len(self.specs))
+        new = []
+        for leaf_name, leaf in capture.leaves_with_names(base, outputs):
+            if not capture.capturable(leaf):
+                if leaf is not None and not isinstance(leaf, (int, float, bool, str)):
+                    self.skipped.append(leaf_name)
+                new.append(leaf)
+                continue
+            spec = Monitored(
+                view="output", name=sanitize(leaf_name), layer=name, depth=0,
+                shape=tuple(leaf.shape.as_list()), dtype=leaf.dtype.name, has_grad=False,
+            )
+            self.specs.append(spec)
+            if capture.is_float(leaf.dtype):
+                def mark(dy, spec=spec):
+                    spec.has_grad = True
+                leaf = capture.probe(leaf, mark)
+            new.append(leaf)
+        return capture.replace_leaves(outputs, new)
+
+
+def _plain_spec(spec: Any) -> Any:
+    """A per-replica spec (distributed iterator) -> one replica's spec."""
+    values = getattr(spec, "_value_specs", None)
+    if values:
+        return values[0]
+    return spec
+
+
+def _batch_spec(iterator: Any) -> Any:
+    """One replica's spec of a batch (x, y, sample_weight structure) from Keras' iterator."""
+    return tf.nest.map_structure(_plain_spec, iterator.element_spec)
+
+
+def _ensure_built(model: keras.Model, batch_spec: Any) -> None:
+    """Build model, compiled metrics/loss and optimizer now, as Keras does under a strategy.
+
+    Without a strategy Keras defers this to the first trace of its train function;
+    we need the variables and metrics before that to size the accumulators.
+    """
+    build = getattr(model, "_symbolic_build", None)
+    if build is not None:
+        build(data_batch=batch_spec)
+
+
+def discover_outputs(model: keras.Model, x_spec: Any) -> _Discovery:
+    """Trace ``model(x, training=True)`` plus a backward pass once (nothing runs)."""
+    disc = _Discovery()
+    variables = list(model.trainable_variables)
+
+    def forward(x):
+        with capture.recording(disc), tf.GradientTape() as tape:
+            y = model(x, training=True)
+            parts = [
+                tf.reduce_sum(tf.cast(t, tf.float32))
+                for t in tf.nest.flatten(y)
+                if isinstance(t, tf.Tensor) and t.dtype.is_floating
+            ]
+        if parts and variables:
+            tape.gradient(tf.add_n(parts), variables)
+        return tf.constant(0)
+
+    tf.function(forward, autograph=False).get_concrete_function(
+        tf.nest.map_structure(lambda s: s, x_spec)
+    )
+    return disc
+
+
+def _mean_metrics(model: keras.Model) -> list[Any]:
+    """Mean-like metrics (``total`` and ``count`` variables), the loss tracker first."""
+    found: list[Any] = []
+
+    def walk(m: Any) -> None:
+        if hasattr(m, "total") and hasattr(m, "count"):
+            found.append(m)
+            return
+        subs = getattr(m, "metrics", None)
+        if isinstance(subs, (list, tuple)):
+            for s in subs:
+                walk(s)
+
+    for m in model.metrics:
+        walk(m)
+    out, names = [], set()
+    for m in found:
+        if m.name not in names and getattr(m, "count", None) is not None:
+            names.add(m.name)
+            out.append(m)
+    return out
+
+
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all() -> None:  # a crash outside fit() still leaves readable event files
+    for cb in list(_live):
+        try:
+            cb._flush()
+        except Exception:
+            pass
+
+
+class Introspect(keras.callbacks.Callback):
+    """Log per-layer statistics of weights, gradients, layer outputs and output gradients.
+
+    Pass it to an unmodified ``model.fit``; open TensorBoard's Introspect tab on
+    ``log_dir``. Statistics are computed in the training step (also under
+    ``jit_compile=True`` and ``tf.distribute`` strategies) and written between
+    steps; all replicas' data count; only the chief writes.
+
+    Args:
+        log_dir: run directory for the event files (created; must be writable).
+        views: any of ``"variable"``, ``"gradient"``, ``"output"``, ``"output_gradient"``.
+        every: ``"epoch"`` (aggregate each epoch: variables at its end,
+            gradients summed over its steps, outputs merged over all its
+            batches), or ``N`` (statistics of every N-th step). Per-step loss and
+            metrics and their per-epoch bands are written in both cases.
+        sample_size: percentile sample bound for variables and gradients.
+        step_sample_size: percentile sample bound of the in-step output
+            accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
+        quantiles: percentile points (0..100) recorded.
+        flush_secs: how often event files are flushed for TensorBoard's live view.
+
+    Example:
+        >>> import keras, numpy as np, tempfile
+        >>> from tb_introspect.keras import Introspect
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> model.compile("sgd", "mse")
+        >>> x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+        >>> _ = model.fit(x, y, epochs=1, verbose=0,
+        ...               callbacks=[Introspect(tempfile.mkdtemp(), every=1)])
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        views: Sequence[str] = metadata.VIEWS,
+        every: str | int = "epoch",
+        *,
+        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
+        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        flush_secs: float = 10.0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.log_dir = check_log_dir(log_dir)
+        self.views = check_views(views)
+        self.every = check_every(every)
+        self.sample_size = int(sample_size)
+        self.step_sample_size = int(step_sample_size)
+        self.quantiles = tuple(quantiles)
+        self.flush_secs = float(flush_secs)
+        self.seed = int(seed)
+        self.writer = None
+        self.collector: Collector | None = None
+        self._off: set[str] = set()  # "metrics", "statistics", "instrumentation"
+        self._installed = False
+        _live.add(self)
+
+    # ------------------------------------------------------------------ guards
+
+    def _guard(self, part: str, fn, *args) -> Any:
+        """Run ``fn``; on error warn once and switch ``part`` off (training goes on)."""
+        if part in self._off:
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._off.add(part)
+            warn(f"{part} failed ({type(e).__name__}: {e}); {part} is off for the rest of"
+                 " training, training goes on")
+            return None
+
+    # ------------------------------------------------------------------ set-up
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._off = set()
+        self._guard("instrumentation", self._setup)
+
+    def _setup(self) -> None:
+        model = self.model
+        self.strategy = model.distribute_strategy
+        self.chief = is_chief(self.strategy)
+        if self.chief and self.writer is None:
+            self.writer = make_writer(self.log_dir, self.flush_secs)
+        self.spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        every = self.every
+        if every != "epoch" and every < self.spe:
+            warn(f"every={every} with steps_per_execution={self.spe}: logging every"
+                 f" {self.spe} steps (one point per execution)")
+            every = self.spe
+        self.collector = Collector(
+            views=self.views, every=every, quantiles=self.quantiles,
+            sample_size=self.sample_size, step_sample_size=self.step_sample_size,
+            strategy=self.strategy, writer=self.writer, seed=self.seed,
+        )
+        self._epoch = 0
+        self._epoch_values: dict[str, list[float]] = {}
+        self._last_metric_step = None
+        self._last_log_step = None
+        self._since_drain = 0
+        self._patcher = capture.LayerPatcher([])
+        self._optimizer = model.optimizer
+        self._original_step = model.train_step
+        model.make_train_function()
+        self._original_fn = model.train_function
+        self._install_lazy()
+
+    def _install_lazy(self) -> None:
+        """Defer the real set-up to the first step: it needs the data's shapes."""
+        model = self.model
+
+        def first_call(iterator):
+            fn = self._original_fn
+            if "instrumentation" not in self._off:
+                built = self._guard("instrumentation", self._build, iterator)
+                if built is not None:
+                    fn = self._run
+            if fn is self._original_fn:
+                model.train_function = self._original_fn
+            return fn(iterator)
+
+        model.train_function = first_call
+        self._installed = True
+
+    def _build(self, iterator: Any) -> bool:
+        model, c = self.model, self.collector
+        want_outputs = "output" in self.views or "output_gradient" in self.views
+        batch_spec = _batch_spec(iterator)
+        _ensure_built(model, batch_spec)
+        if not model.trainable_variables and (
+            "variable" in self.views or "gradient" in self.views
+        ):
+            warn("the model has no trainable variables: the variable and gradient views"
+                 " are empty")
+        self._captured = capture.layers_to_capture(model)
+        self._patcher = capture.LayerPatcher(self._captured)
+        disc = None
+        if want_outputs:
+            self._patcher.install()
+            try:
+                x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
+                disc = discover_outputs(model, x_spec)
+            except Exception as e:
+                disc = None
+                warn(f"layer outputs of {type(model).__name__} could not be traced"
+                     f" ({type(e).__name__}: {e}); the output and output_gradient views"
+                     " are off, variables and gradients go on")
+            if disc is not None and not disc.specs:
+                warn("no layer output could be captured; the output and output_gradient"
+                     " views are off")
+            if disc is not None and disc.skipped:
+                warn(f"non-tensor outputs not monitored: {', '.join(disc.skipped[:5])}")
+        specs = disc.specs if disc else []
+        # Depth: forward order of a layer's first output; layers never seen go last.
+        order = {}
+        for k, entry in enumerate(self._captured):
+            first = disc.first_index.get(entry.name) if disc else None
+            order[entry.name] = (0, first) if first is not None else (1, k)
+        ranked = sorted(order, key=lambda n: order[n])
+        depth_of = {name: d for d, name in enumerate(ranked)}
+        for s in specs:
+            s.depth = depth_of.get(s.layer, len(ranked))
+        if "output_gradient" in self.views and specs and not any(s.has_grad for s in specs):
+            warn("no gradient reaches any layer output (no trainable variables?); the"
+                 " output_gradient view is off")
+        c.set_outputs(specs)
+        owner: dict[int, str] = {}
+        for entry in self._captured:
+            for v in entry.layer.trainable_variables:
+                owner.setdefault(id(v), entry.name)
+        variables = list(model.trainable_variables)
+        names = [getattr(v, "path", None) or v.name for v in variables]
+        layers = [owner.get(id(v), model.name) for v in variables]
+        c.set_variables(variables, names, layers, [depth_of.get(n, len(ranked)) for n in layers])
+        self._metrics = _mean_metrics(model)
+        c.set_metrics([m.name for m in self._metrics], rows=max(32, 2 * self.spe + 2))
+        initial = 0
+        if self._optimizer is not None:
+            initial = int(self._optimizer.iterations.numpy())
+        c.build(initial_step=initial)
+        self._last_metric_step = self._last_log_step = initial
+        self._patch_optimizer()
+        # Build the instrumented train function; the instance attribute is only
+        # needed while Keras makes the function (it binds the step then).
+        object.__setattr__(model, "train_step", self._instrumented_step)
+        try:
+            model.make_train_function(force=True)
+        finally:
+            object.__delattr__(model, "train_step")
+        self._instrumented_fn = model.train_function
+        model.train_function = self._run
+        self._checked_trace = False
+        return True
+
+    def _patch_optimizer(self) -> None:
+        opt = self._optimizer
+        if opt is None or "gradient" not in self.views:
+            return
+        original = opt.apply
+        self._saved_apply = ("apply" in opt.__dict__, opt.__dict__.get("apply"))
+
+        def apply(grads, trainable_variables=None):
+            rec = capture.active_recorder()
+            if isinstance(rec, StepRecorder):
+                tv = trainable_variables
+                if tv is None:
+                    tv = getattr(opt, "_trainable_variables", None) or []
+                try:
+                    rec.gradients(list(grads), list(tv))
+                except Exception as e:
+                    rec.c.fail("gradient view", e)
+            return original(grads, trainable_variables)
+
+        object.__setattr__(opt, "apply", apply)
+
+    def _loss_scale(self) -> tf.Tensor | None:
+        opt = self._optimizer
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            return tf.convert_to_tensor(opt.dynamic_scale)
+        return None
+
+    def _instrumented_step(self, data: Any) -> Any:
+        """The user's train step, recorded (runs inside Keras' compiled step)."""
+        c = self.collector
+        rec = StepRecorder(c, loss_scale=self._loss_scale())
+        before = [(m.total.value, m.count.value) for m in self._metrics]
+        before = [(tf.identity(t), tf.identity(n)) for t, n in before]
+        with capture.recording(rec):
+            logs = self._original_step(data)
+        if before:
+            with tf.control_dependencies(tf.nest.flatten(logs)):
+                after = [(tf.identity(m.total.value), tf.identity(m.count.value))
+                         for m in self._metrics]
+            rec.record_metrics(
+                [a[0] - b[0] for a, b in zip(after, before, strict=True)],
+                [a[1] - b[1] for a, b in zip(after, before, strict=True)],
+            )
+        rec.finish()
+        return logs
+
+    # ------------------------------------------------------------------ running
+
+    def _run(self, iterator: Any) -> Any:
+        """The installed train function: instrumented, falling back to the original."""
+        try:
+            logs = self._instrumented_fn(iterator)
+        except _CONTROL_FLOW:
+            raise
+        except Exception as e:
+            # Is it ours? The uninstrumented function decides: if it runs, the
+            # instrumentation is switched off and training goes on.
+            self.model.train_function = self._original_fn
+            try:
+                logs = self._original_fn(iterator)
+            except BaseException:
+                self._flush()
+                raise
+            self._off.add("instrumentation")
+            warn(f"the instrumented train step failed ({type(e).__name__}: {e}); statistics"
+                 " are off for the rest of training, training goes on")
+            return logs
+        except BaseException:  # KeyboardInterrupt: keep what was logged
+            self._flush()
+            raise
+        if not self._checked_trace:
+            self._checked_trace = True
+            self._check_trace()
+        return logs
+
+    def _check_trace(self) -> None:
+        c = self.collector
+        if "output_gradient" in self.views:
+            missing = [s.name for j, s in enumerate(c.out_specs)
+                       if s.has_grad and j not in c.output_grad_seen]
+            for name in missing:
+                c.off.add(f"output_gradient {name}")
+            if missing:
+                warn(f"no gradient reached {len(missing)} layer output(s) in the train step"
+                     f" ({', '.join(missing[:3])}...): their output_gradient view is off")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.collector is None or not self.collector.built:
+            return
+        self._since_drain += self.spe
+        if self._since_drain + self.spe >= self.collector.metric_rows:
+            self._guard("metrics", self._drain_metrics, logs)
+        if self.every != "epoch" and "instrumentation" not in self._off:
+            self._guard("statistics", self._maybe_log_steps)
+
+    def _maybe_log_steps(self) -> None:
+        c = self.collector
+        step = c.current_step()
+        n = int(c.every)
+        last_sampled = step - step % n
+        if last_sampled > self._last_log_step:
+            c.log(last_sampled, self._epoch)
+            self._last_log_step = last_sampled
+
+    def _drain_metrics(self, logs: dict | None = None) -> None:
+        """Write the per-step metric values buffered since the last drain."""
+        self._since_drain = 0
+        c = self.collector
+        if c is None or not c.built:
+            return
+        step, total, count = c.read_metrics()
+        rows = c.metric_rows
+        first = max(self._last_metric_step + 1, step - rows + 1)
+        if c.metric_names and "instrumentation" not in self._off:
+            for s in range(first, step + 1):
+                row = (s - 1) % rows
+                protos = []
+                for m, name in enumerate(c.metric_names):
+                    n = count[row, m]
+                    if n <= 0:
+                        continue
+                    value = float(total[row, m] / n)
+                    self._epoch_values.setdefault(name, []).append(value)
+                    protos.append(summary_pb.metric_pb(name, value, self._epoch))
+                self._write_protos(protos, s)
+        # Metrics that are not running means (AUC, ...): their running value.
+        if logs and step > self._last_metric_step:
+            tracked = set(c.metric_names) if "instrumentation" not in self._off else set()
+            protos = []
+            for name, value in logs.items():
+                if name in tracked or name.startswith("val_"):
+                    continue
+                v = _as_float(value)
+                if v is None:
+                    continue
+                self._epoch_values.setdefault(name, []).append(v)
+                protos.append(summary_pb.metric_pb(name, v, self._epoch))
+            self._write_protos(protos, step)
+        self._last_metric_step = max(self._last_metric_step, step)
+
+    def _write_protos(self, protos: list, step: int) -> None:
+        if not protos or self.writer is None:
+            return
+        with self.writer.as_default():
+            tf.summary.experimental.write_raw_pb(
+                tf.constant([p.SerializeToString() for p in protos]), step=step
+            )
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = int(epoch)
+        self._epoch_values = {}
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.collector is None or not self.collector.built:
+            return
+        self._guard("metrics", self._drain_metrics, logs)
+        if self.every == "epoch" and "instrumentation" not in self._off:
+            self._guard("statistics", self._log_epoch, epoch)
+        self._guard("metrics", self._epoch_metrics, epoch, logs)
+        self._flush()
+
+    def _log_epoch(self, epoch: int) -> None:
+        c = self.collector
+        c.log(c.current_step(), epoch)
+
+    def _epoch_metrics(self, epoch: int, logs: dict | None) -> None:
+        step = self.collector.current_step()
+        protos = [
+            summary_pb.metric_epoch_pb(name, values, epoch)
+            for name, values in self._epoch_values.items() if values
+        ]
+        for name, value in (logs or {}).items():
+            v = _as_float(value)
+            if name.startswith("val_") and v is not None:
+                protos.append(summary_pb.metric_pb(name, v, epoch))
+        self._write_protos(protos, step)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        try:
+            if self.collector is not None and self.collector.built:
+                self._guard("metrics", self._drain_metrics, None)
+        finally:
+            self._uninstall()
+            self._flush()
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+
+    def _uninstall(self) -> None:
+        if not self._installed:
+            return
+        self._installed = False
+        model = self.model
+        self._patcher.remove()
+        opt = self._optimizer
+        saved = getattr(self, "_saved_apply", None)
+        if opt is not None and saved is not None:
+            had, previous = saved
+            if had:
+                object.__setattr__(opt, "apply", previous)
+            elif "apply" in opt.__dict__:
+                object.__delattr__(opt, "apply")
+            self._saved_apply = None
+        # The next fit() builds a clean train function.
+        model.train_function = None
+
+    def _flush(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.flush()
+            except Exception:
+                pass
+
+
+def _as_float(value: Any) -> float | None:
+    """A scalar log value as a float (None for anything that is not a number)."""
+    try:
+        return float(np.asarray(value))
+    except (TypeError, ValueError):
+        return None
