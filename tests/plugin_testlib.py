@@ -218,8 +218,10 @@ def tensorboard(
         os.unlink(log.name)
 
 
-def fetch(url: str, *, gzip_ok: bool = False) -> tuple[int, dict, bytes]:
-    """GET ``url``: (status, headers, body inflated if it was gzipped)."""
+def fetch(
+    url: str, *, gzip_ok: bool = False, keep_compressed: bool = False
+) -> tuple[int, dict, bytes]:
+    """GET ``url``: (status, headers, body inflated if it was gzipped, unless kept)."""
     accept = "gzip" if gzip_ok else "identity"
     req = urllib.request.Request(url, headers={"Accept-Encoding": accept})
     try:
@@ -227,7 +229,7 @@ def fetch(url: str, *, gzip_ok: bool = False) -> tuple[int, dict, bytes]:
             status, headers, body = r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         status, headers, body = e.code, dict(e.headers), e.read()
-    if headers.get("Content-Encoding") == "gzip":
+    if headers.get("Content-Encoding") == "gzip" and not keep_compressed:
         body = gzip.decompress(body)
     return status, headers, body
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 import types
 
 import numpy as np
@@ -37,10 +38,10 @@ class App:
         self.mux.AddRunsFromDirectory(logdir)
         self.mux.Reload()
         dp = mux_provider.MultiplexerDataProvider(self.mux, logdir)
-        plugin = introspect_plugin.IntrospectLoader().load(
+        self.plugin = introspect_plugin.IntrospectLoader().load(
             base_plugin.TBContext(data_provider=dp, logdir=logdir)
         )
-        self.client = Client(application.TensorBoardWSGI([plugin], data_provider=dp))
+        self.client = Client(application.TensorBoardWSGI([self.plugin], data_provider=dp))
 
     def get(self, route: str, *, status: int = 200, gzip_ok: bool = False):
         headers = {"Accept-Encoding": "gzip"} if gzip_ok else {}
@@ -304,6 +305,8 @@ def test_overview_follows_new_points(env) -> None:
               views={"output": [("only", "only", 0)]})
     assert app.get("overview?run=exp/b/deep")["views"]["output"]["steps"] == before  # not reloaded
     app.mux.Reload()
+    # The run's tag listing is reused for a moment (it spares a provider round trip).
+    time.sleep(app.plugin.listing_ttl_s + 0.05)
     assert app.get("overview?run=exp/b/deep")["views"]["output"]["steps"] == list(range(8))
     assert app.get("run?run=exp/b/deep")["views"]["output"][0]["num_points"] == 8
 

@@ -19,9 +19,18 @@ T = TypeVar("T")
 class FingerprintCache:
     """A small thread-safe LRU of values that are valid for one fingerprint."""
 
-    def __init__(self, max_entries: int = 32) -> None:
+    def __init__(
+        self,
+        max_entries: int = 32,
+        max_bytes: int | None = None,
+        weigh: Callable[[Any], int] = len,
+    ) -> None:
+        """At most ``max_entries`` values and, if given, ``max_bytes`` by ``weigh``."""
         self._max = max_entries
-        self._entries: collections.OrderedDict[Hashable, tuple[Hashable, Any]] = (
+        self._max_bytes = max_bytes
+        self._weigh = weigh
+        self._bytes = 0
+        self._entries: collections.OrderedDict[Hashable, tuple[Hashable, Any, int]] = (
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
@@ -34,6 +43,11 @@ class FingerprintCache:
         of repeating a full read of the run.
         """
         with self._lock:
+            if len(self._key_locks) > 4 * self._max + 16:
+                # Keys whose computation failed leave their lock behind; drop idle ones.
+                self._key_locks = {
+                    k: v for k, v in self._key_locks.items() if k in self._entries or v.locked()
+                }
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
             with self._lock:
@@ -42,15 +56,25 @@ class FingerprintCache:
                     self._entries.move_to_end(key)
                     return hit[1]
             value = compute()
+            weight = self._weigh(value) if self._max_bytes is not None else 0
             with self._lock:
-                self._entries[key] = (fingerprint, value)
-                self._entries.move_to_end(key)
-                while len(self._entries) > self._max:
-                    old, _ = self._entries.popitem(last=False)
-                    self._key_locks.pop(old, None)
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    self._bytes -= old[2]
+                self._entries[key] = (fingerprint, value, weight)
+                self._bytes += weight
+                # The newest entry stays even when it alone exceeds the budget.
+                while len(self._entries) > 1 and (
+                    len(self._entries) > self._max
+                    or (self._max_bytes is not None and self._bytes > self._max_bytes)
+                ):
+                    gone, (_, _, w) = self._entries.popitem(last=False)
+                    self._bytes -= w
+                    self._key_locks.pop(gone, None)
             return value
 
     def clear(self) -> None:
         """Drop every entry."""
         with self._lock:
             self._entries.clear()
+            self._bytes = 0

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from tensorboard import errors as tb_errors
 from tensorboard import plugin_util
@@ -37,6 +39,22 @@ from tb_introspect.plugin.http_io import (
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = metadata.PLUGIN_NAME
+
+
+#: Seconds a run's tag listing is reused across requests (see ``_list_run``).
+LISTING_TTL_S = 1.0
+
+
+class _Listing(NamedTuple):
+    infos: dict[str, reader.TagInfo]
+    bad: list[tuple[str, str]]
+    at: float
+    fingerprint: tuple
+
+
+class _Documents(NamedTuple):
+    run: bytes  # gzip of the ./run JSON
+    overview: bytes  # gzip of the ./overview JSON at the default max_points
 
 
 class IntrospectLoader(base_plugin.TBLoader):
@@ -95,8 +113,14 @@ class IntrospectPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         """Keeps the data provider; nothing is read until a route is called."""
         self._provider = context.data_provider
-        self._series_cache = FingerprintCache(max_entries=8)
-        self._overview_cache = FingerprintCache(max_entries=16)
+        self.listing_ttl_s = LISTING_TTL_S
+        self._listings: dict[tuple[str, str], _Listing] = {}
+        self._listings_lock = threading.Lock()
+        # Rendered documents per run, valid while the run's fingerprint holds.
+        mib = 2**20
+        self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
+        self._overviews = FingerprintCache(8, 64 * mib)
+        self._series = FingerprintCache(256, 64 * mib)
 
     def is_active(self) -> bool:
         """Always ``False``: TensorBoard activates the tab from ``data_plugin_names``."""
@@ -123,44 +147,59 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         if self._provider is None:
             raise RequestError("TensorBoard has no data provider; cannot read data", 503)
 
-    def _list_run(self, request: wrappers.Request, run: str, tags: list[str] | None = None):
-        """``(infos, skipped)`` of one run; 404 when it has no tb-introspect data."""
+    def _list_run(
+        self, request: wrappers.Request, run: str
+    ) -> _Listing:
+        """Tags, skipped tags and fingerprint of one run; 404 when it has no data.
+
+        A listing is reused for ``LISTING_TTL_S``: the frontend sends bursts of
+        requests for one run, and each provider call costs a round trip (about
+        40 ms to the Rust data server). TensorBoard itself reloads far less often.
+        """
         self._check_provider()
+        key = (plugin_util.experiment_id(request.environ), run)
+        now = time.monotonic()
+        with self._listings_lock:
+            hit = self._listings.get(key)
+        if hit is not None and now - hit.at < self.listing_ttl_s:
+            return hit
         infos, bad = reader.list_tags(
-            self._provider,
-            plugin_util.experiment_id(request.environ),
-            ctx=plugin_util.context(request.environ),
-            runs=[run],
-            tags=tags,
+            self._provider, key[0], ctx=plugin_util.context(request.environ), runs=[run]
         )
         if run not in infos and run not in bad:
-            if tags is None or not self._run_exists(request, run):
-                raise not_found(f"run {run!r} not found or has no tb-introspect data")
-        return infos.get(run, {}), bad.get(run, [])
+            with self._listings_lock:
+                self._listings.pop(key, None)
+            raise not_found(f"run {run!r} not found or has no tb-introspect data")
+        run_infos = infos.get(run, {})
+        listing = _Listing(run_infos, bad.get(run, []), now, reader.fingerprint(run_infos))
+        with self._listings_lock:
+            if len(self._listings) > 256:  # runs come and go; keep the table small
+                self._listings.clear()
+            self._listings[key] = listing
+        return listing
 
-    def _run_exists(self, request: wrappers.Request, run: str) -> bool:
-        infos, bad = reader.list_tags(
-            self._provider,
-            plugin_util.experiment_id(request.environ),
+    def _read_run(
+        self, request: wrappers.Request, run: str, infos: dict, bad: list
+    ) -> reader.RunSeries:
+        series, unreadable = reader.read_series(
+            self._provider, plugin_util.experiment_id(request.environ), run, infos.values(),
             ctx=plugin_util.context(request.environ),
-            runs=[run],
         )
-        return run in infos or run in bad
+        return reader.assemble_run(run, infos, series, bad + unreadable)
 
-    def _run_series(self, request: wrappers.Request, run: str) -> tuple[reader.RunSeries, tuple]:
-        """The whole run (cached until the provider reports new points)."""
-        infos, bad = self._list_run(request, run)
-        eid = plugin_util.experiment_id(request.environ)
-        fp = reader.fingerprint(infos)
+    def _documents_of(self, request: wrappers.Request, run: str) -> _Documents:
+        """The run's ``./run`` and default ``./overview`` bodies, from one full read."""
+        listing = self._list_run(request, run)
 
-        def read() -> reader.RunSeries:
-            series, unreadable = reader.read_series(
-                self._provider, eid, run, infos.values(),
-                ctx=plugin_util.context(request.environ),
+        def render() -> _Documents:
+            rs = self._read_run(request, run, listing.infos, listing.bad)
+            return _Documents(
+                run=gzip_bytes(encode(_run_document(rs))),
+                overview=gzip_bytes(encode(overview.compute_overview(rs))),
             )
-            return reader.assemble_run(run, infos, series, bad + unreadable)
 
-        return self._series_cache.get((eid, run), fp, read), fp
+        key = (plugin_util.experiment_id(request.environ), run)
+        return self._documents.get(key, listing.fingerprint, render)
 
     # -- routes ----------------------------------------------------------------
 
@@ -191,20 +230,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
     @_route
     def _serve_run(self, request: wrappers.Request):
         run = required(request, "run")
-        rs, _ = self._run_series(request, run)
-        views: dict[str, list] = {v: [] for v in metadata.VIEWS}
-        for view, series in rs.tensors.items():
-            views[view] = [_tensor_entry(s) for s in series]
-        names = sorted(set(rs.metrics) | set(rs.metric_epochs))
-        return json_response(request, {
-            "run": run,
-            "format_version": rs.format_version,
-            "reader_version": metadata.PROTO_VERSION,
-            "views": views,
-            "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n))
-                        for n in names],
-            "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
-        })
+        return gzipped_json_response(request, self._documents_of(request, run).run)
 
     @_route
     def _serve_series(self, request: wrappers.Request):
@@ -212,43 +238,53 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         tags = repeated(request, "tag", required_=True)
         fields = repeated(request, "field")
         downsample = non_negative_int(request, "downsample", 0)
-        infos, bad = self._list_run(request, run, tags)
-        bad = [(t, r) for t, r in bad if t in tags]
+        listing = self._list_run(request, run)
+        infos = listing.infos
+        bad = [(t, r) for t, r in listing.bad if t in tags]
         missing = [t for t in tags if t not in infos and t not in dict(bad)]
         if missing:
             raise not_found(f"run {run!r} has no tb-introspect tag {missing[0]!r}"
                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        infos = {t: infos[t] for t in tags if t in infos}
         if fields:
             known = {f for i in infos.values() for f in i.fields}
             unknown = [f for f in fields if f not in known]
             if unknown:
                 raise RequestError(f"no requested tag has field {unknown[0]!r}")
-        series, unreadable = reader.read_series(
-            self._provider,
-            plugin_util.experiment_id(request.environ),
-            run,
-            [infos[t] for t in tags if t in infos],
-            ctx=plugin_util.context(request.environ),
-            downsample=downsample,
+        eid = plugin_util.experiment_id(request.environ)
+
+        def render() -> bytes:
+            series, unreadable = reader.read_series(
+                self._provider, eid, run, [infos[t] for t in tags if t in infos],
+                ctx=plugin_util.context(request.environ), downsample=downsample,
+            )
+            return gzip_bytes(encode({
+                "run": run,
+                "series": {t: _series_json(series[t], fields) for t in tags if t in series},
+                "skipped": [{"tag": t, "reason": r} for t, r in bad + unreadable],
+            }))
+
+        key = (eid, run, tuple(tags), tuple(fields), downsample)
+        return gzipped_json_response(
+            request, self._series.get(key, listing.fingerprint, render)
         )
-        return json_response(request, {
-            "run": run,
-            "series": {t: _series_json(series[t], fields) for t in tags if t in series},
-            "skipped": [{"tag": t, "reason": r} for t, r in bad + unreadable],
-        })
 
     @_route
     def _serve_overview(self, request: wrappers.Request):
         run = required(request, "run")
         max_points = non_negative_int(request, "max_points", overview.DEFAULT_MAX_POINTS)
-        rs, fp = self._run_series(request, run)
-        eid = plugin_util.experiment_id(request.environ)
+        if max_points == overview.DEFAULT_MAX_POINTS:
+            return gzipped_json_response(request, self._documents_of(request, run).overview)
+        listing = self._list_run(request, run)
 
         def render() -> bytes:
+            rs = self._read_run(request, run, listing.infos, listing.bad)
             return gzip_bytes(encode(overview.compute_overview(rs, max_points)))
 
-        body = self._overview_cache.get((eid, run, max_points), fp, render)
-        return gzipped_json_response(request, body)
+        key = (plugin_util.experiment_id(request.environ), run, max_points)
+        return gzipped_json_response(
+            request, self._overviews.get(key, listing.fingerprint, render)
+        )
 
     @wrappers.Request.application
     def _serve_index(self, request: wrappers.Request):
@@ -262,6 +298,22 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         if i < 0:
             raise not_found(f"no static file {path!r}")
         return assets.respond_file(request, path[i + len(marker):])
+
+
+def _run_document(rs: reader.RunSeries) -> dict[str, Any]:
+    """The ``./run`` JSON of a run (see docs/http_api.md)."""
+    views: dict[str, list] = {v: [] for v in metadata.VIEWS}
+    for view, series in rs.tensors.items():
+        views[view] = [_tensor_entry(s) for s in series]
+    names = sorted(set(rs.metrics) | set(rs.metric_epochs))
+    return {
+        "run": rs.run,
+        "format_version": rs.format_version,
+        "reader_version": metadata.PROTO_VERSION,
+        "views": views,
+        "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n)) for n in names],
+        "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
+    }
 
 
 def _tensor_entry(s: reader.Series) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,13 +35,28 @@ def union_steps(series: Sequence[Series]) -> np.ndarray:
     return np.unique(np.concatenate([s.steps for s in series]))
 
 
-def field_matrix(series: Sequence[Series], name: str, steps: np.ndarray) -> np.ndarray:
-    """``m[i, j]`` = field ``name`` of ``series[i]`` at ``steps[j]``; NaN where it has no point."""
-    m = np.full((len(series), len(steps)), np.nan)
+def field_matrices(
+    series: Sequence[Series], names: Sequence[str], steps: np.ndarray
+) -> dict[str, np.ndarray]:
+    """``{name: m}`` with ``m[i, j]`` = field ``name`` of ``series[i]`` at ``steps[j]``.
+
+    NaN where a series has no point at a step or its layout lacks the field.
+    """
+    out = {name: np.full((len(series), len(steps)), np.nan) for name in names}
     for i, s in enumerate(series):
-        if len(s) and s.has(name):
-            m[i, np.searchsorted(steps, s.steps)] = s.field(name)
-    return m
+        if not len(s):
+            continue
+        aligned = len(s) == len(steps) and np.array_equal(s.steps, steps)
+        cols = slice(None) if aligned else np.searchsorted(steps, s.steps)
+        for name in names:
+            if s.has(name):
+                out[name][i, cols] = s.field(name)
+    return out
+
+
+def field_matrix(series: Sequence[Series], name: str, steps: np.ndarray) -> np.ndarray:
+    """One field of :func:`field_matrices`."""
+    return field_matrices(series, [name], steps)[name]
 
 
 def stack_fractions(rms: np.ndarray) -> np.ndarray:
@@ -62,13 +76,26 @@ def stack_fractions(rms: np.ndarray) -> np.ndarray:
 
 
 def band_over_rows(m: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
-    """Per column, the ``quantiles`` of the finite values (rows = quantiles); NaN if none."""
-    finite = np.where(np.isfinite(m), m, np.nan)
-    if finite.size == 0:
-        return np.full((len(quantiles), m.shape[1]), np.nan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-        return np.nanpercentile(finite, list(quantiles), axis=0)
+    """Per column, the ``quantiles`` of the finite values (rows = quantiles); NaN if none.
+
+    Same values as ``np.nanpercentile(..., method="linear")``, vectorised over
+    columns: sort once with non-finite values pushed to the end, then
+    interpolate between order statistics.
+    """
+    finite = np.isfinite(m)
+    count = finite.sum(axis=0)
+    ordered = np.sort(np.where(finite, m, np.inf), axis=0)
+    pos = np.asarray(quantiles, dtype=np.float64)[:, None] / 100.0 * np.maximum(count - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.ceil(pos).astype(np.int64)
+    if m.shape[0] == 0:
+        return np.full(pos.shape, np.nan)
+    below = np.take_along_axis(ordered, lo, axis=0)
+    above = np.take_along_axis(ordered, hi, axis=0)
+    with np.errstate(invalid="ignore"):
+        band = below + (above - below) * (pos - lo)
+    band[:, count == 0] = np.nan
+    return band
 
 
 def summarise_rows(m: np.ndarray) -> dict[str, np.ndarray]:
@@ -98,12 +125,13 @@ def column_subset(n: int, max_points: int) -> np.ndarray:
 def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
     steps = union_steps(series)
-    rms = field_matrix(series, "rms", steps)
-    epochs = np.fmax.reduce(field_matrix(series, "epoch", steps), axis=0) if len(series) \
-        else np.empty(0)
-    nonfinite_m = sum(
-        np.nan_to_num(field_matrix(series, f, steps), nan=0.0) for f in NONFINITE_FIELDS
+    fields = field_matrices(
+        series, ("rms", "epoch", *ACTIVITY_FIELDS, *NONFINITE_FIELDS), steps
     )
+    rms = fields["rms"]
+    epochs = np.fmax.reduce(fields["epoch"], axis=0, initial=-np.inf)
+    epochs[np.isneginf(epochs)] = np.nan
+    nonfinite_m = sum(np.nan_to_num(fields[f], nan=0.0) for f in NONFINITE_FIELDS)
     first_nonfinite = None
     hits = np.argwhere(nonfinite_m.T > 0)  # (step column, tensor) in step-major order
     if hits.size:
@@ -116,7 +144,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
         log_rms = np.where(np.isfinite(rms_c) & (rms_c > 0), np.log10(rms_c), np.nan)
     activity = {}
     for name in ACTIVITY_FIELDS:
-        summary = summarise_rows(field_matrix(series, name, steps)[:, cols])
+        summary = summarise_rows(fields[name][:, cols])
         entry = {k: num_list(summary[k]) for k in ("mean", "min", "max")}
         if name != "activation_rate":
             entry["worst"] = [None if w < 0 else w for w in summary["worst"].tolist()]
@@ -133,7 +161,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
         "log10_rms": num_list(log_rms, decimals=4),
         "stack": num_list(stack_fractions(rms_c), decimals=5),
         "activity": activity,
-        "nonfinite": int_list(nonfinite_m.sum(axis=0)[cols]) if len(series) else [],
+        "nonfinite": int_list(nonfinite_m.sum(axis=0)[cols]),
         "first_nonfinite": first_nonfinite,
     }
 

@@ -1,0 +1,247 @@
+"""Time the Introspect plugin's routes through real TensorBoard processes.
+
+Writes one run with N monitored tensors x 4 views x S steps (numpy path, no
+TensorFlow), starts ``tensorboard`` with each loader (``--load_fast=false`` /
+``true``), waits until every point is loaded, then times each route over HTTP:
+the first (cold) call and the median of warm repeats. Prints a Markdown table.
+
+    python benchmarks/plugin_bench.py                 # 200 tensors x 4 views x 1,000 steps
+    python benchmarks/plugin_bench.py --tensors 20 --steps 100 --loaders true
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # reuse the tests' process helpers
+
+from plugin_testlib import fetch, get_json, tensorboard, wait_for  # noqa: E402
+
+from tb_introspect import metadata, summary_pb  # noqa: E402
+from tb_introspect.plugin.introspect_plugin import LISTING_TTL_S  # noqa: E402
+
+TARGETS_MS = {"runs": 100, "series (1 tag)": 50, "overview": 300}
+
+
+def _tensor(vec: np.ndarray) -> tensor_pb2.TensorProto:
+    # Built directly (not make_tensor_proto): writing 800k points must take seconds.
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_DOUBLE,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(
+            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=vec.size)]
+        ),
+        tensor_content=vec.astype("<f8").tobytes(),
+    )
+
+
+def _crc32c_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
+    return table.astype(np.uint32)
+
+
+_TABLE = _crc32c_table()
+
+
+def masked_crc32c_rows(rows: np.ndarray) -> np.ndarray:
+    """Masked CRC-32C (TFRecord framing) of every row of a uint8 matrix, vectorised.
+
+    TensorBoard's own record writer computes CRCs in pure Python (about 1 MB/s);
+    running the table loop across thousands of equally long records at once is
+    what makes writing the 280 MB benchmark run take seconds, not minutes.
+    """
+    crc = np.full(rows.shape[0], 0xFFFFFFFF, dtype=np.uint32)
+    for i in range(rows.shape[1]):
+        crc = _TABLE[(crc ^ rows[:, i]) & 0xFF] ^ (crc >> 8)
+    crc ^= np.uint32(0xFFFFFFFF)
+    masked = ((crc >> 15) | (crc << 17)).astype(np.uint64) + 0xA282EAD8
+    return (masked & 0xFFFFFFFF).astype(np.uint32)
+
+
+def write_records(f, records: list[bytes]) -> None:
+    """Append TFRecord-framed ``records`` (in order) to the open file ``f``."""
+    n = len(records)
+    lengths = np.array([len(r) for r in records], dtype=np.uint64)
+    headers = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
+    header_crc = masked_crc32c_rows(headers)
+    data_crc = np.zeros(n, dtype=np.uint32)
+    for length in np.unique(lengths):  # equal lengths share one vectorised pass
+        idx = np.flatnonzero(lengths == length)
+        rows = np.frombuffer(b"".join(records[i] for i in idx), dtype=np.uint8)
+        data_crc[idx] = masked_crc32c_rows(rows.reshape(len(idx), int(length)))
+    hc, dc = header_crc.astype("<u4"), data_crc.astype("<u4")
+    f.write(b"".join(
+        headers[i].tobytes() + hc[i].tobytes() + records[i] + dc[i].tobytes() for i in range(n)
+    ))
+
+
+def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int = 100) -> int:
+    """Write the benchmark run, one event per tag and step as tf.summary does; returns points."""
+    os.makedirs(run_dir, exist_ok=True)
+    rng = np.random.default_rng(0)
+    layers = [f"layer_{i:03d}" for i in range(tensors)]
+    tags, metas = {}, {}
+    for view in metadata.VIEWS:
+        for depth, layer in enumerate(layers):
+            tags[(view, layer)] = metadata.stats_tag(view, f"{layer}/kernel")
+            metas[(view, layer)] = metadata.create_tensor_stats_metadata(
+                view=view, name=f"{layer}/kernel", layer=layer, depth=depth, shape=(64, 64))
+    loss_meta = metadata.create_metric_metadata("loss")
+    widths = {v: len(metadata.tensor_stats_fields(v)) for v in metadata.VIEWS}
+    rms_col = metadata.tensor_stats_fields("variable").index("rms")
+    scale = 10.0 ** -np.linspace(0, 4, tensors)  # orders of magnitude across depth
+    path = os.path.join(run_dir, f"events.out.tfevents.{int(time.time())}.bench")
+    points = 0
+    with open(path, "wb") as f:
+        write_records(f, [event_pb2.Event(wall_time=time.time(),
+                                          file_version="brain.Event:2").SerializeToString()])
+        batch: list[bytes] = []
+        for step in range(steps):
+            epoch = step // steps_per_epoch
+            wall = 1e9 + step
+            for view in metadata.VIEWS:
+                block = rng.uniform(0, 1, size=(tensors, widths[view]))
+                block[:, 0] = epoch
+                block[:, rms_col] = scale * (1 + 0.1 * rng.standard_normal(tensors))
+                for i, layer in enumerate(layers):
+                    value = summary_pb2.Summary.Value(tag=tags[(view, layer)],
+                                                      tensor=_tensor(block[i]))
+                    if step == 0:  # metadata on a tag's first point is enough for both loaders
+                        value.metadata.CopyFrom(metas[(view, layer)])
+                    batch.append(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb2
+                                                 .Summary(value=[value])).SerializeToString())
+                    points += 1
+            loss = summary_pb2.Summary.Value(tag=metadata.metric_tag("loss"),
+                                             tensor=_tensor(np.array([epoch, 2.0 / (1 + step)])))
+            if step == 0:
+                loss.metadata.CopyFrom(loss_meta)
+            batch.append(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb2.Summary(
+                value=[loss])).SerializeToString())
+            if (step + 1) % steps_per_epoch == 0:
+                band = summary_pb.metric_epoch_pb(
+                    "loss", 2.0 / (1 + np.arange(step + 1 - steps_per_epoch, step + 1)), epoch)
+                batch.append(event_pb2.Event(step=step, wall_time=wall,
+                                             summary=band).SerializeToString())
+            if len(batch) >= 50_000 or step == steps - 1:
+                write_records(f, batch)
+                batch = []
+    return points
+
+
+def time_route(url: str, repeats: int, isolated: int) -> tuple[float, float, float, int]:
+    """(first call, warm median, isolated median) in ms, and the gzip body size.
+
+    "warm": calls back to back, as the frontend's bursts make them; "isolated":
+    each call after the plugin's tag-listing reuse window has passed, so every
+    call pays the data provider's listing round trip again.
+    """
+    def once() -> tuple[float, int]:
+        t = time.perf_counter()
+        status, _, body = fetch(url, gzip_ok=True, keep_compressed=True)
+        elapsed = (time.perf_counter() - t) * 1000
+        assert status == 200, (url, status, body[:200])
+        return elapsed, len(body)
+
+    first, size = once()
+    warm = [once()[0] for _ in range(repeats)]
+    spaced = []
+    for _ in range(isolated):
+        time.sleep(LISTING_TTL_S + 0.1)
+        spaced.append(once()[0])
+    nan = float("nan")
+    return (first, statistics.median(warm) if warm else nan,
+            statistics.median(spaced) if spaced else nan, size)
+
+
+def bench_loader(
+    logdir: str, load_fast: str, tensors: int, steps: int, repeats: int, isolated: int
+) -> list:
+    rows = []
+    t0 = time.perf_counter()
+    with tensorboard("--logdir", logdir, load_fast=load_fast, timeout=600) as tb:
+        def loaded():
+            runs = get_json(tb.url("runs"))["runs"]
+            return runs and runs[0]["max_step"] == steps - 1 and \
+                sum(runs[0]["views"].values()) == 4 * tensors
+
+        wait_for(loaded, timeout=1800, interval=2.0)
+        # TensorBoard may still be ingesting the last points of some tags.
+        def complete():
+            doc = get_json(tb.url("run?run=bench"))
+            return all(t["num_points"] == steps for v in doc["views"].values() for t in v)
+
+        wait_for(complete, timeout=1800, interval=2.0)
+        load_s = time.perf_counter() - t0
+        tag = metadata.stats_tag("gradient", "layer_100/kernel" if tensors > 100
+                                 else "layer_000/kernel")
+        routes = [
+            ("runs", "runs"),
+            ("run (contents)", "run?run=bench"),
+            ("series (1 tag)", f"series?run=bench&tag={tag}"),
+            ("series (1 tag, rms only)", f"series?run=bench&tag={tag}&field=rms"),
+            ("overview", "overview?run=bench"),
+        ]
+        # The loading checks above filled the plugin's cache of rendered
+        # documents; a new max_points value measures an uncached full read + render.
+        uncached = time_route(tb.url("overview?run=bench&max_points=1999"), 0, 0)
+        for label, route in routes:
+            rows.append((load_fast, label, *time_route(tb.url(route), repeats, isolated)))
+        rows.append((load_fast, "overview, full read + render", *uncached))
+        print(f"[load_fast={load_fast}] TensorBoard start + full load: {load_s:.1f} s",
+              file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tensors", type=int, default=200, help="monitored tensors per view")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=15, help="warm repeats per route")
+    parser.add_argument("--isolated", type=int, default=5,
+                        help="repeats per route spaced past the listing reuse window")
+    parser.add_argument("--loaders", default="false,true", help="--load_fast values to test")
+    parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    logdir = args.logdir or tempfile.mkdtemp(prefix="introspect-bench-")
+    run_dir = os.path.join(logdir, "bench")
+    try:
+        if not os.path.isdir(run_dir):
+            t = time.perf_counter()
+            points = write_bench_run(run_dir, args.tensors, args.steps)
+            size = sum(os.path.getsize(os.path.join(run_dir, f)) for f in os.listdir(run_dir))
+            print(f"wrote {points:,} points ({size / 2**20:.0f} MiB) in "
+                  f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
+        rows = []
+        for load_fast in args.loaders.split(","):
+            rows += bench_loader(logdir, load_fast, args.tensors, args.steps, args.repeats,
+                                 args.isolated)
+    finally:
+        if not args.logdir:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+    print(f"\n{args.tensors} tensors x 4 views x {args.steps} steps; medians of "
+          f"{args.repeats} back-to-back and {args.isolated} isolated calls over HTTP\n")
+    print("| loader | route | first call (ms) | warm median (ms) | isolated median (ms) |"
+          " target (ms) | gzip size |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for load_fast, label, first, warm, spaced, size in rows:
+        loader = "Rust" if load_fast == "true" else "Python"
+        cells = [f"{v:.1f}" if v == v else "—" for v in (first, warm, spaced)]
+        print(f"| {loader} | {label} | {' | '.join(cells)} | {TARGETS_MS.get(label, '')} |"
+              f" {size / 1024:,.0f} KiB |")
+
+
+if __name__ == "__main__":
+    main()
