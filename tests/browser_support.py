@@ -1,7 +1,7 @@
 """Shared helpers of the browser tests and the frontend benchmark.
 
 A small, fully known logdir written with the real numpy writer path
-(``tb_introspect.summary_pb`` + TensorBoard's ``EventFileWriter``), a real
+(``tb_introspect.summary_pb`` + ``tb_introspect.writer.NumpyWriter``), a real
 ``tensorboard`` process on a free port, and Debian's headless Chromium driven
 by Playwright. Nothing is mocked: the tests see exactly what a user sees.
 """
@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import metadata, summary_pb
+from tb_introspect.writer import NumpyWriter
 
 REPO = Path(__file__).resolve().parent.parent
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
@@ -139,11 +139,12 @@ def stats_vector(run: str, view: str, index: int, step: int, shape) -> list[floa
     return [float(values[f]) for f in fields]
 
 
-def write_run(logdir: Path, run: str, views=metadata.VIEWS, steps: int = 120) -> None:
+def write_run(logdir: Path, run: str, views=metadata.VIEWS, steps: int = 120,
+              first_step: int = 1) -> None:
     """Write one fixture run: per-step stats of ``views``, loss/accuracy and epoch bands."""
-    writer = EventFileWriter(str(logdir / run))
-    losses: list[float] = []
-    for step in range(1, steps + 1):
+    writer = NumpyWriter(logdir / run)
+    losses: list[float] = [known_loss(run, s) for s in range(1, first_step)]
+    for step in range(first_step, steps + 1):
         epoch = (step - 1) // STEPS_PER_EPOCH
         summary = summary_pb2.Summary()
         for view in views:
@@ -161,7 +162,7 @@ def write_run(logdir: Path, run: str, views=metadata.VIEWS, steps: int = 120) ->
         if step % STEPS_PER_EPOCH == 0:
             band = summary_pb.metric_epoch_pb("loss", losses[-STEPS_PER_EPOCH:], epoch)
             summary.value.extend(band.value)
-        writer.add_event(event_pb2.Event(step=step, wall_time=1.7e9 + step, summary=summary))
+        writer.add_summary(summary, step, wall_time=1.7e9 + step)
     writer.close()
 
 
@@ -177,6 +178,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+NO_TF_TENSORBOARD = (
+    "import sys; sys.modules['tensorflow'] = None; "
+    "from tensorboard.main import run_main; sys.argv[0] = 'tensorboard'; run_main()"
+)
 
 
 @dataclass
@@ -199,8 +206,10 @@ def tensorboard(logdir: Path, path_prefix: str = "", wait_runs: int = 1,
     """A real ``tensorboard`` process serving ``logdir``; waits until its runs are loaded."""
     port = free_port()
     log_path = logdir.parent / f"tensorboard-{port}.log"
+    # TensorBoard without TensorFlow, as on a viewing server: it proves the
+    # plugin needs no TensorFlow and saves seconds of import per process.
     args = [
-        sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+        sys.executable, "-c", NO_TF_TENSORBOARD, "--logdir", str(logdir),
         "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
         "--reload_interval", "1", *extra_args,
     ]

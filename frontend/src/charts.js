@@ -63,18 +63,21 @@ function axisStyle(t) {
 export function chart(parent, spec) {
   const t = theme();
   const el = h("div.chart", { dataset: { chart: spec.name || spec.title || "chart" } });
-  const header = h("div.chart-head",
-    h("div.chart-title", spec.title || ""),
-    spec.subtitle ? h("div.chart-sub", spec.subtitle) : null,
-    h("div.chart-tools", spec.controls || [],
-      h("button.png", { title: "Save this chart as PNG", type: "button", on: { click: () => handle.exportPNG() } }, "PNG")));
+  const tools = h("div.chart-tools", spec.controls || [],
+    h("button.png", { title: "Save this chart as PNG", type: "button", on: { click: () => handle.exportPNG() } }, "PNG"));
+  // Panels put the tools in their own header row (spec.toolsIn), so the
+  // button never covers an axis label.
+  const header = h("div.chart-head", h("div.chart-title", spec.title || ""), spec.toolsIn ? null : tools);
+  if (spec.toolsIn) spec.toolsIn.prepend(tools);
+  // One line, the full text on hover: rows of charts stay aligned.
+  const sub = spec.subtitle ? h("div.chart-sub", { title: spec.subtitle }, spec.subtitle) : null;
   const legend = spec.legend && spec.legend.length
     ? h("div.chart-legend", spec.legend.map(([label, color]) =>
       h("span.key", h("i", { style: { background: color } }), label)))
     : null;
   const plot = h("div.chart-plot");
   const readout = h("div.readout", { "aria-live": "off" });
-  el.append(header, legend || "", plot, readout);
+  el.append(header, sub || "", legend || "", plot, readout);
   parent.append(el);
 
   const width = spec.width || Math.max(160, plot.clientWidth || parent.clientWidth || 300);
@@ -108,7 +111,7 @@ export function chart(parent, spec) {
       ...axisStyle(t),
       scale: "y",
       values: (u, splits) => splits.map((v) => yFmt(v)),
-      size: 46,
+      size: (spec.y && spec.y.size) ?? 46,
       label: spec.y && spec.y.label,
       labelSize: spec.y && spec.y.label ? 14 : 0,
     },
@@ -191,6 +194,7 @@ export function chart(parent, spec) {
     },
     destroy() {
       live.delete(handle);
+      tools.remove();
       u.destroy();
     },
     exportPNG() {
@@ -342,7 +346,7 @@ export function readoutLine(head, pairs, warn) {
   if (head) line.append(h("b", head));
   for (const [label, value, color] of pairs) {
     line.append(h("span.pair", color ? h("i.sw", { style: { background: color } }) : null,
-      h("span.k", label), " ", h("span.v", typeof value === "number" || value == null ? fmt(value) : value)));
+      h("span.k", label), " ", h("span.v", typeof value === "number" || value == null ? fmt(value) : value)), " ");
   }
   if (warn) line.append(h("span.warn", warn));
   return line;

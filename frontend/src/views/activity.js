@@ -56,11 +56,12 @@ export async function renderActivity(ctx) {
   const panels = tensors.map((tt) => {
     const plot = h("div.panel-plot");
     const label = h("span.final");
+    const tools = h("div.panel-tools", label);
     const el = h("div.panel", { dataset: { tag: tt.tag } },
-      h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name), label),
+      h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name), tools),
       h("div.panel-meta", h("span.shape", `shape ${shapeText(tt.shape)}`)),
       plot);
-    return { el, plot, label, tensor: tt };
+    return { el, plot, label, tools, tensor: tt };
   });
   grid.append(...panels.map((p) => p.el));
   const width = Math.max(180, panels[0].plot.clientWidth);
@@ -103,6 +104,7 @@ function drawPanel(ctx, p, s, width, epochMap) {
     xLabel: ctx.state.x,
     width,
     height: 130,
+    toolsIn: p.tools,
     series,
     y: { range: [0, 1], format: (v) => pct(v, 0) },
     readout: (idx) => idx == null ? "" : readoutLine(pointLabel(s.steps[idx], s.epochs[idx]), [

@@ -88,6 +88,7 @@ export async function renderCompare(ctx) {
   if (!metricNames.length) ms.append(emptyNote("None of these runs logged a loss or metric."));
   const mrow = h("div.row");
   ms.append(mrow);
+  const metricCells = [];
   for (const name of metricNames) {
     const parts = [];
     ovs.forEach((o, i) => {
@@ -97,6 +98,10 @@ export async function renderCompare(ctx) {
     if (!parts.length) continue;
     const cell = h("div.cell");
     mrow.append(cell);
+    metricCells.push([cell, name, parts]);
+  }
+  // Charts after all cells exist: widths come from the laid-out grid.
+  for (const [cell, name, parts] of metricCells) {
     overlay(cell, { title: name, name: `compare-${name}`, y: { log: state.y === "log" && /loss/i.test(name) } }, parts);
   }
 
@@ -151,9 +156,10 @@ export async function renderCompare(ctx) {
         const s = series[tt.tag];
         if (s) parts.push({ run: selected[i], steps: s.steps, x: xValues(state.x, s.steps, s.epochs, maps[i]), y: s.values.rms });
       });
-      const cell = h("div.panel", { dataset: { tag: tt.tag } }, h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name)));
+      const tools = h("div.panel-tools");
+      const cell = h("div.panel", { dataset: { tag: tt.tag } }, h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name), tools));
       grid.append(cell);
-      overlay(cell, { name: `compare-${tt.name}`, height: 140, y: { log: state.y === "log" } }, parts);
+      overlay(cell, { name: `compare-${tt.name}`, height: 140, toolsIn: tools, y: { log: state.y === "log" } }, parts);
     }
   }
   await afterPaint();

@@ -131,17 +131,18 @@ function panel(L, t) {
       on: { click: () => switchMode(L, p, m) },
     }, label)));
   const plot = h("div.panel-plot");
+  const tools = h("div.panel-tools", switcher);
   const el = h("div.panel", { dataset: { tag: t.tag, mode } },
     h("div.panel-head",
       h("div.panel-name", { title: t.tag }, t.name),
-      switcher),
+      tools),
     h("div.panel-meta",
       h("span.shape", `shape ${shapeText(t.shape)}`),
       t.dtype ? ` · ${t.dtype}` : "",
       t.layer && t.layer !== t.name ? [" · layer ", h("span.name", t.layer)] : "",
       t.cadence === "epoch" ? " · per epoch" : ""),
     plot);
-  const p = { el, plot, switcher, tensor: t, mode, chart: null };
+  const p = { el, plot, switcher, tools, tensor: t, mode, chart: null };
   return p;
 }
 
@@ -174,6 +175,8 @@ function nonfiniteText(s, idx) {
 
 function drawPanel(L, p, s) {
   const { ctx, view, width, epochMap } = L;
+  // Which mode is on screen (the switch flips before the data arrives).
+  p.el.dataset.drawn = p.mode;
   const t = theme();
   const color = t.views[view];
   const mode = p.mode;
@@ -181,7 +184,7 @@ function drawPanel(L, p, s) {
   const xLabel = ctx.state.x === "epoch" ? "epoch" : "step";
   const qs = s.quantiles || p.tensor.quantiles || [];
   const head = (idx) => pointLabel(s.steps[idx], s.epochs[idx]);
-  const common = { x, xLabel, width, height: 150, name: `${view}-${p.tensor.name}-${mode}` };
+  const common = { x, xLabel, width, height: 150, name: `${view}-${p.tensor.name}-${mode}`, toolsIn: p.tools };
   const title = "";
   if (mode === "rms") {
     const rms = s.values.rms;
@@ -254,7 +257,8 @@ export function magnitudeRows(qs, logRows, zf) {
   const n = logRows.length ? logRows[0].length : 0;
   let minLog = Infinity;
   for (const r of logRows) for (const v of r) if (v != null && v < minLog) minLog = v;
-  const floor = Number.isFinite(minLog) ? 10 ** (Math.floor(minLog) - 1) : null;
+  const anyZeros = !!zf && zf.some((z) => z != null && z > 0);
+  const floor = anyZeros && Number.isFinite(minLog) ? 10 ** (Math.floor(minLog) - 1) : null;
   const rows = qs.map(() => new Array(n).fill(null));
   for (let j = 0; j < n; j++) {
     const z = zf ? zf[j] ?? 0 : 0;

@@ -30,13 +30,13 @@ export async function renderOverview(ctx) {
   if (!metricNames.length) {
     metricsSec.append(emptyNote("No loss or metric values were logged in this run."));
   } else {
+    // All cells first: chart widths are measured from the laid-out grid.
     const row = h("div.row.metrics-row");
     metricsSec.append(row);
-    for (const name of metricNames) {
-      const cell = h("div.cell");
-      row.append(cell);
-      metricChart(cell, name, ov.metrics[name], { xMode, xLabel, epochMap, log: state.y === "log" && /loss/i.test(name) });
-    }
+    const cells = metricNames.map(() => h("div.cell"));
+    row.append(...cells);
+    metricNames.forEach((name, i) => metricChart(cells[i], name, ov.metrics[name],
+      { xMode, xLabel, epochMap, log: state.y === "log" && /loss/i.test(name) }));
   }
 
   // One row of three charts per view.
@@ -144,7 +144,7 @@ function rmsBandsChart(cell, view, v, x, xLabel, log) {
   const mid = q.indexOf(50);
   return chart(cell, {
     title: "Per-layer RMS: distribution over layers",
-    subtitle: `${v.tensors.length} tensors; median line, bands 25–75% and min–max`,
+    subtitle: `percentiles over ${v.tensors.length} tensors: median line, 12.5% steps to min–max`,
     name: `${view}-rms-bands`,
     x,
     xLabel,
@@ -183,12 +183,12 @@ function stackChart(cell, view, v, x, xLabel, ctx) {
   let lastHover = -1;
   return chart(cell, {
     title: "Layer scale (stacked log RMS)",
-    subtitle: "first layer at the bottom; thick = large, jagged = oscillating. Click a band to open that layer.",
+    subtitle: "first layer at the bottom; thick = large scale, jagged = oscillation; click a band to open its layer",
     name: `${view}-stack`,
     x,
     xLabel,
     series: [{ label: "", values: x.map(() => null) }],
-    y: { range: [0, 1], format: () => "" },
+    y: { range: [0, 1], format: () => "", size: 8 },
     draw: drawer.draw,
     onHover: (u, idx) => {
       const i = hovered(u, idx);
@@ -213,7 +213,7 @@ function stackChart(cell, view, v, x, xLabel, ctx) {
 
 function stackReadout(v, i, idx) {
   if (idx == null) return "";
-  if (i < 0) return readoutLine(pointLabel(v.steps[idx], v.epochs[idx]), [], "hover a band to name its layer");
+  if (i < 0) return readoutLine(pointLabel(v.steps[idx], v.epochs[idx]), [["", "hover a band to name its layer"]]);
   const tt = v.tensors[i];
   const l = v.log10_rms[i][idx];
   const line = readoutLine(pointLabel(v.steps[idx], v.epochs[idx]), [

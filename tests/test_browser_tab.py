@@ -1,0 +1,405 @@
+"""The Introspect tab in headless Chromium, inside the real TensorBoard page.
+
+A real ``tensorboard`` process serves a logdir written by the real numpy
+writer (tests/browser_support.py); Playwright drives Debian's Chromium through
+TensorBoard's own page (``/#introspect``), where the tab lives in an iframe.
+The fixture's statistics are known functions of the step, so hover readouts
+are checked against exact numbers. Screenshots go to artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from browser_support import (
+    HTML_LAYER,
+    SCREENSHOTS,
+    TENSORS,
+    known_loss,
+    known_rms,
+    launch_chromium,
+    plugin_frame,
+    tensorboard,
+    write_fixture_logdir,
+    write_run,
+)
+from playwright.sync_api import sync_playwright
+
+pytestmark = pytest.mark.browser
+
+# Counts pixels that belong to drawn data: saturated colours. Axes, grid lines
+# and text are grey, so a chart with only axes counts ~0.
+COLOURED_PIXELS_JS = """
+(sel) => Array.from(document.querySelectorAll(sel)).map((c) => {
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i + 3] > 0 && Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 40) n++;
+  }
+  return n;
+})
+"""
+
+# Reports CSP violations of any frame as console errors (collected below).
+CSP_PROBE = """
+document.addEventListener('securitypolicyviolation', (e) =>
+  console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI));
+"""
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("browser") / "logs"
+    write_fixture_logdir(root)
+    write_run(root, "live", views=("gradient",), steps=40)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tb(logdir):
+    with tensorboard(logdir, wait_runs=4) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()
+
+
+class Session:
+    """One browser page on TensorBoard, collecting console errors and requests."""
+
+    def __init__(self, browser, tb, height: int = 1100):
+        self.tb = tb
+        self.context = browser.new_context(viewport={"width": 1400, "height": height},
+                                           accept_downloads=True)
+        self.page = self.context.new_page()
+        self.page.add_init_script(CSP_PROBE)
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.failed: list[str] = []
+        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
+        self.frame = None
+
+    def open(self, hash_: str = ""):
+        self.page.goto(self.tb.url + "#introspect" + (f"&{hash_}" if hash_ else ""))
+        self.frame = plugin_frame(self.page)
+        self.wait_ready()
+        return self.frame
+
+    def wait_ready(self):
+        self.frame.wait_for_selector("html[data-status=ready]", timeout=30_000)
+
+    def click(self, selector: str):
+        self.frame.locator(selector).first.click()
+        self.wait_ready()
+
+    def coloured(self, selector: str = ".chart canvas") -> list[int]:
+        return self.frame.evaluate(COLOURED_PIXELS_JS, selector)
+
+    def hover(self, chart, fx: float, fy: float = 0.5):
+        over = chart.locator(".u-over")
+        over.scroll_into_view_if_needed()
+        box = over.bounding_box()
+        self.page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+
+    def shot(self, name: str):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+
+    def close(self):
+        self.context.close()
+        # TensorBoard's own page asks for its fonts at an absolute /font-roboto/
+        # path that ignores --path_prefix: not ours, and harmless (a fallback
+        # font). Every other failed load or console error fails the test.
+        tb_fonts = [u for u in self.failed if "/font-roboto/" in u and "/plugin/" not in u]
+        errors = list(self.errors)
+        for _ in tb_fonts:
+            errors.remove("Failed to load resource: the server responded with a status of 404 (NOT FOUND)")
+        others = [u for u in self.failed if u not in tb_fonts]
+        assert errors == [] and others == [], f"console errors: {errors}; failed requests: {others}"
+
+
+@pytest.fixture
+def session(browser, tb):
+    s = Session(browser, tb)
+    yield s
+    s.close()
+
+
+def readout_pairs(chart) -> dict[str, str]:
+    """The readout's label -> value pairs, and its head under key '@'."""
+    out = {"@": chart.locator(".readout b").first.text_content()}
+    for pair in chart.locator(".readout .pair").all():
+        out[pair.locator(".k").text_content().strip()] = pair.locator(".v").text_content().strip()
+    return out
+
+
+def panel_sel(tag: str) -> str:
+    """CSS selector of the panel of ``tag`` (names may hold quotes)."""
+    return '.panel[data-tag="' + tag.replace("\\", "\\\\").replace('"', '\\"') + '"]'
+
+
+def head_step(head: str) -> int:
+    return int(re.match(r"step (\d+)", head).group(1))
+
+
+def tensor_index(view: str, name: str) -> int:
+    return [t[0] for t in TENSORS[view]].index(name)
+
+
+def test_overview_draws_every_chart(session):
+    f = session.open("p.introspect.run=exp1%2Flr_0.1")
+    # 2 metrics + 4 views x 3 charts, all with data drawn.
+    counts = session.coloured()
+    assert len(counts) == 14, counts
+    assert min(counts) > 300, counts
+    for view in ("variable", "gradient", "output", "output_gradient"):
+        assert f.locator(f"#sec-{view} .chart").count() == 3
+    assert f.locator("#findings h2").text_content().startswith("Findings")
+    # The loss readout (cursor elsewhere: the last point) shows the exact value.
+    loss = f.locator('.chart[data-chart="metric-loss"]')
+    pairs = readout_pairs(loss)
+    assert head_step(pairs["@"]) == 120
+    assert float(pairs["loss"]) == pytest.approx(known_loss("exp1/lr_0.1", 120), rel=1e-5)
+    session.shot("overview")
+    # Full overview in a tall window, for the eye.
+    session.page.set_viewport_size({"width": 1400, "height": 2300})
+    session.page.wait_for_timeout(400)
+    session.shot("overview-full")
+
+
+def test_hover_readouts_are_exact(session):
+    run, view, name = "exp1/lr_0.01", "gradient", "conv2/kernel"
+    f = session.open(f"p.introspect.tab=layers&p.introspect.run={run.replace('/', '%2F')}"
+                     "&p.introspect.view=gradient")
+    panel = f.locator(panel_sel(f"introspect/{view}/{name}"))
+    index = tensor_index(view, name)
+    for mode, fx in (("rms", 0.37), ("magnitude", 0.61), ("values", 0.83)):
+        panel.locator(f'button[data-mode="{mode}"]').click()
+        f.wait_for_function(
+            "([tag, mode]) => document.querySelector(`.panel[data-tag=\"${CSS.escape(tag)}\"]`"
+            "  + `[data-drawn=\"${mode}\"] .chart`)",
+            arg=[f"introspect/{view}/{name}", mode])
+        session.hover(panel, fx)
+        f.wait_for_timeout(100)
+        pairs = readout_pairs(panel)
+        step = head_step(pairs["@"])
+        assert 10 < step < 115, pairs
+        rms = known_rms(run, view, index, step)
+        if mode == "rms":
+            assert float(pairs["RMS"]) == pytest.approx(rms, rel=1e-5)
+        elif mode == "magnitude":
+            # Half-normal quantiles of the fixture: median |x| = 0.6745 rms.
+            assert float(pairs["|x| median"]) == pytest.approx(0.6745 * rms, rel=1e-5)
+            assert float(pairs["|x| max"]) == pytest.approx(3.0 * rms, rel=1e-5)
+            assert pairs["zeros"] == "0.0%"
+        else:
+            assert float(pairs["max"]) == pytest.approx(3.0 * rms, rel=1e-5)
+            assert float(pairs["25%"]) == pytest.approx(-0.6745 * rms, rel=1e-5)
+            assert float(pairs["median"]) == 0.0
+    assert f.locator(".panel canvas").count() == len(TENSORS[view])
+    assert min(session.coloured(".panel canvas")) > 300
+    session.shot("layers-hover")
+    # The chosen mode is kept per panel in the URL.
+    assert "p.introspect.modes=" in session.page.url
+
+
+def test_nan_is_a_gap_with_counts(session):
+    run, view, name = "exp1/lr_0.1", "gradient", HTML_LAYER + "/kernel"
+    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1&p.introspect.lmode=rms")
+    panel = f.locator(".panel").filter(has=f.locator(".panel-name", has_text=name))
+    box = panel.locator(".u-over").bounding_box()
+    # Steps 100..103 are NaN: find the cursor position of step 101 (x range 1..120).
+    found = None
+    for k in range(-6, 7):
+        fx = (101 - 1) / 119 + k / box["width"]
+        session.hover(panel, fx)
+        pairs = readout_pairs(panel)
+        if head_step(pairs["@"]) == 101:
+            found = pairs
+            break
+    assert found is not None, "could not place the cursor on step 101"
+    assert found["RMS"] == "—"
+    assert "NaN ×5" in panel.locator(".readout .warn").text_content()
+    # The line has a gap: no data pixels in the canvas column between steps 101 and 102.
+    column = f.evaluate(
+        """([tag, frac]) => {
+          const sel = `.panel[data-tag="${CSS.escape(tag)}"]`;
+          const c = document.querySelector(`${sel} canvas`);
+          const over = document.querySelector(`${sel} .u-over`);
+          const r = c.getBoundingClientRect(), o = over.getBoundingClientRect();
+          const sx = c.width / r.width;
+          const x = Math.round((o.left - r.left + frac * o.width) * sx);
+          const d = c.getContext('2d').getImageData(x, Math.round((o.top - r.top) * sx), 1, Math.round(o.height * sx)).data;
+          let n = 0, m = 0;
+          for (let i = 0; i < d.length; i += 4) if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 40) n++;
+          const x2 = Math.round((o.left - r.left + 0.3 * o.width) * sx);
+          const d2 = c.getContext('2d').getImageData(x2, Math.round((o.top - r.top) * sx), 1, Math.round(o.height * sx)).data;
+          for (let i = 0; i < d2.length; i += 4) if (Math.max(d2[i], d2[i+1], d2[i+2]) - Math.min(d2[i], d2[i+1], d2[i+2]) > 40) m++;
+          return [n, m];
+        }""",
+        [f"introspect/{view}/{name}", (101.5 - 1) / 119],
+    )
+    assert column[0] == 0 and column[1] > 0, column
+
+
+def test_html_in_names_renders_as_text(session):
+    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1&p.introspect.view=variable")
+    names = f.locator(".panel-name").all_text_contents()
+    assert HTML_LAYER + "/kernel" in names
+    assert f.locator(".panel-name b, .panel-meta b").count() == 0
+    session.click('.tab[data-tab="activity"]')
+    label = f.locator(panel_sel(f"introspect/output/{HTML_LAYER}") + " .panel-name")
+    assert label.text_content() == HTML_LAYER
+    # The overview's activity readout names the worst layer, as text.
+    session.click('.tab[data-tab="overview"]')
+    readout = f.locator('.chart[data-chart="output-activity"] .readout')
+    assert HTML_LAYER in readout.text_content()
+    assert f.locator(".readout b b, .readout .v b").count() == 0
+
+
+def test_empty_views_say_so(session):
+    f = session.open("p.introspect.run=gradients_only")
+    for view, words in (("variable", "weights"), ("output", "layer outputs"),
+                        ("output_gradient", "output gradients")):
+        note = f.locator(f"#sec-{view} .empty")
+        assert f"No {words} statistics were logged" in note.text_content()
+        assert f.locator(f"#sec-{view} canvas").count() == 0
+    assert f.locator("#sec-gradient canvas").count() == 3
+    session.click('.tab[data-tab="activity"]')
+    assert "No layer outputs statistics were logged in run “gradients_only”" in \
+        f.locator(".empty").first.text_content()
+
+
+def test_stack_plot_hover_names_layer_and_click_opens_it(session):
+    run = "exp1/lr_0.1"
+    f = session.open("p.introspect.run=exp1%2Flr_0.1")
+    stack = f.locator('.chart[data-chart="gradient-stack"]')
+    # Near the bottom: the first layer's band (conv1, depth 0).
+    session.hover(stack, 0.5, 0.97)
+    f.wait_for_timeout(100)
+    name = stack.locator(".layer-name").text_content()
+    assert name.startswith("conv1 · conv1/"), name
+    tensor = name.split(" · ")[1]
+    pairs = readout_pairs(stack)
+    step = head_step(pairs["@"])
+    rms = known_rms(run, "gradient", tensor_index("gradient", tensor), step)
+    # The overview sends log10(RMS) to 4 decimals.
+    assert float(pairs["RMS"]) == pytest.approx(rms, rel=2e-4)
+    session.shot("overview-stack-hover")
+    stack.locator(".u-over").click(position={"x": stack.locator(".u-over").bounding_box()["width"] * 0.5,
+                                              "y": stack.locator(".u-over").bounding_box()["height"] * 0.97})
+    session.wait_ready()
+    assert f.locator('.tab.on').text_content() == "Layers"
+    focused = f.locator(".panel.focused")
+    assert focused.count() == 1
+    assert focused.get_attribute("data-tag") == f"introspect/gradient/{tensor}"
+    session.shot("layers-focused")
+
+
+def test_state_in_url_survives_reload(session):
+    f = session.open()
+    session.click('.tab[data-tab="activity"]')
+    session.click('.segmented[aria-label="x axis"] button[data-value="epoch"]')
+    url = session.page.url
+    assert "#introspect" in url
+    assert "p.introspect.tab=activity" in url and "p.introspect.x=epoch" in url
+    session.page.reload()
+    session.frame = plugin_frame(session.page)
+    session.wait_ready()
+    f = session.frame
+    assert f.locator(".tab.on").text_content() == "Activity"
+    assert "on" in f.locator('.segmented[aria-label="x axis"] button[data-value="epoch"]').get_attribute("class")
+    counts = session.coloured()
+    assert counts and min(counts) > 100, counts
+
+
+def test_filter_regex(session):
+    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.01")
+    assert f.locator(".panel").count() == 6
+    f.locator("input.filter").fill("^conv1/")
+    f.wait_for_function("document.querySelectorAll('.panel').length === 2")
+    session.wait_ready()
+    assert sorted(f.locator(".panel-name").all_text_contents()) == ["conv1/bias", "conv1/kernel"]
+    assert "p.introspect.filter=%5Econv1%2F" in session.page.url
+    f.locator("input.filter").fill("conv(")
+    f.wait_for_timeout(500)
+    assert "bad" in f.locator("input.filter").get_attribute("class")
+    assert f.locator(".panel").count() == 2
+
+
+def test_compare_two_runs_on_the_same_axes(session):
+    f = session.open('p.introspect.tab=compare&p.introspect.cmp=%5B%22exp1%2Flr_0.01%22%2C%22exp1%2Flr_0.1%22%5D')
+    loss = f.locator('.chart[data-chart="compare-loss"]')
+    pairs = readout_pairs(loss)
+    assert float(pairs["exp1/lr_0.01 @ 120"]) == pytest.approx(known_loss("exp1/lr_0.01", 120), rel=1e-5)
+    assert float(pairs["exp1/lr_0.1 @ 120"]) == pytest.approx(known_loss("exp1/lr_0.1", 120), rel=1e-5)
+    counts = session.coloured()
+    assert len(counts) >= 2 + 4 * 2 + 6 and min(counts) > 100, counts
+    # Unticking a run removes it from the charts.
+    f.locator(".run-choice", has_text="exp1/lr_0.1").locator("input").uncheck()
+    session.wait_ready()
+    assert "exp1/lr_0.1 @ 120" not in readout_pairs(f.locator('.chart[data-chart="compare-loss"]'))
+    session.shot("compare")
+
+
+def test_dark_theme_and_png_export(session, tmp_path):
+    f = session.open("p.introspect.run=exp1%2Flr_0.1")
+    f.locator("select.theme-select").select_option("dark")
+    session.wait_ready()
+    assert f.evaluate("document.documentElement.dataset.theme") == "dark"
+    assert f.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(32, 33, 36)"
+    assert min(session.coloured()) > 300
+    session.shot("overview-dark")
+    with session.page.expect_download() as info:
+        f.locator('.chart[data-chart="gradient-stack"] button.png').click()
+    path = tmp_path / "chart.png"
+    info.value.save_as(path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(data[16:20], "big")
+    assert width > 300 and len(data) > 3000
+    assert info.value.suggested_filename == "gradient-stack.png"
+
+
+def test_refreshes_on_tensorboard_reload(session, tb, logdir):
+    f = session.open("p.introspect.tab=layers&p.introspect.run=live&p.introspect.lmode=rms")
+    panel = f.locator(".panel").first
+    assert head_step(readout_pairs(panel)["@"]) == 40
+    write_run(logdir, "live", views=("gradient",), steps=80, first_step=41)
+    deadline = time.monotonic() + 30
+    while tb.get_json("runs")["runs"][-1]["max_step"] < 80:
+        assert time.monotonic() < deadline, "tensorboard did not pick up the new points"
+        time.sleep(0.3)
+    # TensorBoard's reload button broadcasts experimental.DataReloaded to the iframe.
+    session.page.locator("button.reload-button").click()
+    f.wait_for_function("document.querySelector('.panel .readout b')?.textContent.startsWith('step 80')",
+                        timeout=20_000)
+    assert f.locator(".tab.on").text_content() == "Layers"
+
+
+def test_path_prefix(browser, logdir):
+    with tensorboard(logdir, path_prefix="/proxy/tb", wait_runs=4) as prefixed:
+        s = Session(browser, prefixed)
+        try:
+            f = s.open("p.introspect.run=exp1%2Flr_0.01")
+            counts = s.coloured()
+            assert len(counts) == 14 and min(counts) > 300, counts
+            ours = [u for u in s.requests if "/plugin/introspect/" in u or "plugin_entry" in u]
+            assert ours and all(u.startswith(prefixed.url + "data/") for u in ours), ours
+            s.click('.tab[data-tab="layers"]')
+            assert min(s.coloured()) > 300
+            assert f.locator(".panel").count() == 6
+            s.shot("layers-path-prefix")
+        finally:
+            s.close()
