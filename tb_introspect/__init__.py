@@ -6,3 +6,13 @@ The writer side (``tb_introspect.keras``, ``tb_introspect.summary``,
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy, so that importing the package (the TensorBoard plugin does) never
+    # imports TensorFlow.
+    if name == "Introspector":
+        from tb_introspect.collect.introspector import Introspector
+
+        return Introspector
+    raise AttributeError(f"module 'tb_introspect' has no attribute {name!r}")

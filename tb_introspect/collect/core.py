@@ -24,13 +24,13 @@ import logging
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import metadata, stats
+from tb_introspect import metadata, stats, summary
 from tb_introspect.collect import capture
 
 logger = logging.getLogger("tb_introspect")
@@ -64,7 +64,6 @@ class Monitored:
     shape: tuple[int | None, ...]
     dtype: str
     has_grad: bool = True  # outputs only: does a gradient reach it?
-    meta: Any = field(default=None, repr=False)
 
     @property
     def tag(self) -> str:
@@ -236,22 +235,6 @@ class Collector:
                 tf.zeros([self.metric_rows, m], tf.float64), trainable=False,
                 name="metric_count", synchronization=_ON_READ, aggregation=_AGG.SUM,
             )
-        for s in self.var_specs:
-            s.meta = {
-                view: metadata.create_tensor_stats_metadata(
-                    view=view, name=s.name, layer=s.layer, depth=s.depth, shape=s.shape,
-                    dtype=s.dtype, cadence=self.cadence, quantiles=self.quantiles,
-                )
-                for view in ("variable", "gradient")
-            }
-        for s in self.out_specs:
-            s.meta = {
-                view: metadata.create_tensor_stats_metadata(
-                    view=view, name=s.name, layer=s.layer, depth=s.depth, shape=s.shape,
-                    dtype=s.dtype, cadence=self.cadence, quantiles=self.quantiles,
-                )
-                for view in ("output", "output_gradient")
-            }
         self.built = True
 
     @property
@@ -359,8 +342,11 @@ class Collector:
         if self.writer is not None:
             with self.writer.as_default():
                 for s, view, vec in writes:
-                    tf.summary.write(metadata.stats_tag(view, s.name), vec, step=step,
-                                     metadata=s.meta[view])
+                    summary.write_stats_vector(
+                        s.name, vec, step, view=view, layer=s.layer, depth=s.depth,
+                        shape=s.shape, dtype=s.dtype, cadence=self.cadence,
+                        quantiles=self.quantiles,
+                    )
         return tf.constant(len(writes))
 
     def _writes_output(self, view: str, j: int) -> bool:
@@ -484,6 +470,28 @@ class StepRecorder:
             except Exception as e:
                 c.fail(f"output_gradient {spec.name}", e)
         return x
+
+    def output_value(self, j: int, x: tf.Tensor) -> None:
+        """Fold a layer output handed over explicitly (custom loops) into its state."""
+        c = self.c
+        spec = c.out_specs[j]
+        if c.want("output") and not _off(c, "output", spec.name):
+            try:
+                self._update_state(c.out_state[j], c.layouts[j], x, self._seed(j, 0))
+            except Exception as e:
+                c.fail(f"output {spec.name}", e)
+
+    def output_gradient(self, j: int, dy: tf.Tensor) -> None:
+        """Fold an output gradient handed over explicitly (custom loops) into its state."""
+        c = self.c
+        spec = c.out_specs[j]
+        if c.want("output_gradient") and not _off(c, "output_gradient", spec.name):
+            try:
+                self._update_state(
+                    c.out_grad_state[j], c.layouts[j], self._unscale(dy), self._seed(j, 1)
+                )
+            except Exception as e:
+                c.fail(f"output_gradient {spec.name}", e)
 
     def _update_state(self, var: tf.Variable, layout: StateLayout, x: tf.Tensor, seed) -> None:
         def update():

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata
 from tb_introspect.collect import capture
 from tb_introspect.collect.core import (
     DEFAULT_LOG_SAMPLE_SIZE,
@@ -41,6 +41,7 @@ from tb_introspect.collect.core import (
     sanitize,
     warn,
 )
+from tb_introspect.collect.host import HostLogger
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
 
@@ -59,6 +60,12 @@ def check_every(every: str | int) -> str | int:
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
         raise ValueError(f"every must be 'epoch' or a positive number of steps, got {every!r}")
     return int(every)
+
+
+def check_positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def check_log_dir(log_dir: str) -> str:
@@ -229,7 +236,8 @@ class Introspect(keras.callbacks.Callback):
         step_sample_size: percentile sample bound of the in-step output
             accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
         quantiles: percentile points (0..100) recorded.
-        flush_secs: how often event files are flushed for TensorBoard's live view.
+        flush_secs: longest time logged data waits before it is flushed to disk
+            (TensorBoard's live view); epoch ends always flush.
 
     Example:
         >>> import keras, numpy as np, tempfile
@@ -250,43 +258,38 @@ class Introspect(keras.callbacks.Callback):
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-        flush_secs: float = 10.0,
+        flush_secs: float = 5.0,
         seed: int = 0,
     ):
         super().__init__()
-        self.log_dir = check_log_dir(log_dir)
         self.views = check_views(views)
         self.every = check_every(every)
-        self.sample_size = int(sample_size)
-        self.step_sample_size = int(step_sample_size)
-        self.quantiles = tuple(quantiles)
+        self.sample_size = check_positive("sample_size", sample_size)
+        self.step_sample_size = check_positive("step_sample_size", step_sample_size)
+        self.quantiles = tuple(float(q) for q in quantiles)
+        metadata.tensor_stats_fields("variable", self.quantiles)
         self.flush_secs = float(flush_secs)
         self.seed = int(seed)
+        self.log_dir = check_log_dir(log_dir)
         self.writer = None
         self.collector: Collector | None = None
-        self._off: set[str] = set()  # "metrics", "statistics", "instrumentation"
+        self.host: HostLogger | None = None
         self._installed = False
+        self._patcher = capture.LayerPatcher([])
+        self._optimizer = None
+        self._saved_apply = None
         _live.add(self)
-
-    # ------------------------------------------------------------------ guards
-
-    def _guard(self, part: str, fn, *args) -> Any:
-        """Run ``fn``; on error warn once and switch ``part`` off (training goes on)."""
-        if part in self._off:
-            return None
-        try:
-            return fn(*args)
-        except Exception as e:
-            self._off.add(part)
-            warn(f"{part} failed ({type(e).__name__}: {e}); {part} is off for the rest of"
-                 " training, training goes on")
-            return None
 
     # ------------------------------------------------------------------ set-up
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._off = set()
-        self._guard("instrumentation", self._setup)
+        self.collector = self.host = None
+        try:
+            self._setup()
+        except Exception as e:
+            warn(f"set-up failed ({type(e).__name__}: {e}); statistics are off for this"
+                 " fit(), training goes on")
+            self._uninstall(final=False)
 
     def _setup(self) -> None:
         model = self.model
@@ -305,13 +308,11 @@ class Introspect(keras.callbacks.Callback):
             sample_size=self.sample_size, step_sample_size=self.step_sample_size,
             strategy=self.strategy, writer=self.writer, seed=self.seed,
         )
-        self._epoch = 0
-        self._epoch_values: dict[str, list[float]] = {}
-        self._last_metric_step = None
-        self._last_log_step = None
-        self._since_drain = 0
+        self.host = HostLogger(self.collector, self.writer, self.flush_secs)
         self._patcher = capture.LayerPatcher([])
+        self._installed = False
         self._optimizer = model.optimizer
+        self._saved_apply = None
         self._original_step = model.train_step
         model.make_train_function()
         self._original_fn = model.train_function
@@ -322,14 +323,14 @@ class Introspect(keras.callbacks.Callback):
         model = self.model
 
         def first_call(iterator):
-            fn = self._original_fn
-            if "instrumentation" not in self._off:
-                built = self._guard("instrumentation", self._build, iterator)
-                if built is not None:
-                    fn = self._run
-            if fn is self._original_fn:
-                model.train_function = self._original_fn
-            return fn(iterator)
+            try:
+                self._build(iterator)
+            except Exception as e:
+                warn(f"instrumentation failed ({type(e).__name__}: {e}); statistics are off"
+                     " for this fit(), training goes on")
+                self._uninstall(final=False)
+                return self._original_fn(iterator)
+            return self._run(iterator)
 
         model.train_function = first_call
         self._installed = True
@@ -390,7 +391,7 @@ class Introspect(keras.callbacks.Callback):
         if self._optimizer is not None:
             initial = int(self._optimizer.iterations.numpy())
         c.build(initial_step=initial)
-        self._last_metric_step = self._last_log_step = initial
+        self.host.start(initial)
         self._patch_optimizer()
         # Build the instrumented train function; the instance attribute is only
         # needed while Keras makes the function (it binds the step then).
@@ -461,13 +462,12 @@ class Introspect(keras.callbacks.Callback):
         except Exception as e:
             # Is it ours? The uninstrumented function decides: if it runs, the
             # instrumentation is switched off and training goes on.
-            self.model.train_function = self._original_fn
+            self._uninstall(final=False)
             try:
                 logs = self._original_fn(iterator)
             except BaseException:
                 self._flush()
                 raise
-            self._off.add("instrumentation")
             warn(f"the instrumented train step failed ({type(e).__name__}: {e}); statistics"
                  " are off for the rest of training, training goes on")
             return logs
@@ -490,116 +490,52 @@ class Introspect(keras.callbacks.Callback):
                 warn(f"no gradient reached {len(missing)} layer output(s) in the train step"
                      f" ({', '.join(missing[:3])}...): their output_gradient view is off")
 
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._batch_begin = int(batch)
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.collector is None or not self.collector.built:
+        if not self._collecting():
             return
-        self._since_drain += self.spe
-        if self._since_drain + self.spe >= self.collector.metric_rows:
-            self._guard("metrics", self._drain_metrics, logs)
-        if self.every != "epoch" and "instrumentation" not in self._off:
-            self._guard("statistics", self._maybe_log_steps)
+        steps = max(int(batch) - getattr(self, "_batch_begin", int(batch)) + 1, 1)
+        running = None
+        if logs and "metrics" not in self.host.off:
+            tracked = set(self.collector.metric_names)
+            running = {k: v for k, v in logs.items() if k not in tracked}
+        self.host.after_steps(steps, running or None)
 
-    def _maybe_log_steps(self) -> None:
-        c = self.collector
-        step = c.current_step()
-        n = int(c.every)
-        last_sampled = step - step % n
-        if last_sampled > self._last_log_step:
-            c.log(last_sampled, self._epoch)
-            self._last_log_step = last_sampled
-
-    def _drain_metrics(self, logs: dict | None = None) -> None:
-        """Write the per-step metric values buffered since the last drain."""
-        self._since_drain = 0
-        c = self.collector
-        if c is None or not c.built:
-            return
-        step, total, count = c.read_metrics()
-        rows = c.metric_rows
-        first = max(self._last_metric_step + 1, step - rows + 1)
-        if c.metric_names and "instrumentation" not in self._off:
-            for s in range(first, step + 1):
-                row = (s - 1) % rows
-                protos = []
-                for m, name in enumerate(c.metric_names):
-                    n = count[row, m]
-                    if n <= 0:
-                        continue
-                    value = float(total[row, m] / n)
-                    self._epoch_values.setdefault(name, []).append(value)
-                    protos.append(summary_pb.metric_pb(name, value, self._epoch))
-                self._write_protos(protos, s)
-        # Metrics that are not running means (AUC, ...): their running value.
-        if logs and step > self._last_metric_step:
-            tracked = set(c.metric_names) if "instrumentation" not in self._off else set()
-            protos = []
-            for name, value in logs.items():
-                if name in tracked or name.startswith("val_"):
-                    continue
-                v = _as_float(value)
-                if v is None:
-                    continue
-                self._epoch_values.setdefault(name, []).append(v)
-                protos.append(summary_pb.metric_pb(name, v, self._epoch))
-            self._write_protos(protos, step)
-        self._last_metric_step = max(self._last_metric_step, step)
-
-    def _write_protos(self, protos: list, step: int) -> None:
-        if not protos or self.writer is None:
-            return
-        with self.writer.as_default():
-            tf.summary.experimental.write_raw_pb(
-                tf.constant([p.SerializeToString() for p in protos]), step=step
-            )
+    def _collecting(self) -> bool:
+        return (
+            self.host is not None and self.collector is not None and self.collector.built
+            and self._installed
+        )
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = int(epoch)
-        self._epoch_values = {}
+        if self.host is not None:
+            self.host.begin_epoch(epoch)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self.collector is None or not self.collector.built:
+        if not self._collecting():
             return
-        self._guard("metrics", self._drain_metrics, logs)
-        if self.every == "epoch" and "instrumentation" not in self._off:
-            self._guard("statistics", self._log_epoch, epoch)
-        self._guard("metrics", self._epoch_metrics, epoch, logs)
-        self._flush()
-
-    def _log_epoch(self, epoch: int) -> None:
-        c = self.collector
-        c.log(c.current_step(), epoch)
-
-    def _epoch_metrics(self, epoch: int, logs: dict | None) -> None:
-        step = self.collector.current_step()
-        protos = [
-            summary_pb.metric_epoch_pb(name, values, epoch)
-            for name, values in self._epoch_values.items() if values
-        ]
-        for name, value in (logs or {}).items():
-            v = _as_float(value)
-            if name.startswith("val_") and v is not None:
-                protos.append(summary_pb.metric_pb(name, v, epoch))
-        self._write_protos(protos, step)
+        val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
+        self.host.end_epoch(epoch, val)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
-            if self.collector is not None and self.collector.built:
-                self._guard("metrics", self._drain_metrics, None)
+            if self._collecting():
+                self.host.guard("metrics", self.host.drain)
         finally:
-            self._uninstall()
+            self._uninstall(final=True)
             self._flush()
             if self.writer is not None:
                 self.writer.close()
                 self.writer = None
 
-    def _uninstall(self) -> None:
-        if not self._installed:
-            return
-        self._installed = False
-        model = self.model
+    def _uninstall(self, final: bool) -> None:
+        """Remove every patch; the model's train function becomes the original one
+        (mid-fit) or None (at the end, so that the next fit builds a clean one)."""
         self._patcher.remove()
         opt = self._optimizer
-        saved = getattr(self, "_saved_apply", None)
+        saved = self._saved_apply
         if opt is not None and saved is not None:
             had, previous = saved
             if had:
@@ -607,20 +543,15 @@ class Introspect(keras.callbacks.Callback):
             elif "apply" in opt.__dict__:
                 object.__delattr__(opt, "apply")
             self._saved_apply = None
-        # The next fit() builds a clean train function.
-        model.train_function = None
+        if self._installed:
+            self.model.train_function = None if final else self._original_fn
+        self._installed = False
 
     def _flush(self) -> None:
-        if self.writer is not None:
+        if self.host is not None:
+            self.host.flush()
+        elif self.writer is not None:
             try:
                 self.writer.flush()
             except Exception:
                 pass
-
-
-def _as_float(value: Any) -> float | None:
-    """A scalar log value as a float (None for anything that is not a number)."""
-    try:
-        return float(np.asarray(value))
-    except (TypeError, ValueError):
-        return None

@@ -1,0 +1,162 @@
+"""Host-side logging shared by the Keras callback and the custom-loop ``Introspector``.
+
+Decides when a point is due, drains the per-step metric ring buffer, writes
+metric summaries (numpy-built protos, one ``write_raw_pb`` per step) and keeps
+event files flushed often enough for TensorBoard's live view.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import summary_pb
+from tb_introspect.collect.core import Collector, warn
+
+
+class HostLogger:
+    """What happens between training steps: metric drains, due points, flushes."""
+
+    def __init__(self, collector: Collector, writer: Any, flush_secs: float):
+        self.c = collector
+        self.writer = writer
+        self.flush_secs = float(flush_secs)
+        self.off: set[str] = set()
+        self.epoch = 0
+        self.epoch_values: dict[str, list[float]] = {}
+        self.last_metric_step = 0
+        self.last_log_step = 0
+        self.since_drain = 0
+        self._last_flush = time.monotonic()
+
+    def start(self, initial_step: int) -> None:
+        self.last_metric_step = self.last_log_step = int(initial_step)
+
+    # -------------------------------------------------------------- never break training
+
+    def guard(self, part: str, fn: Callable, *args: Any) -> Any:
+        """Run ``fn``; on error warn once and switch ``part`` off (training goes on)."""
+        if part in self.off:
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.off.add(part)
+            warn(f"{part} failed ({type(e).__name__}: {e}); {part} is off for the rest of"
+                 " training, training goes on")
+            return None
+
+    # -------------------------------------------------------------- per execution
+
+    def after_steps(self, steps: int, running: Mapping[str, Any] | None = None) -> None:
+        """Call after ``steps`` training steps ran (one Keras execution, one custom step)."""
+        self.since_drain += int(steps)
+        # Drain before the ring buffer could wrap during the next execution.
+        if self.since_drain + int(steps) >= self.c.metric_rows or running:
+            self.guard("metrics", self.drain, running)
+        if self.c.every != "epoch":
+            self.guard("statistics", self._maybe_log_steps)
+        self.maybe_flush()
+
+    def _maybe_log_steps(self) -> None:
+        step = self.c.current_step()
+        n = int(self.c.every)
+        last_sampled = step - step % n
+        if last_sampled > self.last_log_step:
+            self.c.log(last_sampled, self.epoch)
+            self.last_log_step = last_sampled
+
+    def drain(self, running: Mapping[str, Any] | None = None) -> None:
+        """Write the per-step metric values buffered since the last drain.
+
+        ``running`` holds metrics that are not running means (e.g. AUC): their
+        current value is written at the current step.
+        """
+        self.since_drain = 0
+        c = self.c
+        step, total, count = c.read_metrics()
+        rows = c.metric_rows
+        for s in range(max(self.last_metric_step + 1, step - rows + 1), step + 1):
+            row = (s - 1) % rows
+            protos = []
+            for m, name in enumerate(c.metric_names):
+                n = count[row, m]
+                if n <= 0:
+                    continue
+                value = float(total[row, m] / n)
+                self.epoch_values.setdefault(name, []).append(value)
+                protos.append(summary_pb.metric_pb(name, value, self.epoch))
+            self.write_protos(protos, s)
+        if running and step > self.last_metric_step:
+            protos = []
+            for name, value in running.items():
+                v = as_float(value)
+                if v is None:
+                    continue
+                self.epoch_values.setdefault(name, []).append(v)
+                protos.append(summary_pb.metric_pb(name, v, self.epoch))
+            self.write_protos(protos, step)
+        self.last_metric_step = max(self.last_metric_step, step)
+
+    # -------------------------------------------------------------- per epoch
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.epoch_values = {}
+
+    def end_epoch(self, epoch: int, epoch_metrics: Mapping[str, Any] | None = None) -> None:
+        """Drain, write the epoch's statistics (epoch cadence) and metric bands, flush."""
+        self.guard("metrics", self.drain)
+        if self.c.every == "epoch":
+            self.guard("statistics", self._log_epoch, epoch)
+        self.guard("metrics", self._epoch_metrics, epoch, epoch_metrics)
+        self.flush()
+
+    def _log_epoch(self, epoch: int) -> None:
+        self.c.log(self.c.current_step(), epoch)
+
+    def _epoch_metrics(self, epoch: int, extra: Mapping[str, Any] | None) -> None:
+        step = self.c.current_step()
+        protos = [
+            summary_pb.metric_epoch_pb(name, values, epoch)
+            for name, values in self.epoch_values.items() if values
+        ]
+        for name, value in (extra or {}).items():
+            v = as_float(value)
+            if v is not None:
+                protos.append(summary_pb.metric_pb(name, v, epoch))
+        self.write_protos(protos, step)
+
+    # -------------------------------------------------------------- writing
+
+    def write_protos(self, protos: list, step: int) -> None:
+        if not protos or self.writer is None:
+            return
+        with self.writer.as_default():
+            tf.summary.experimental.write_raw_pb(
+                tf.constant([p.SerializeToString() for p in protos]), step=step
+            )
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= self.flush_secs:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if self.writer is not None:
+            try:
+                self.writer.flush()
+            except Exception:  # a flush failure must not end training either
+                pass
+
+
+def as_float(value: Any) -> float | None:
+    """A scalar value as a float (None for anything that is not a number)."""
+    try:
+        return float(np.asarray(value))
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,226 @@
+"""``Introspector``: the four views for custom ``GradientTape`` training loops.
+
+The user hands over what a Keras callback has to dig out: variables and their
+gradients, optionally layer outputs and output gradients, and per-step scalars
+(loss, metrics). ``record`` runs inside the user's (possibly XLA-compiled)
+step and only updates accumulators; ``end_step`` / ``end_epoch`` write
+summaries from the host, with the same statistics, cadences and per-epoch
+aggregation as the Keras callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from tb_introspect import metadata
+from tb_introspect.collect.core import (
+    DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_STEP_SAMPLE_SIZE,
+    Collector,
+    Monitored,
+    StepRecorder,
+    sanitize,
+    warn,
+)
+from tb_introspect.collect.host import HostLogger
+from tb_introspect.collect.keras_callback import (
+    check_every,
+    check_log_dir,
+    check_positive,
+    check_views,
+    is_chief,
+    make_writer,
+)
+
+
+def _variable_name(v: Any) -> str:
+    name = getattr(v, "path", None) or v.name
+    return name[:-2] if name.endswith(":0") else name
+
+
+class Introspector:
+    """Per-layer statistics for a custom training loop, written to ``log_dir``.
+
+    Call ``record(...)`` once per training step (inside or outside
+    ``tf.function``, also with ``jit_compile=True``), ``end_step()`` after each
+    step and ``end_epoch()`` after each epoch, from Python; ``close()`` at the
+    end (or use it as a context manager). ``every`` is ``"epoch"`` (gradients
+    summed over the epoch, outputs merged over all its batches, variables at its
+    end) or ``N`` (statistics of every N-th step).
+
+    Example:
+        >>> import tempfile, keras, tensorflow as tf
+        >>> from tb_introspect import Introspector
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        >>> opt = keras.optimizers.SGD(0.1)
+        >>> intro = Introspector(tempfile.mkdtemp(), every=1)
+        >>> @tf.function
+        ... def train_step(x, y):
+        ...     with tf.GradientTape() as tape:
+        ...         loss = tf.reduce_mean((model(x) - y) ** 2)
+        ...     grads = tape.gradient(loss, model.trainable_variables)
+        ...     opt.apply_gradients(zip(grads, model.trainable_variables))
+        ...     intro.record(variables=model.trainable_variables, gradients=grads,
+        ...                  metrics={"loss": loss})
+        >>> for step in range(3):
+        ...     train_step(tf.ones((8, 4)), tf.zeros((8, 2)))
+        ...     intro.end_step()
+        >>> intro.end_epoch()
+        >>> intro.close()
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        views: Sequence[str] = metadata.VIEWS,
+        every: str | int = "epoch",
+        *,
+        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
+        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        flush_secs: float = 5.0,
+        seed: int = 0,
+        initial_step: int = 0,
+        initial_epoch: int = 0,
+    ):
+        views = check_views(views)
+        every = check_every(every)
+        quantiles = tuple(float(q) for q in quantiles)
+        metadata.tensor_stats_fields("variable", quantiles)
+        self.log_dir = check_log_dir(log_dir)
+        strategy = tf.distribute.get_strategy()
+        self.writer = make_writer(self.log_dir, flush_secs) if is_chief(strategy) else None
+        self.collector = Collector(
+            views=views, every=every, quantiles=quantiles,
+            sample_size=check_positive("sample_size", sample_size),
+            step_sample_size=check_positive("step_sample_size", step_sample_size),
+            strategy=strategy, writer=self.writer, seed=seed,
+        )
+        self.host = HostLogger(self.collector, self.writer, flush_secs)
+        self.host.begin_epoch(initial_epoch)
+        self.initial_step = int(initial_step)
+        self._broken = False
+        self._names: tuple | None = None
+
+    # ------------------------------------------------------------------ in the step
+
+    def record(
+        self,
+        *,
+        variables: Sequence[Any] = (),
+        gradients: Sequence[Any] = (),
+        outputs: Mapping[str, Any] | None = None,
+        output_gradients: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one training step (call it in the step, after the gradients).
+
+        ``variables`` and ``gradients`` are aligned lists (None gradients are
+        skipped); ``outputs`` / ``output_gradients`` map a layer name to its
+        output and to the gradient of the loss with respect to it (e.g.
+        ``tape.gradient(loss, [vars, outs])``); ``metrics`` maps names to scalars.
+        The set of tensors must be the same at every call.
+        """
+        if self._broken:
+            return
+        outputs = dict(outputs or {})
+        output_gradients = dict(output_gradients or {})
+        metrics = dict(metrics or {})
+        try:
+            if not self.collector.built:
+                with tf.init_scope():
+                    self._build(list(variables), outputs, output_gradients, metrics)
+            rec = StepRecorder(self.collector)
+            c = self.collector
+            if len(gradients) != len(variables):
+                raise ValueError(
+                    f"{len(variables)} variables but {len(gradients)} gradients"
+                )
+            rec.gradients(list(gradients), list(variables))
+            for name, x in outputs.items():
+                j = c.out_index.get(sanitize(name))
+                if j is not None and x is not None:
+                    rec.output_value(j, tf.convert_to_tensor(x))
+            for name, dy in output_gradients.items():
+                j = c.out_index.get(sanitize(name))
+                if j is not None and dy is not None:
+                    rec.output_gradient(j, tf.convert_to_tensor(dy))
+            if c.metric_names:
+                values = [tf.reshape(tf.cast(metrics[n], tf.float64), [])
+                          if n in metrics else tf.constant(0.0, tf.float64)
+                          for n in c.metric_names]
+                counts = [tf.constant(1.0 if n in metrics else 0.0, tf.float64)
+                          for n in c.metric_names]
+                rec.record_metrics(values, counts)
+            rec.finish()
+        except Exception as e:  # never break training
+            self._broken = True
+            warn(f"Introspector.record failed ({type(e).__name__}: {e}); statistics are off,"
+                 " training goes on")
+
+    def _build(
+        self,
+        variables: list[Any],
+        outputs: dict[str, Any],
+        output_gradients: dict[str, Any],
+        metrics: dict[str, Any],
+    ) -> None:
+        c = self.collector
+        names = list(outputs) + [n for n in output_gradients if n not in outputs]
+        specs = []
+        for depth, name in enumerate(names):
+            t = outputs.get(name)
+            if t is None:
+                t = output_gradients[name]
+            t = tf.convert_to_tensor(t) if not isinstance(t, tf.Tensor) else t
+            shape = t.shape.as_list() if t.shape.rank is not None else []
+            specs.append(Monitored(
+                view="output", name=sanitize(name), layer=name, depth=depth,
+                shape=tuple(shape), dtype=t.dtype.name, has_grad=name in output_gradients,
+            ))
+        c.set_outputs(specs)
+        depth_of = {name: d for d, name in enumerate(names)}
+        var_names = [_variable_name(v) for v in variables]
+        layers = [n.rsplit("/", 1)[0] if "/" in n else n for n in var_names]
+        for layer in layers:
+            depth_of.setdefault(layer, len(depth_of))
+        c.set_variables(variables, var_names, layers, [depth_of[n] for n in layers])
+        c.set_metrics(list(metrics), rows=32)
+        c.build(initial_step=self.initial_step)
+        self.host.start(self.initial_step)
+
+    # ------------------------------------------------------------------ host side
+
+    def end_step(self) -> None:
+        """After each training step (from Python): writes what is due."""
+        if self.collector.built and not self._broken:
+            self.host.after_steps(1)
+
+    def end_epoch(self) -> None:
+        """After each epoch (from Python): per-epoch statistics and metric bands."""
+        if self.collector.built and not self._broken:
+            self.host.end_epoch(self.host.epoch)
+        self.host.begin_epoch(self.host.epoch + 1)
+
+    def flush(self) -> None:
+        self.host.flush()
+
+    def close(self) -> None:
+        """Write what is pending and close the event file."""
+        if self.collector.built and not self._broken:
+            self.host.guard("metrics", self.host.drain)
+        self.host.flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.host.writer = None
+            self.collector.writer = None
+
+    def __enter__(self) -> Introspector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
