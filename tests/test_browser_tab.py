@@ -37,11 +37,33 @@ COLOURED_PIXELS_JS = """
   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
   let n = 0;
   for (let i = 0; i < d.length; i += 4) {
-    if (d[i + 3] > 0 && Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 40) n++;
+    const hi = Math.max(d[i], d[i + 1], d[i + 2]);
+    const lo = Math.min(d[i], d[i + 1], d[i + 2]);
+    if (d[i + 3] > 0 && hi - lo > 40) n++;
   }
   return n;
 })
 """
+
+# Data pixels in one canvas column of a panel's plot, at fraction `frac` of its width.
+COLUMN_JS = """
+([tag, frac]) => {
+  const sel = `.panel[data-tag="${CSS.escape(tag)}"]`;
+  const c = document.querySelector(`${sel} canvas`);
+  const o = document.querySelector(`${sel} .u-over`).getBoundingClientRect();
+  const r = c.getBoundingClientRect();
+  const s = c.width / r.width;
+  const x = Math.round((o.left - r.left + frac * o.width) * s);
+  const top = Math.round((o.top - r.top) * s);
+  const d = c.getContext('2d').getImageData(x, top, 1, Math.round(o.height * s)).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    if (Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 40) n++;
+  }
+  return n;
+}
+"""
+FAILED_LOAD = "Failed to load resource: the server responded with a status of 404 (NOT FOUND)"
 
 # Reports CSP violations of any frame as console errors (collected below).
 CSP_PROBE = """
@@ -87,7 +109,8 @@ class Session:
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.failed: list[str] = []
-        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
+        self.page.on("response",
+                     lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
         self.frame = None
 
     def open(self, hash_: str = ""):
@@ -124,7 +147,7 @@ class Session:
         tb_fonts = [u for u in self.failed if "/font-roboto/" in u and "/plugin/" not in u]
         errors = list(self.errors)
         for _ in tb_fonts:
-            errors.remove("Failed to load resource: the server responded with a status of 404 (NOT FOUND)")
+            errors.remove(FAILED_LOAD)
         others = [u for u in self.failed if u not in tb_fonts]
         assert errors == [] and others == [], f"console errors: {errors}; failed requests: {others}"
 
@@ -215,8 +238,9 @@ def test_hover_readouts_are_exact(session):
 
 
 def test_nan_is_a_gap_with_counts(session):
-    run, view, name = "exp1/lr_0.1", "gradient", HTML_LAYER + "/kernel"
-    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1&p.introspect.lmode=rms")
+    view, name = "gradient", HTML_LAYER + "/kernel"
+    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1"
+                     "&p.introspect.lmode=rms")
     panel = f.locator(".panel").filter(has=f.locator(".panel-name", has_text=name))
     box = panel.locator(".u-over").bounding_box()
     # Steps 100..103 are NaN: find the cursor position of step 101 (x range 1..120).
@@ -232,29 +256,14 @@ def test_nan_is_a_gap_with_counts(session):
     assert found["RMS"] == "—"
     assert "NaN ×5" in panel.locator(".readout .warn").text_content()
     # The line has a gap: no data pixels in the canvas column between steps 101 and 102.
-    column = f.evaluate(
-        """([tag, frac]) => {
-          const sel = `.panel[data-tag="${CSS.escape(tag)}"]`;
-          const c = document.querySelector(`${sel} canvas`);
-          const over = document.querySelector(`${sel} .u-over`);
-          const r = c.getBoundingClientRect(), o = over.getBoundingClientRect();
-          const sx = c.width / r.width;
-          const x = Math.round((o.left - r.left + frac * o.width) * sx);
-          const d = c.getContext('2d').getImageData(x, Math.round((o.top - r.top) * sx), 1, Math.round(o.height * sx)).data;
-          let n = 0, m = 0;
-          for (let i = 0; i < d.length; i += 4) if (Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 40) n++;
-          const x2 = Math.round((o.left - r.left + 0.3 * o.width) * sx);
-          const d2 = c.getContext('2d').getImageData(x2, Math.round((o.top - r.top) * sx), 1, Math.round(o.height * sx)).data;
-          for (let i = 0; i < d2.length; i += 4) if (Math.max(d2[i], d2[i+1], d2[i+2]) - Math.min(d2[i], d2[i+1], d2[i+2]) > 40) m++;
-          return [n, m];
-        }""",
-        [f"introspect/{view}/{name}", (101.5 - 1) / 119],
-    )
+    tag = f"introspect/{view}/{name}"
+    column = [f.evaluate(COLUMN_JS, [tag, (101.5 - 1) / 119]), f.evaluate(COLUMN_JS, [tag, 0.3])]
     assert column[0] == 0 and column[1] > 0, column
 
 
 def test_html_in_names_renders_as_text(session):
-    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1&p.introspect.view=variable")
+    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1"
+                     "&p.introspect.view=variable")
     names = f.locator(".panel-name").all_text_contents()
     assert HTML_LAYER + "/kernel" in names
     assert f.locator(".panel-name b, .panel-meta b").count() == 0
@@ -297,8 +306,9 @@ def test_stack_plot_hover_names_layer_and_click_opens_it(session):
     # The overview sends log10(RMS) to 4 decimals.
     assert float(pairs["RMS"]) == pytest.approx(rms, rel=2e-4)
     session.shot("overview-stack-hover")
-    stack.locator(".u-over").click(position={"x": stack.locator(".u-over").bounding_box()["width"] * 0.5,
-                                              "y": stack.locator(".u-over").bounding_box()["height"] * 0.97})
+    over = stack.locator(".u-over")
+    box = over.bounding_box()
+    over.click(position={"x": box["width"] * 0.5, "y": box["height"] * 0.97})
     session.wait_ready()
     assert f.locator('.tab.on').text_content() == "Layers"
     focused = f.locator(".panel.focused")
@@ -319,7 +329,8 @@ def test_state_in_url_survives_reload(session):
     session.wait_ready()
     f = session.frame
     assert f.locator(".tab.on").text_content() == "Activity"
-    assert "on" in f.locator('.segmented[aria-label="x axis"] button[data-value="epoch"]').get_attribute("class")
+    epoch = f.locator('.segmented[aria-label="x axis"] button[data-value="epoch"]')
+    assert "on" in epoch.get_attribute("class")
     counts = session.coloured()
     assert counts and min(counts) > 100, counts
 
@@ -339,11 +350,12 @@ def test_filter_regex(session):
 
 
 def test_compare_two_runs_on_the_same_axes(session):
-    f = session.open('p.introspect.tab=compare&p.introspect.cmp=%5B%22exp1%2Flr_0.01%22%2C%22exp1%2Flr_0.1%22%5D')
+    f = session.open("p.introspect.tab=compare"
+                     "&p.introspect.cmp=%5B%22exp1%2Flr_0.01%22%2C%22exp1%2Flr_0.1%22%5D")
     loss = f.locator('.chart[data-chart="compare-loss"]')
     pairs = readout_pairs(loss)
-    assert float(pairs["exp1/lr_0.01 @ 120"]) == pytest.approx(known_loss("exp1/lr_0.01", 120), rel=1e-5)
-    assert float(pairs["exp1/lr_0.1 @ 120"]) == pytest.approx(known_loss("exp1/lr_0.1", 120), rel=1e-5)
+    for run in ("exp1/lr_0.01", "exp1/lr_0.1"):
+        assert float(pairs[f"{run} @ 120"]) == pytest.approx(known_loss(run, 120), rel=1e-5)
     counts = session.coloured()
     assert len(counts) >= 2 + 4 * 2 + 6 and min(counts) > 100, counts
     # Unticking a run removes it from the charts.
@@ -383,8 +395,9 @@ def test_refreshes_on_tensorboard_reload(session, tb, logdir):
         time.sleep(0.3)
     # TensorBoard's reload button broadcasts experimental.DataReloaded to the iframe.
     session.page.locator("button.reload-button").click()
-    f.wait_for_function("document.querySelector('.panel .readout b')?.textContent.startsWith('step 80')",
-                        timeout=20_000)
+    f.wait_for_function(
+        "document.querySelector('.panel .readout b')?.textContent.startsWith('step 80')",
+        timeout=20_000)
     assert f.locator(".tab.on").text_content() == "Layers"
 
 

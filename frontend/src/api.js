@@ -69,10 +69,10 @@ export class Api {
    * (parallel requests keep URLs short and let the server work while the
    * browser parses) and cached per tag+fields.
    */
-  async series(run, tags, fields, chunk = 40) {
+  async series(run, tags, fields, { chunk = 40, downsample = 0 } = {}) {
     const out = {};
     const missing = [];
-    const key = (t) => `series\0${run}\0${t}\0${fields.join(",")}`;
+    const key = (t) => `series\0${run}\0${t}\0${fields.join(",")}\0${downsample}`;
     const pending = [];
     for (const t of tags) {
       const c = this.cache.get(key(t));
@@ -82,6 +82,7 @@ export class Api {
     for (let i = 0; i < missing.length; i += chunk) {
       const part = missing.slice(i, i + chunk);
       const params = [["run", run], ...part.map((t) => ["tag", t]), ...fields.map((f) => ["field", f])];
+      if (downsample) params.push(["downsample", downsample]);
       const req = getJSON("./series", params);
       for (const t of part) {
         const p = req.then((r) => r.series[t]);

@@ -173,6 +173,16 @@ export function chart(parent, spec) {
     },
   };
   const u = new uPlot(opts, data, plot);
+  if (spec.onZoom) {
+    // uPlot calls setScale for drag-zooms and for the double-click reset;
+    // report only zooms into a sub-range of the data.
+    const full = [spec.x[0], spec.x[spec.x.length - 1]];
+    u.hooks.setScale = [(uu, key) => {
+      if (key !== "x") return;
+      const { min, max } = uu.scales.x;
+      if (min > full[0] || max < full[1]) spec.onZoom(uu, min, max);
+    }];
+  }
   if (spec.onClick) {
     u.over.addEventListener("click", (e) => {
       if (u.cursor.idx != null) spec.onClick(u, u.cursor.idx, e);

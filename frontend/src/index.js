@@ -207,6 +207,8 @@ class App {
       if (gen !== this.gen) return;
       const ms = performance.now() - started;
       this.main.dataset.renderMs = ms.toFixed(1);
+      // Since the iframe's navigation start: what a user waits for on first open.
+      this.main.dataset.readyAt = performance.now().toFixed(1);
       document.documentElement.dataset.status = "ready";
     } catch (e) {
       if (gen !== this.gen) return;

@@ -65,10 +65,13 @@ export async function renderActivity(ctx) {
   });
   grid.append(...panels.map((p) => p.el));
   const width = Math.max(180, panels[0].plot.clientWidth);
+  // About two points per pixel column (see layers.js); rates change slowly.
+  const budget = Math.max(200, Math.ceil(width * 2));
   const jobs = [];
   for (let i = 0; i < panels.length; i += CHUNK) {
     const part = panels.slice(i, i + CHUNK);
-    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS).then((series) => {
+    const downsample = part.some((p) => (p.tensor.num_points || 0) > budget) ? budget : 0;
+    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS, { downsample, chunk: CHUNK }).then((series) => {
       if (!ctx.alive()) return;
       for (const p of part) drawPanel(ctx, p, series[p.tensor.tag], width, epochMap);
     }));

@@ -36,15 +36,33 @@ function formatG(q) {
   return String(Number(q.toPrecision(6)));
 }
 
-export function fieldsFor(mode, quantiles) {
-  if (mode === "values") return [...quantiles.map((q) => qField(q, false)), ...NONFINITE];
-  if (mode === "magnitude") return [...quantiles.map((q) => qField(q, true)), "zero_fraction", "sign_balance", ...NONFINITE];
-  return ["rms", ...NONFINITE];
+/**
+ * Fields a panel needs. The non-finite counts are only asked for when the
+ * overview saw non-finite values in this view (it sums them over all
+ * tensors and steps): on a healthy run they are all zero and would only add
+ * three columns to every request.
+ */
+export function fieldsFor(mode, quantiles, withNonfinite = true) {
+  const extra = withNonfinite ? NONFINITE : [];
+  if (mode === "values") return [...quantiles.map((q) => qField(q, false)), ...extra];
+  if (mode === "magnitude") return [...quantiles.map((q) => qField(q, true)), "zero_fraction", "sign_balance", ...extra];
+  return ["rms", ...extra];
+}
+
+/**
+ * Points per panel: about two per pixel column of the plot. More cannot be
+ * seen and only cost transfer and parsing time (1,000-step runs x 200
+ * panels). The server keeps the first and last point and spreads the rest
+ * evenly; a drag-zoom on a panel re-reads that panel at full resolution.
+ */
+function pointBudget(width) {
+  return Math.max(200, Math.ceil(width * 2));
 }
 
 export async function renderLayers(ctx) {
   const { api, state, root } = ctx;
-  const info = await api.run(state.run);
+  // The overview comes from the same server-side read as the run listing.
+  const [info, ov] = await Promise.all([api.run(state.run), api.overview(state.run)]);
   if (!ctx.alive()) return;
   const view = state.view;
   const all = info.views[view] || [];
@@ -65,10 +83,19 @@ export async function renderLayers(ctx) {
   }
   const grid = h("div.grid");
   root.append(grid);
-  const L = { ctx, view, width: 0, epochMap: new EpochMap() };
+  const ovView = ov.views && ov.views[view];
+  const L = {
+    ctx,
+    view,
+    width: 0,
+    epochMap: new EpochMap(),
+    nonfinite: !ovView || !ovView.nonfinite || ovView.nonfinite.some((c) => c),
+    budget: 0,
+  };
   const panels = tensors.map((t) => panel(L, t));
   grid.append(...panels.map((p) => p.el));
   L.width = Math.max(180, panels[0].plot.clientWidth);
+  L.budget = pointBudget(L.width);
 
   const focus = panels.find((p) => p.tensor.tag === state.focus);
   if (focus) {
@@ -92,13 +119,15 @@ async function loadAndDraw(L, part) {
   // Group by (mode, quantile layout): one request per group.
   const groups = new Map();
   for (const p of part) {
-    const fields = fieldsFor(p.mode, p.tensor.quantiles || []);
-    const key = fields.join(",");
-    if (!groups.has(key)) groups.set(key, { fields, panels: [] });
+    const fields = fieldsFor(p.mode, p.tensor.quantiles || [], L.nonfinite);
+    const downsample = (p.tensor.num_points || 0) > L.budget ? L.budget : 0;
+    const key = `${fields.join(",")}|${downsample}`;
+    if (!groups.has(key)) groups.set(key, { fields, downsample, panels: [] });
     groups.get(key).panels.push(p);
   }
   await Promise.all([...groups.values()].map(async (g) => {
-    const series = await ctx.api.series(ctx.state.run, g.panels.map((p) => p.tensor.tag), g.fields);
+    const series = await ctx.api.series(ctx.state.run, g.panels.map((p) => p.tensor.tag), g.fields,
+      { downsample: g.downsample, chunk: CHUNK });
     if (!ctx.alive()) return;
     for (const p of g.panels) {
       const s = series[p.tensor.tag];
@@ -132,17 +161,18 @@ function panel(L, t) {
     }, label)));
   const plot = h("div.panel-plot");
   const tools = h("div.panel-tools", switcher);
+  const meta = h("div.panel-meta",
+    h("span.shape", `shape ${shapeText(t.shape)}`),
+    t.dtype ? ` · ${t.dtype}` : "",
+    t.layer && t.layer !== t.name ? [" · layer ", h("span.name", t.layer)] : "",
+    t.cadence === "epoch" ? " · per epoch" : "");
   const el = h("div.panel", { dataset: { tag: t.tag, mode } },
     h("div.panel-head",
       h("div.panel-name", { title: t.tag }, t.name),
       tools),
-    h("div.panel-meta",
-      h("span.shape", `shape ${shapeText(t.shape)}`),
-      t.dtype ? ` · ${t.dtype}` : "",
-      t.layer && t.layer !== t.name ? [" · layer ", h("span.name", t.layer)] : "",
-      t.cadence === "epoch" ? " · per epoch" : ""),
+    meta,
     plot);
-  const p = { el, plot, switcher, tools, tensor: t, mode, chart: null };
+  const p = { el, plot, meta, switcher, tools, tensor: t, mode, chart: null, full: false };
   return p;
 }
 
@@ -154,17 +184,30 @@ async function switchMode(L, p, mode) {
   p.mode = mode;
   p.el.dataset.mode = mode;
   for (const b of p.switcher.querySelectorAll("button")) b.classList.toggle("on", b.dataset.mode === mode);
-  const fields = fieldsFor(mode, p.tensor.quantiles || []);
-  const series = await ctx.api.series(ctx.state.run, [p.tensor.tag], fields);
+  await reload(L, p, p.full ? 0 : panelDownsample(L, p));
+}
+
+function panelDownsample(L, p) {
+  return (p.tensor.num_points || 0) > L.budget ? L.budget : 0;
+}
+
+/** Fetches and redraws one panel (mode switch, or full resolution after a zoom). */
+async function reload(L, p, downsample, xRange) {
+  const { ctx } = L;
+  const mode = p.mode;
+  const fields = fieldsFor(mode, p.tensor.quantiles || [], L.nonfinite);
+  const series = await ctx.api.series(ctx.state.run, [p.tensor.tag], fields, { downsample });
   if (!ctx.alive() || p.mode !== mode) return;
   if (p.chart) p.chart.destroy();
   p.plot.textContent = "";
   drawPanel(L, p, series[p.tensor.tag]);
+  if (xRange && p.chart) p.chart.u.setScale("x", xRange);
 }
 
 function nonfiniteText(s, idx) {
   const v = s.values;
   const parts = [];
+  if (!v.nan_count) return null;
   const names = { nan_count: "NaN", posinf_count: "+Inf", neginf_count: "−Inf" };
   for (const f of NONFINITE) {
     const c = v[f] ? v[f][idx] : 0;
@@ -177,6 +220,13 @@ function drawPanel(L, p, s) {
   const { ctx, view, width, epochMap } = L;
   // Which mode is on screen (the switch flips before the data arrives).
   p.el.dataset.drawn = p.mode;
+  const total = p.tensor.num_points || s.steps.length;
+  p.sampled = s.steps.length < total;
+  if (!p.sampleNote) {
+    p.sampleNote = h("span.sampled");
+    p.meta.append(p.sampleNote);
+  }
+  p.sampleNote.textContent = p.sampled ? ` · ${s.steps.length} of ${total} points (zoom for all)` : "";
   const t = theme();
   const color = t.views[view];
   const mode = p.mode;
@@ -184,7 +234,14 @@ function drawPanel(L, p, s) {
   const xLabel = ctx.state.x === "epoch" ? "epoch" : "step";
   const qs = s.quantiles || p.tensor.quantiles || [];
   const head = (idx) => pointLabel(s.steps[idx], s.epochs[idx]);
-  const common = { x, xLabel, width, height: 150, name: `${view}-${p.tensor.name}-${mode}`, toolsIn: p.tools };
+  const common = {
+    x, xLabel, width, height: 150, name: `${view}-${p.tensor.name}-${mode}`, toolsIn: p.tools,
+    // A drag-zoom on a sampled panel re-reads it at full resolution.
+    onZoom: p.sampled ? (u, min, max) => {
+      p.full = true;
+      reload(L, p, 0, { min, max });
+    } : null,
+  };
   const title = "";
   if (mode === "rms") {
     const rms = s.values.rms;

@@ -1,0 +1,136 @@
+"""Time the Introspect tab in headless Chromium on the 200-tensor benchmark run.
+
+Writes (or reuses, --logdir) one run with N monitored tensors x 4 views x S
+steps (the writer of benchmarks/plugin_bench.py), starts a real ``tensorboard``
+(Rust data server by default), waits until every point is loaded, then opens
+TensorBoard's page in Debian's Chromium and measures, inside the plugin iframe:
+
+- overview: from the iframe's navigation start until every overview chart is
+  drawn (the app marks ``data-status=ready`` after uPlot's commit and two
+  animation frames), i.e. what a user waits for after clicking the tab;
+- layers grid: from the click on "Layers" until all N panels of the gradient
+  view are drawn (default modes: magnitude percentiles + sign balance).
+
+Each is measured on a fresh page (nothing cached in the browser). "first" is
+the first page after TensorBoard started (the server's caches are cold);
+"warm" is the median of --repeats later pages. Every canvas is checked for
+drawn data when the app says it is ready. Prints a Markdown table.
+
+    python benchmarks/frontend_bench.py                    # 200 x 4 x 1,000
+    python benchmarks/frontend_bench.py --tensors 20 --steps 100 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from browser_support import launch_chromium, plugin_frame, tensorboard  # noqa: E402
+from playwright.sync_api import sync_playwright  # noqa: E402
+from plugin_bench import write_bench_run  # noqa: E402
+
+TARGETS_MS = {"overview": 1500, "layers grid": 2000}
+
+COLOURED_JS = """
+() => Array.from(document.querySelectorAll('.chart canvas')).map((c) => {
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 16) {
+    if (Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 40) n++;
+  }
+  return n;
+})
+"""
+
+
+def wait_loaded(tb, run: str, expected: int, timeout: float = 900.0) -> float:
+    t = time.monotonic()
+    while True:
+        try:
+            info = tb.get_json(f"run?run={run}")
+            n = sum(x["num_points"] for v in info["views"].values() for x in v)
+            if n >= expected:
+                return time.monotonic() - t
+        except OSError:
+            pass
+        if time.monotonic() - t > timeout:
+            raise TimeoutError("TensorBoard did not load the benchmark run")
+        time.sleep(2)
+
+
+def measure_once(browser, tb, tensors: int) -> dict[str, float]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    try:
+        page.goto(tb.url + "#introspect&p.introspect.run=bench")
+        frame = plugin_frame(page, 60)
+        frame.wait_for_selector("html[data-status=ready]", timeout=120_000)
+        overview_ms = float(frame.evaluate("document.querySelector('main').dataset.readyAt"))
+        drawn = frame.evaluate(COLOURED_JS)
+        # 4 views x 3 charts + one per metric (the benchmark run logs the loss).
+        assert len(drawn) == 13 and min(drawn) > 0, f"overview not fully drawn: {drawn}"
+
+        t0 = time.perf_counter()
+        frame.locator('.tab[data-tab="layers"]').click()
+        frame.wait_for_selector("html[data-status=ready]", timeout=120_000)
+        wall_ms = (time.perf_counter() - t0) * 1000
+        layers_ms = float(frame.evaluate("document.querySelector('main').dataset.renderMs"))
+        drawn = frame.evaluate(COLOURED_JS)
+        assert len(drawn) == tensors and min(drawn) > 0, f"layers not fully drawn: {len(drawn)}"
+        assert not errors, errors
+        return {"overview": overview_ms, "layers grid": layers_ms, "layers (wall)": wall_ms}
+    finally:
+        context.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tensors", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--load-fast", default="true", help="TensorBoard --load_fast value")
+    parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    logdir = Path(args.logdir or tempfile.mkdtemp(prefix="introspect-fe-bench-"))
+    run_dir = logdir / "bench"
+    try:
+        if not run_dir.is_dir():
+            t = time.perf_counter()
+            write_bench_run(str(run_dir), args.tensors, args.steps)
+            print(f"wrote the run in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        with tensorboard(logdir, extra_args=(f"--load_fast={args.load_fast}",)) as tb:
+            load_s = wait_loaded(tb, "bench", 4 * args.tensors * args.steps)
+            print(f"TensorBoard loaded every point in {load_s:.1f} s", file=sys.stderr)
+            with sync_playwright() as p:
+                browser = launch_chromium(p)
+                runs = [measure_once(browser, tb, args.tensors) for _ in range(args.repeats + 1)]
+                browser.close()
+    finally:
+        if not args.logdir:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+    print(f"\n{args.tensors} tensors x 4 views x {args.steps} steps, headless Chromium "
+          f"1400x900, {os.cpu_count()} CPUs; warm = median of {args.repeats} fresh pages\n")
+    print("| view | first page (ms) | warm median (ms) | target (ms) |")
+    print("|---|---:|---:|---:|")
+    for key in ("overview", "layers grid", "layers (wall)"):
+        first = runs[0][key]
+        warm = statistics.median(r[key] for r in runs[1:]) if len(runs) > 1 else float("nan")
+        print(f"| {key} | {first:.0f} | {warm:.0f} | {TARGETS_MS.get(key, '')} |")
+
+
+if __name__ == "__main__":
+    main()
