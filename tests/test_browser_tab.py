@@ -367,10 +367,20 @@ def test_compare_two_runs_on_the_same_axes(session):
 
 def test_dark_theme_and_png_export(session, tmp_path):
     f = session.open("p.introspect.run=exp1%2Flr_0.1")
+    assert f.evaluate("document.documentElement.dataset.theme") == "light"
+    # Theme "auto" follows TensorBoard's own dark mode switch.
+    session.page.locator('button[aria-label="Menu for changing light or dark theme"]').click()
+    session.page.locator('[title="Force dark TensorBoard theme."]').click()
+    f.wait_for_function("document.documentElement.dataset.theme === 'dark'")
+    session.wait_ready()
+    assert f.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(32, 33, 36)"
+    # An explicit choice in the tab wins over TensorBoard's.
+    f.locator("select.theme-select").select_option("light")
+    session.wait_ready()
+    assert f.evaluate("document.documentElement.dataset.theme") == "light"
     f.locator("select.theme-select").select_option("dark")
     session.wait_ready()
     assert f.evaluate("document.documentElement.dataset.theme") == "dark"
-    assert f.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(32, 33, 36)"
     assert min(session.coloured()) > 300
     session.shot("overview-dark")
     with session.page.expect_download() as info:

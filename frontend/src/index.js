@@ -190,6 +190,8 @@ class App {
         this.setState({ tab: "layers", view, focus: tag, filter: keep });
       },
     };
+    // Cold reads of a big run take the server a while: say so.
+    const slow = setTimeout(() => gen === this.gen && this.status("Loading…"), 300);
     this.status("");
     if (!this.runs.length) {
       this.main.append(h("div.empty.big",
@@ -204,14 +206,18 @@ class App {
     const render = { overview: renderOverview, layers: renderLayers, activity: renderActivity, compare: renderCompare }[this.state.tab];
     try {
       await render(ctx);
+      clearTimeout(slow);
       if (gen !== this.gen) return;
+      this.status("");
       const ms = performance.now() - started;
       this.main.dataset.renderMs = ms.toFixed(1);
       // Since the iframe's navigation start: what a user waits for on first open.
       this.main.dataset.readyAt = performance.now().toFixed(1);
       document.documentElement.dataset.status = "ready";
     } catch (e) {
+      clearTimeout(slow);
       if (gen !== this.gen) return;
+      this.status("");
       console.warn("tb-introspect:", e);
       this.main.append(h("div.empty", h("p.error", `Could not load this view: ${e.message}`)));
       document.documentElement.dataset.status = "error";

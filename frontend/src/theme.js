@@ -61,7 +61,8 @@ export function applyTheme(mode, onChange) {
   let effective = mode;
   if (mode === "auto") {
     const host = hostDark();
-    effective = host ?? (window.matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light");
+    const dark = host ?? window.matchMedia("(prefers-color-scheme: dark)").matches;
+    effective = dark ? "dark" : "light";
   }
   const before = document.documentElement.dataset.theme;
   document.documentElement.dataset.theme = effective;

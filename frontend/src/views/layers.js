@@ -3,10 +3,11 @@
 // percentiles (log10 axis, sign balance on a second axis), or RMS.
 
 import { afterPaint, chart, percentileBands, readoutLine } from "../charts.js";
-import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues } from "../common.js";
+import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
+import { overviewEpochMap } from "./shared.js";
 
 export const MODES = {
   values: "values",
@@ -88,7 +89,8 @@ export async function renderLayers(ctx) {
     ctx,
     view,
     width: 0,
-    epochMap: new EpochMap(),
+    // One step -> epoch map for every panel, from the run's overview.
+    epochMap: overviewEpochMap(ov),
     nonfinite: !ovView || !ovView.nonfinite || ovView.nonfinite.some((c) => c),
     budget: 0,
   };
@@ -132,7 +134,6 @@ async function loadAndDraw(L, part) {
     for (const p of g.panels) {
       const s = series[p.tensor.tag];
       if (!s) continue;
-      L.epochMap.add(s.steps, s.epochs);
       drawPanel(L, p, s);
     }
   }));
