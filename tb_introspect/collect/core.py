@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata, stats, summary
-from tb_introspect.collect import capture
+from tb_introspect.collect import capture, kernels
 
 logger = logging.getLogger("tb_introspect")
 
@@ -71,10 +71,15 @@ class Monitored:
 
 
 class StateLayout:
-    """Packs a ``stats`` accumulator state into one flat float64 vector (one variable)."""
+    """Packs a ``stats`` accumulator state into one flat float64 vector (one variable).
+
+    The state is that of the tensor's canonical shape (``kernels.activation_shape``).
+    """
 
     def __init__(self, shape: Sequence[int | None], sample_size: int):
-        empty = stats.empty_state(tf.TensorShape(shape), sample_size=sample_size)
+        self.canonical = kernels.activation_shape(shape)
+        self.k = int(sample_size)
+        empty = stats.empty_state(tf.TensorShape(self.canonical), sample_size=sample_size)
         self.keys = list(stats.STATE_MERGE)
         self.shapes = [empty[k].shape for k in self.keys]
         self.sizes = [int(s.num_elements()) for s in self.shapes]
@@ -299,8 +304,7 @@ class Collector:
                 if _off(self, "variable", s.name):
                     continue
                 w = tf.convert_to_tensor(_value(v))
-                vec = stats.tensor_stats(w, "variable", quantiles=q, sample_size=self.sample_size,
-                                         seed=seed + 2 * i, name=s.name)
+                vec = self._stats("variable", w, seed + 2 * i)
                 prev = self.w_prev[i]
                 ratio = _norm(w - prev) / _norm(w)
                 vec = _fill(vec, {0: epoch, slot: ratio})
@@ -315,8 +319,7 @@ class Collector:
                     continue
                 acc = self.grad_acc[i]
                 g = acc.read_value()  # SUM over replicas
-                vec = stats.tensor_stats(g, "gradient", quantiles=q, sample_size=self.sample_size,
-                                         seed=seed + 2 * i + 1, name=s.name)
+                vec = self._stats("gradient", g, seed + 2 * i + 1)
                 prev = self.grad_prev[i].read_value()
                 g64, p64 = tf.cast(g, tf.float64), tf.cast(prev, tf.float64)
                 cos = tf.reduce_sum(g64 * p64) / (_norm(g64) * _norm(p64))
@@ -349,6 +352,10 @@ class Collector:
                     )
         return tf.constant(len(writes))
 
+    def _stats(self, view: str, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        fn = kernels.tensor_stats_fn(view, x.dtype.name, self.quantiles, self.sample_size, False)
+        return fn(kernels.as_matrix(x), seed)
+
     def _writes_output(self, view: str, j: int) -> bool:
         s = self.out_specs[j]
         if _off(self, view, s.name):
@@ -380,9 +387,11 @@ class Collector:
         parts = tf.split(gathered, sizes, axis=1)
         vectors = []
         for (layout, view, _), part in zip(pending, parts, strict=True):
-            merged = stats.merge_stacked(layout.unpack(part)) if replicas > 1 else layout.unpack(
-                part[0])
-            vec = stats.finalize(merged, view, quantiles=self.quantiles)
+            if replicas > 1:
+                merged = kernels.merge_fn(layout.k)(layout.unpack(part))
+            else:
+                merged = layout.unpack(part[0])
+            vec = kernels.finalize_fn(view, self.quantiles, layout.k)(merged)
             vectors.append(_fill(vec, {0: epoch}))
         with tf.control_dependencies(vectors):
             for layout, _, var in pending:
@@ -495,8 +504,11 @@ class StepRecorder:
 
     def _update_state(self, var: tf.Variable, layout: StateLayout, x: tf.Tensor, seed) -> None:
         def update():
+            xc = kernels.as_activation(x, layout.canonical)
+            fn = kernels.update_fn(len(layout.canonical), xc.dtype.name, layout.k,
+                                   kernels.in_xla_context())
             state = layout.unpack(var.read_value())
-            var.assign(layout.pack(stats.update_state(state, x, seed=seed)))
+            var.assign(layout.pack(fn(state, xc, seed)))
 
         self._when_sampled(update)
 

@@ -148,6 +148,13 @@ def _batch_spec(iterator: Any) -> Any:
     return tf.nest.map_structure(_plain_spec, iterator.element_spec)
 
 
+def _any_batch(spec: Any) -> Any:
+    """The spec with an unknown batch size (batches differ: last one, per replica)."""
+    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+        return tf.TensorSpec([None] + spec.shape.as_list()[1:], spec.dtype, spec.name)
+    return spec
+
+
 def _ensure_built(model: keras.Model, batch_spec: Any) -> None:
     """Build model, compiled metrics/loss and optimizer now, as Keras does under a strategy.
 
@@ -283,13 +290,16 @@ class Introspect(keras.callbacks.Callback):
     # ------------------------------------------------------------------ set-up
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.collector = self.host = None
         try:
-            self._setup()
+            if self._reusable():
+                self._reinstall()
+            else:
+                self.collector = self.host = None
+                self._setup()
         except Exception as e:
             warn(f"set-up failed ({type(e).__name__}: {e}); statistics are off for this"
                  " fit(), training goes on")
-            self._uninstall(final=False)
+            self._uninstall(failed=True)
 
     def _setup(self) -> None:
         model = self.model
@@ -318,6 +328,40 @@ class Introspect(keras.callbacks.Callback):
         self._original_fn = model.train_function
         self._install_lazy()
 
+    def _signature(self) -> tuple:
+        """What the instrumented train function depends on."""
+        model = self.model
+        return (
+            id(model), id(model.distribute_strategy), id(model.optimizer),
+            max(int(getattr(model, "steps_per_execution", 1) or 1), 1),
+            getattr(model, "jit_compile", None), getattr(model, "run_eagerly", None),
+            tuple(id(v) for v in model.trainable_variables),
+        )
+
+    def _reusable(self) -> bool:
+        """A later fit() of the same compiled model reuses the built instrumentation
+        (no re-trace: `for ...: model.fit(epochs=1)` loops stay cheap)."""
+        return (
+            self.collector is not None and self.collector.built
+            and getattr(self, "_built_signature", None) == self._signature()
+        )
+
+    def _reinstall(self) -> None:
+        model = self.model
+        if self.chief and self.writer is None:
+            # The logging function captured the old writer: re-trace it.
+            self.writer = make_writer(self.log_dir, self.flush_secs)
+            self.collector.writer = self.host.writer = self.writer
+            self.collector._log_fns = {}
+        model.make_train_function()
+        self._original_fn = model.train_function
+        if "output" in self.views or "output_gradient" in self.views:
+            self._patcher.install()
+        self._patch_optimizer()
+        self.host.start(self.collector.current_step())
+        model.train_function = self._run
+        self._installed = True
+
     def _install_lazy(self) -> None:
         """Defer the real set-up to the first step: it needs the data's shapes."""
         model = self.model
@@ -328,7 +372,7 @@ class Introspect(keras.callbacks.Callback):
             except Exception as e:
                 warn(f"instrumentation failed ({type(e).__name__}: {e}); statistics are off"
                      " for this fit(), training goes on")
-                self._uninstall(final=False)
+                self._uninstall(failed=True)
                 return self._original_fn(iterator)
             return self._run(iterator)
 
@@ -352,7 +396,7 @@ class Introspect(keras.callbacks.Callback):
             self._patcher.install()
             try:
                 x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
-                disc = discover_outputs(model, x_spec)
+                disc = discover_outputs(model, tf.nest.map_structure(_any_batch, x_spec))
             except Exception as e:
                 disc = None
                 warn(f"layer outputs of {type(model).__name__} could not be traced"
@@ -403,6 +447,7 @@ class Introspect(keras.callbacks.Callback):
         self._instrumented_fn = model.train_function
         model.train_function = self._run
         self._checked_trace = False
+        self._built_signature = self._signature()
         return True
 
     def _patch_optimizer(self) -> None:
@@ -462,7 +507,7 @@ class Introspect(keras.callbacks.Callback):
         except Exception as e:
             # Is it ours? The uninstrumented function decides: if it runs, the
             # instrumentation is switched off and training goes on.
-            self._uninstall(final=False)
+            self._uninstall(failed=True)
             try:
                 logs = self._original_fn(iterator)
             except BaseException:
@@ -524,15 +569,20 @@ class Introspect(keras.callbacks.Callback):
             if self._collecting():
                 self.host.guard("metrics", self.host.drain)
         finally:
-            self._uninstall(final=True)
+            self._uninstall()
             self._flush()
-            if self.writer is not None:
-                self.writer.close()
-                self.writer = None
 
-    def _uninstall(self, final: bool) -> None:
-        """Remove every patch; the model's train function becomes the original one
-        (mid-fit) or None (at the end, so that the next fit builds a clean one)."""
+    def close(self) -> None:
+        """Close the event file (it is also closed when the callback is deleted)."""
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def _uninstall(self, failed: bool = False) -> None:
+        """Remove every patch and put the model's own train function back."""
+        if failed:
+            self._built_signature = None  # never reuse what failed
         self._patcher.remove()
         opt = self._optimizer
         saved = self._saved_apply
@@ -544,7 +594,9 @@ class Introspect(keras.callbacks.Callback):
                 object.__delattr__(opt, "apply")
             self._saved_apply = None
         if self._installed:
-            self.model.train_function = None if final else self._original_fn
+            # The plain Keras function (never traced with instrumentation), so
+            # that a later fit() without this callback trains as before.
+            self.model.train_function = self._original_fn
         self._installed = False
 
     def _flush(self) -> None:
