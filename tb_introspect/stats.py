@@ -55,6 +55,10 @@ STATE_MERGE: dict[str, str] = {
 }
 
 
+# The code has no Python control flow on tensors; skipping AutoGraph's source
+# conversion makes tracing inside tf.function several times faster.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
 # --------------------------------------------------------------------------- input
 
 
@@ -108,16 +112,26 @@ def _seed_pair(seed) -> tf.Tensor:
 
 
 def _uniform(shape, seed, salt: int) -> tf.Tensor:
-    """Uniform [0, 1) float64: stateful when ``seed`` is None, else stateless."""
-    if seed is None:
-        return tf.random.uniform(shape, dtype=_F64)
-    return tf.random.stateless_uniform(shape, seed=_seed_pair(seed) + salt, dtype=_F64)
+    """Uniform [0, 1) float64 from a stateless seed (shape-[2] int64) plus ``salt``."""
+    return tf.random.stateless_uniform(shape, seed=seed + [salt, 0], dtype=_F64)
 
 
 def _normal(shape, seed, salt: int) -> tf.Tensor:
-    if seed is None:
-        return tf.random.normal(shape, dtype=_F64)
-    return tf.random.stateless_normal(shape, seed=_seed_pair(seed) + salt, dtype=_F64)
+    return tf.random.stateless_normal(shape, seed=seed + [salt, 0], dtype=_F64)
+
+
+def _content_seed(*values: tf.Tensor) -> tf.Tensor:
+    """A stateless seed made from the bits of float64 scalars (e.g. the tensor's moments).
+
+    Without a user seed the sample is then a deterministic function of the data:
+    equal tensors give equal statistics, and nothing depends on op-level RNG
+    state (XLA ignores the seeds of stateful random ops).
+    """
+    bits = [tf.bitcast(tf.cast(v, _F64), tf.int64) for v in values]
+    mixed = bits[0]
+    for b in bits[1:]:
+        mixed = tf.bitwise.bitwise_xor(mixed * 1000003, b)
+    return tf.stack([mixed, bits[-1]])
 
 
 def _where(cond, a, b) -> tf.Tensor:
@@ -160,67 +174,117 @@ def _scale_exponent(vmin, vmax) -> tf.Tensor:
 # --------------------------------------------------------------------------- one batch
 
 
-def _batch_parts(x: tf.Tensor, k: int, seed, keyed: bool) -> dict[str, tf.Tensor]:
-    """Exact counts/moments/extremes, dead-rate flags and a <= k sample of one tensor.
+def _batch_parts(
+    x: tf.Tensor, k: int, seed, keyed: bool, salt: tf.Tensor | None = None
+) -> dict[str, tf.Tensor]:
+    """Exact counts/moments/extremes, dead-rate data and a <= k sample of one tensor.
 
-    With ``keyed`` the sample carries bottom-k random keys (for merging), otherwise
-    the sample is only what the quantiles of this tensor need.
+    With ``keyed`` (accumulator) the result has per-channel / per-position
+    activity flags and a sample carrying bottom-k random keys; otherwise it has
+    the two dead rates as scalars and a plain sample.
     """
     flat = tf.reshape(x, [-1])
     n_static = flat.shape[0]
     n = tf.size(flat, out_type=tf.int64)
-    finite = tf.math.is_finite(flat)
-    xf = _where(finite, flat, tf.zeros_like(flat))
-    pos = xf > 0
-    neg = xf < 0
-    active = pos | neg
+    count = tf.cast(n, _F64)
+    zero = tf.constant(0.0, _F64)
     inf = tf.constant(_INF, flat.dtype)
 
+    def moments(xf, finite, nf, vmin, vmax):
+        e = _scale_exponent(vmin, vmax)
+        xs = tf.cast(xf, _F64) * _pow2(-e)
+        mean_s = tf.reduce_sum(xs) / tf.maximum(nf, 1.0)
+        dev = xs - mean_s
+        if finite is not None:
+            dev = _where(finite, dev, tf.zeros_like(dev))
+        return mean_s * _pow2(e), tf.reduce_sum(dev * dev), e  # m2 in units of 4**e
+
+    def all_finite():
+        vmin = tf.cast(tf.reduce_min(flat), _F64)
+        vmax = tf.cast(tf.reduce_max(flat), _F64)
+        return (flat, count, zero, zero, vmin, vmax, *moments(flat, None, count, vmin, vmax))
+
+    def with_nonfinite():
+        finite = tf.math.is_finite(flat)
+        xf = _where(finite, flat, tf.zeros_like(flat))
+        nf = _count(finite)
+        vmin = tf.cast(tf.reduce_min(_where(finite, flat, inf)), _F64)
+        vmax = tf.cast(tf.reduce_max(_where(finite, flat, -inf)), _F64)
+        return (
+            xf, nf, _count(tf.equal(flat, inf)), _count(tf.equal(flat, -inf)), vmin, vmax,
+            *moments(xf, finite, nf, vmin, vmax),
+        )
+
+    # x * 0 is 0 for finite x and NaN otherwise: one cheap pass decides the common case.
+    has_nonfinite = tf.logical_not(tf.math.is_finite(tf.reduce_sum(flat * 0)))
+    xf, nf, posinf, neginf, vmin, vmax, mean, m2, e = tf.cond(
+        has_nonfinite, with_nonfinite, all_finite
+    )
+    active = tf.not_equal(xf, 0)
+    nnz = _count(active)
+    n_neg = _count(xf < 0)
     out: dict[str, tf.Tensor] = {
-        "count": tf.cast(n, _F64),
-        "finite_count": _count(finite),
-        "posinf_count": _count(tf.equal(flat, inf)),
-        "neginf_count": _count(tf.equal(flat, -inf)),
-        "pos_count": _count(pos),
-        "neg_count": _count(neg),
+        "count": count,
+        "finite_count": nf,
+        "posinf_count": posinf,
+        "neginf_count": neginf,
+        "pos_count": nnz - n_neg,
+        "neg_count": n_neg,
+        "mean": mean,
+        "m2": m2,
+        "min": vmin,
+        "max": vmax,
+        "_exp": e,
     }
-    nf = out["finite_count"]
-    vmin = tf.cast(tf.reduce_min(_where(finite, flat, inf)), _F64)
-    vmax = tf.cast(tf.reduce_max(_where(finite, flat, -inf)), _F64)
-    out["min"], out["max"] = vmin, vmax
-    out["min_abs"] = tf.cast(tf.reduce_min(_where(active, tf.abs(flat), inf)), _F64)
-
-    e = _scale_exponent(vmin, vmax)
-    xs = tf.cast(xf, _F64) * _pow2(-e)
-    mean_s = tf.reduce_sum(xs) / tf.maximum(nf, 1.0)
-    dev = _where(finite, xs - mean_s, tf.zeros_like(xs))
-    out["mean"] = mean_s * _pow2(e)
-    out["m2"] = tf.reduce_sum(dev * dev)  # in units of 4**e
-    out["_exp"] = e
-
-    out["channel_active"], out["spatial_active"] = _activity_flags(
-        tf.reshape(active, tf.shape(x)), x.shape
+    out["min_abs"] = tf.cast(
+        tf.cond(
+            tf.equal(nnz, count),
+            lambda: tf.reduce_min(tf.abs(xf)),
+            lambda: tf.reduce_min(_where(active, tf.abs(xf), inf)),
+        ),
+        _F64,
     )
 
-    nnz = out["pos_count"] + out["neg_count"]
+    channel, spatial = _activity_flags(tf.reshape(active, tf.shape(x)), x.shape)
+    if keyed:
+        out["channel_active"] = tf.cast(channel, _F64)
+        out["spatial_active"] = tf.cast(spatial, _F64)
+    else:
+        rank = x.shape.rank
+        if rank <= 1:  # each element is its own channel
+            out["dead_rate"] = _where(count > 0, (count - nnz) / tf.maximum(count, 1.0), _NAN)
+        else:
+            out["dead_rate"] = _dead_rate(tf.cast(channel, _F64), count)
+        out["spatial_dead_rate"] = _dead_rate(tf.cast(spatial, _F64), count)
+
+    if seed is None:
+        seed = _content_seed(count, mean, m2, *([salt] if salt is not None else []))
+    else:
+        seed = _seed_pair(seed)
     if n_static == 0:
         vals = tf.fill([k], tf.constant(_INF, _F64))
         keys = tf.fill([k], tf.constant(_INF, _F64))
     elif n_static is not None:
         vals, keys = _sample(flat, xf, active, n, nnz, k, seed, keyed)
     else:
-        vals, keys = tf.cond(
-            n > 0,
-            lambda: _sample(flat, xf, active, n, nnz, k, seed, keyed),
-            lambda: (tf.fill([k], tf.constant(_INF, _F64)), tf.fill([k], tf.constant(_INF, _F64))),
-        )
+        # Unknown size (e.g. a dynamic batch) may be 0: one padding element keeps
+        # every gather in range without a data-dependent branch.
+        pad = lambda t, v: tf.concat([t, tf.reshape(tf.cast(v, t.dtype), [1])], 0)  # noqa: E731
+        vals, keys = _sample(pad(flat, 0), pad(xf, 0), pad(active, False), n, nnz, k, seed, keyed)
     out["sample_values"] = vals
     out["sample_keys"] = keys
     return out
 
 
+def _dead_rate(flags: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """1 - mean(flags); NaN when the tensor is empty or there are no flags."""
+    size = tf.cast(tf.size(flags), _F64)
+    ok = (count > 0) & (size > 0)
+    return _where(ok, (size - tf.reduce_sum(flags)) / tf.maximum(size, 1.0), _NAN)
+
+
 def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor, tf.Tensor]:
-    """Per-channel (last axis) and per-spatial-position "ever active" flags, as 0/1 float64."""
+    """Per-channel (last axis) and per-spatial-position "ever active" flags (bool)."""
     rank = shape.rank
     if rank == 0:
         channel = tf.reshape(active, [1])
@@ -232,7 +296,7 @@ def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor
         spatial = tf.reduce_any(active, axis=[0, rank - 1])
     else:
         spatial = tf.zeros([0], tf.bool)
-    return tf.cast(channel, _F64), tf.cast(spatial, _F64)
+    return channel, spatial
 
 
 def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
@@ -249,7 +313,7 @@ def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
     valid = ranks < nnz_i
 
     def direct():  # every element is finite and non-zero: ranks are positions
-        return tf.gather(flat, tf.clip_by_value(ranks, 0, n - 1))
+        return tf.gather(flat, tf.clip_by_value(ranks, 0, tf.maximum(n - 1, 0)))
 
     def compacted():
         if _in_xla_context():
@@ -335,7 +399,7 @@ def _sample_quantiles(
     r = p * tf.maximum(n_fin - 1.0, 0.0)
     lo = tf.floor(r)
     hi = tf.minimum(lo + 1.0, tf.maximum(n_fin - 1.0, 0.0))
-    a, b = value_at_rank(lo), value_at_rank(hi)
+    a, b = tf.split(value_at_rank(tf.concat([lo, hi], 0)), 2)
     vq = _where(hi > lo, a + (b - a) * (r - lo), a)
     # The extremes are known exactly; sampled estimates stay inside them.
     vq = _where(tf.equal(p, 0.0), vmin, _where(tf.equal(p, 1.0), vmax, vq))
@@ -348,8 +412,9 @@ def _sample_quantiles(
     rm = p * tf.maximum(m - 1.0, 0.0)
     lo = tf.floor(rm)
     hi = tf.math.ceil(rm)
-    la = _log10(_merged_order_statistic(sorted_vals, m_neg, m_pos, lo))
-    lb = _log10(_merged_order_statistic(sorted_vals, m_neg, m_pos, hi))
+    la, lb = tf.split(
+        _log10(_merged_order_statistic(sorted_vals, m_neg, m_pos, tf.concat([lo, hi], 0))), 2
+    )
     lq = _where(hi > lo, la + (lb - la) * (rm - lo), la)
     max_abs = tf.maximum(tf.abs(vmin), tf.abs(vmax))
     lq = _where(
@@ -385,11 +450,16 @@ def _merged_order_statistic(sorted_vals, m_neg, m_pos, r) -> tf.Tensor:
 
     lo = tf.maximum(c - m_neg, 0)
     hi = tf.minimum(c, m_pos)
-    for _ in range(int(k).bit_length() + 1):
+
+    def halve(lo, hi):
         mid = (lo + hi) // 2
         ok = n_at(c - mid - 1) <= p_at(mid)
-        hi = _where(ok, mid, hi)
-        lo = _where(ok, lo, mid + 1)
+        return _where(ok, lo, mid + 1), _where(ok, mid, hi)
+
+    # A fixed trip count (log2 k) keeps the loop XLA-friendly and the graph small.
+    lo, hi = tf.while_loop(
+        lambda lo, hi: True, halve, (lo, hi), maximum_iterations=int(k).bit_length() + 1
+    )
     return tf.maximum(p_at(lo - 1), n_at(c - lo - 1))
 
 
@@ -423,11 +493,6 @@ def _assemble(
     l2 = tf.sqrt(sumsq_s) * scale
     rms = tf.sqrt(sumsq_s / denom) * scale
 
-    def dead(flags):
-        size = tf.cast(tf.size(flags), _F64)
-        ok = (count > 0) & (size > 0)
-        return _where(ok, 1.0 - tf.reduce_sum(flags) / tf.maximum(size, 1.0), _NAN)
-
     sorted_vals = tf.sort(parts["sample_values"])
     vq, lq = _sample_quantiles(sorted_vals, parts, q)
     base = tf.stack([
@@ -446,13 +511,16 @@ def _assemble(
         rate(parts["min"]),
         rate(parts["max"]),
         rate((n_neg + n_pos) / denom),
-        dead(parts["channel_active"]),
-        dead(parts["spatial_active"]),
+        parts["dead_rate"] if "dead_rate" in parts
+        else _dead_rate(parts["channel_active"], count),
+        parts["spatial_dead_rate"] if "spatial_dead_rate" in parts
+        else _dead_rate(parts["spatial_active"], count),
     ])
     extras = tf.fill([len(metadata.VIEW_EXTRA_FIELDS[view])], tf.constant(_NAN, _F64))
     return tf.concat([base, vq, lq, extras], axis=0)
 
 
+@_no_autograph
 def tensor_stats(
     x,
     view: str,
@@ -475,6 +543,9 @@ def tensor_stats(
     x = _to_float(x, name)
     if x.shape.rank is None:
         raise ValueError(f"tensor {_describe(x, name)!r} must have a known rank")
+    n_static = x.shape.num_elements()
+    if n_static is not None:
+        k = max(1, min(k, n_static))  # no padding to sort for small tensors
     with tf.name_scope("tensor_stats"):
         parts = _batch_parts(x, k, seed, keyed=False)
         return _assemble(parts, parts["_exp"], view, q)
@@ -500,6 +571,7 @@ def _flag_shapes(x_shape) -> tuple[list[int], list[int]]:
     return channel, spatial
 
 
+@_no_autograph
 def empty_state(x_shape, *, sample_size: int = DEFAULT_SAMPLE_SIZE) -> dict[str, tf.Tensor]:
     """An accumulator holding nothing, for tensors of static shape ``x_shape``.
 
@@ -536,6 +608,7 @@ def _check_state(state: Mapping[str, tf.Tensor]) -> None:
         raise ValueError(f"not a tb_introspect statistics state: missing {sorted(missing)}")
 
 
+@_no_autograph
 def update_state(
     state: Mapping[str, tf.Tensor], x, seed=None, *, name: str | None = None
 ) -> dict[str, tf.Tensor]:
@@ -546,7 +619,7 @@ def update_state(
     if x.shape.rank is None:
         raise ValueError(f"tensor {_describe(x, name)!r} must have a known rank")
     with tf.name_scope("update_state"):
-        parts = _batch_parts(x, k, seed, keyed=True)
+        parts = _batch_parts(x, k, seed, keyed=True, salt=state["count"])
         # parts["m2"] is in units of 4**_exp, _exp being _state_exp(parts): the state convention.
         parts.pop("_exp")
         for key in ("channel_active", "spatial_active"):
@@ -574,6 +647,7 @@ def _rescale_m2(m2, e_from, e_to):
     return m2 * f * f
 
 
+@_no_autograph
 def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Merge states stacked along a new leading axis (e.g. from ``all_gather``)."""
     _check_state(stacked)
@@ -608,6 +682,7 @@ def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return out
 
 
+@_no_autograph
 def merge_states(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Associative, commutative merge of two states (steps of an epoch, replicas)."""
     _check_state(a)
@@ -615,6 +690,7 @@ def merge_states(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict
     return merge_stacked({key: tf.stack([a[key], b[key]]) for key in STATE_MERGE})
 
 
+@_no_autograph
 def merge_replicas(state: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """In replica context under ``tf.distribute``: every replica gets the merged state.
 
@@ -627,10 +703,20 @@ def merge_replicas(state: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         raise ValueError("merge_replicas must be called in replica context (inside strategy.run)")
     if ctx.num_replicas_in_sync == 1:
         return dict(state)
-    stacked = {key: ctx.all_gather(state[key][tf.newaxis], axis=0) for key in STATE_MERGE}
+    r = ctx.num_replicas_in_sync
+    stacked = {}
+    for key in STATE_MERGE:
+        shape = [r, *state[key].shape.as_list()]
+        if state[key].shape.num_elements() == 0:
+            # Untracked flags: gathering a zero-sized tensor crashes TF's CPU collectives.
+            stacked[key] = tf.zeros(shape, _F64)
+        else:
+            # all_gather loses the static shape that merge_stacked needs (top_k's k).
+            stacked[key] = tf.reshape(ctx.all_gather(state[key][tf.newaxis], axis=0), shape)
     return merge_stacked(stacked)
 
 
+@_no_autograph
 def finalize(
     state: Mapping[str, tf.Tensor],
     view: str,

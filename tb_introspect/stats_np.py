@@ -183,19 +183,23 @@ def tensor_stats(
         m2_s = float(np.dot(dev, dev))
         sumsq_s = m2_s + nf * mean_s * mean_s
         scale = 2.0**e
+        with np.errstate(over="ignore"):  # a true L2 above the float64 range is inf
+            l2 = np.sqrt(sumsq_s) * scale
         out.update(
             zero_fraction=n_zero / nf,
             sign_balance=(n_pos - n_neg) / nf,
             mean=mean_s * scale,
             std=np.sqrt(m2_s / nf) * scale,
             rms=np.sqrt(sumsq_s / nf) * scale,
-            l2=np.sqrt(sumsq_s) * scale,
+            l2=l2,
             min=vmin,
             max=vmax,
             activation_rate=(n_pos + n_neg) / nf,
         )
         nonzero = flat[active]
         if sample_size is not None and nonzero.size > int(sample_size):
+            if seed is None:  # deterministic in the data, like the TF path
+                seed = [int(np.array([v], np.float64).view(np.uint64)[0]) for v in (mean_s, m2_s)]
             rng = np.random.default_rng(seed)
             nonzero = nonzero[rng.integers(0, nonzero.size, int(sample_size))]
         min_abs = float(np.abs(flat[active]).min()) if n_pos + n_neg else np.nan
