@@ -1,0 +1,135 @@
+"""Accuracy of the reported percentiles against exact ones (numpy, tfp.stats.percentile).
+
+The requirement (docs/statistics.md): every value and log10-magnitude percentile
+lies within 0.5 percentile points of rank of the exact one, i.e. between the
+exact (q - 0.5)-th and (q + 0.5)-th percentiles, for tensors of 1 to 10 million
+elements; min and max are exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from stats_testlib import as_dict, rank_error_violations
+
+from tb_introspect import metadata, stats
+
+Q = metadata.DEFAULT_QUANTILES
+
+
+def make(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.normal(size=n).astype(np.float32)
+    if kind == "cauchy":
+        return rng.standard_cauchy(size=n).astype(np.float32)
+    if kind == "bimodal":  # two narrow modes far apart, unequal weights
+        x = np.where(rng.random(n) < 0.3, rng.normal(-50, 0.01, n), rng.normal(3, 1e-4, n))
+        return x.astype(np.float32)
+    if kind == "relu":  # mostly exact zeros, like a sparse ReLU output
+        x = np.abs(rng.normal(size=n)) * (rng.random(n) < 0.12)
+        return x.astype(np.float32)
+    if kind == "constant":
+        return np.full(n, -0.37, np.float32)
+    raise ValueError(kind)
+
+
+def check(x: np.ndarray, vec: np.ndarray) -> None:
+    got = as_dict(vec, "output")
+    flat = x.astype(np.float64).reshape(-1)
+    fin = flat[np.isfinite(flat)]
+    nz = fin[fin != 0]
+    vq = [got[metadata.quantile_field(q)] for q in Q]
+    lq = [got[metadata.quantile_field(q, log=True)] for q in Q]
+    bad = rank_error_violations(fin, vq, Q)
+    assert not bad, f"value percentiles: {bad}"
+    assert got["min"] == fin.min() and got["max"] == fin.max()
+    assert got["q0"] == fin.min() and got["q100"] == fin.max()
+    if nz.size:
+        logs = np.log10(np.abs(nz))
+        bad = rank_error_violations(logs, lq, Q)
+        assert not bad, f"log10-magnitude percentiles: {bad}"
+        assert got["logq0"] == pytest.approx(logs.min(), rel=1e-14, abs=1e-14)
+        assert got["logq100"] == pytest.approx(logs.max(), rel=1e-14, abs=1e-14)
+    else:
+        assert np.isnan(lq).all()
+
+
+KINDS = ["normal", "cauchy", "bimodal", "relu", "constant"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [1, 2, 9, 1000, 150_000])
+def test_exact_regime_equals_numpy(kind, n):
+    """Up to sample_size finite non-zero values the percentiles are numpy's, exactly."""
+    x = make(kind, n, seed=n)
+    vec = stats.tensor_stats(x, "output").numpy()
+    got = as_dict(vec, "output")
+    flat = x.astype(np.float64)
+    np.testing.assert_allclose(
+        [got[metadata.quantile_field(q)] for q in Q], np.percentile(flat, Q), rtol=1e-12
+    )
+    nz = flat[flat != 0]
+    if nz.size:
+        np.testing.assert_allclose(
+            [got[metadata.quantile_field(q, log=True)] for q in Q],
+            np.percentile(np.log10(np.abs(nz)), Q),
+            rtol=1e-12,
+            atol=1e-12,
+        )
+    check(x, vec)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_regime_within_half_a_percentile_point(kind):
+    n = 1_200_000  # > sample_size finite non-zero values except for relu/constant
+    x = make(kind, n, seed=11)
+    check(x, stats.tensor_stats(x, "output").numpy())
+
+
+def test_ten_million_elements():
+    x = make("cauchy", 10_000_000, seed=5)
+    x[::1000] = 0.0
+    x[7] = np.nan
+    check(x, stats.tensor_stats(x, "output").numpy())
+
+
+def test_xla_sampled_relu_and_state_accumulation():
+    x = make("relu", 3_000_000, seed=8).reshape(1000, 3000)  # ~360k non-zero values
+    xla = tf.function(lambda t: stats.tensor_stats(t, "output"), jit_compile=True)
+    check(x, xla(x).numpy())
+    # Same accuracy after folding 4 batches into a state (bottom-k merges).
+    state = stats.empty_state([None, 3000])
+    for part in np.split(x, 4):
+        state = stats.update_state(state, part)
+    check(x, stats.finalize(state, "output").numpy())
+
+
+def test_agrees_with_tfp_percentile():
+    tfp = pytest.importorskip("tensorflow_probability")
+    x = make("cauchy", 20_000, seed=3)
+    got = as_dict(stats.tensor_stats(x, "output").numpy(), "output")
+    want = tfp.stats.percentile(tf.constant(x, tf.float64), Q, interpolation="linear").numpy()
+    np.testing.assert_allclose([got[metadata.quantile_field(q)] for q in Q], want, rtol=1e-12)
+    logs = tf.math.log(tf.abs(tf.constant(x, tf.float64))) / np.log(10.0)
+    want_log = tfp.stats.percentile(logs, Q, interpolation="linear").numpy()
+    np.testing.assert_allclose(
+        [got[metadata.quantile_field(q, log=True)] for q in Q], want_log, rtol=1e-10
+    )
+
+
+def test_rank_error_scales_as_documented_with_sample_size():
+    """docs/statistics.md: rank error sd <= 50 / sqrt(sample_size) percentile points."""
+    k = 1024
+    x = make("normal", 200_000, seed=2)
+    logs = np.sort(np.log10(np.abs(x.astype(np.float64))))
+    errors = []
+    for seed in range(30):
+        got = as_dict(stats.tensor_stats(x, "output", sample_size=k, seed=seed).numpy(), "output")
+        rank = np.searchsorted(logs, got["logq50"]) / logs.size * 100
+        errors.append(rank - 50)
+    sd = float(np.std(errors))
+    bound = 50 / np.sqrt(k)  # 1.56 pp: the binomial sd at the median
+    assert 0.5 * bound < sd < 1.4 * bound, (sd, bound)
+    assert abs(np.mean(errors)) < 3 * bound / np.sqrt(30)  # unbiased
