@@ -7,6 +7,7 @@ event files flushed often enough for TensorBoard's live view.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,10 +46,42 @@ class HostLogger:
         try:
             return fn(*args)
         except Exception as e:
+            if self._writer_broken(e):
+                self.stop_writing(e)
+                return None
             self.off.add(part)
             warn(f"{part} failed ({type(e).__name__}: {e}); {part} is off for the rest of"
                  " training, training goes on")
             return None
+
+    def _writer_broken(self, error: Exception) -> bool:
+        """Whether ``error`` says the event file cannot be written (full disk, size limit...).
+
+        TensorFlow names the failing summary-writer op and the events file in
+        the error; a flush that fails too says the same.
+        """
+        if self.writer is None or "writing" in self.off:
+            return "writing" in self.off
+        text = getattr(error, "message", None) or str(error)
+        if isinstance(error, OSError) or _WRITER_ERROR.search(text):
+            return True
+        try:
+            self.writer.flush()
+        except Exception:
+            return True
+        return False
+
+    def stop_writing(self, error: Exception) -> None:
+        """One warning for a log directory that cannot be written; all logging stops.
+
+        Every part writes through the same writer, so per-part warnings would
+        repeat one cause several times, each with TensorFlow's graph traceback.
+        """
+        if "writing" in self.off:
+            return
+        self.off.update(("writing", "metrics", "statistics"))
+        warn(f"cannot write to the log directory ({_short_error(error)}); logging is off"
+             " for the rest of training, training goes on")
 
     # -------------------------------------------------------------- per execution
 
@@ -147,11 +180,11 @@ class HostLogger:
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
-        if self.writer is not None:
+        if self.writer is not None and "writing" not in self.off:
             try:
                 self.writer.flush()
-            except Exception:  # a flush failure must not end training either
-                pass
+            except Exception as e:  # a flush failure must not end training either
+                self.stop_writing(e)
 
 
 def as_float(value: Any) -> float | None:
@@ -160,3 +193,17 @@ def as_float(value: Any) -> float | None:
         return float(np.asarray(value))
     except (TypeError, ValueError):
         return None
+
+
+_WRITER_ERROR = re.compile(r"SummaryWriter|WriteRawProtoSummary|WriteSummary|tfevents|events file")
+
+
+def _short_error(error: Exception) -> str:
+    """One line of an error: TensorFlow's graph-execution tracebacks left out."""
+    text = getattr(error, "message", None) or str(error)
+    lines = [ln.strip() for ln in text.splitlines()]
+    lines = [re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", ln) for ln in lines
+             if ln and not ln.startswith(("File \"", "Detected at node", "Graph execution error",
+                                          "[[{{node", "[Op:"))]
+    short = " ".join(lines[:2]) or type(error).__name__
+    return short if len(short) <= 300 else short[:297] + "..."
