@@ -31,6 +31,7 @@ def _fill(vector: tf.Tensor, fields: Sequence[str], values: Mapping[str, object]
             raise ValueError(f"{key!r} is not a slot of this layout; slots: {tuple(fields)}")
     parts = tf.unstack(vector, num=len(fields))
     for key, value in values.items():
+        value = tf.convert_to_tensor(value, dtype_hint=tf.float64)
         parts[fields.index(key)] = tf.cast(tf.reshape(value, []), tf.float64)
     return tf.stack(parts)
 
@@ -99,6 +100,7 @@ def tensor_stats_summary(
 
 def metric_summary(name: str, value, step=None, *, epoch=0) -> tf.Tensor:
     """Write one per-step value of a loss or metric."""
+    value = tf.convert_to_tensor(value, dtype_hint=tf.float64)  # Python floats stay float64
     vec = tf.stack([tf.cast(epoch, tf.float64), tf.cast(tf.reshape(value, []), tf.float64)])
     return tf.summary.write(
         tag=metadata.metric_tag(name), tensor=vec, step=step,
@@ -112,7 +114,8 @@ def metric_epoch_band(values, epoch=0) -> tf.Tensor:
     Percentiles are exact with numpy's linear interpolation (the values of one
     epoch are few); NaN when there is no finite value, ``count`` is then 0.
     """
-    v = tf.cast(tf.reshape(values, [-1]), tf.float64)
+    v = tf.convert_to_tensor(values, dtype_hint=tf.float64)  # Python floats stay float64
+    v = tf.cast(tf.reshape(v, [-1]), tf.float64)
     v = tf.sort(tf.boolean_mask(v, tf.math.is_finite(v)))
     n = tf.cast(tf.size(v), tf.float64)
 

@@ -1,0 +1,149 @@
+"""The on-disk format: metadata round trip, version handling, raw event contents."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.compat.proto import summary_pb2, types_pb2
+
+from tb_introspect import metadata, summary_pb, writer
+from tb_introspect.proto import plugin_data_pb2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tensor_stats_metadata_round_trip():
+    meta = metadata.create_tensor_stats_metadata(
+        view="gradient", name="block/conv/kernel", layer="block/conv", depth=7,
+        shape=(3, 3, None, 16), dtype="bfloat16", cadence="epoch", quantiles=(1, 50, 99),
+    )
+    assert meta.plugin_data.plugin_name == "introspect"
+    assert meta.data_class == summary_pb2.DATA_CLASS_TENSOR
+    data = metadata.parse_plugin_data(meta.plugin_data.content)
+    assert data.version == metadata.PROTO_VERSION
+    assert data.kind == metadata.TENSOR_STATS
+    assert (data.view, data.name, data.layer, data.depth) == (
+        "gradient", "block/conv/kernel", "block/conv", 7,
+    )
+    assert list(data.shape) == [3, 3, -1, 16]
+    assert (data.dtype, data.cadence) == ("bfloat16", "epoch")
+    assert list(data.quantiles) == [1.0, 50.0, 99.0]
+    assert tuple(data.fields) == metadata.tensor_stats_fields("gradient", (1, 50, 99))
+    assert data.fields[-1] == "cos_prev" and "logq99" in data.fields
+
+
+def test_metric_metadata_round_trip():
+    for per_epoch, kind, fields in [
+        (False, metadata.METRIC, metadata.METRIC_FIELDS),
+        (True, metadata.METRIC_EPOCH, metadata.METRIC_EPOCH_FIELDS),
+    ]:
+        meta = metadata.create_metric_metadata("val_loss", per_epoch=per_epoch)
+        data = metadata.parse_plugin_data(meta.plugin_data.content)
+        assert (data.kind, data.name, tuple(data.fields)) == (kind, "val_loss", fields)
+        assert meta.data_class == summary_pb2.DATA_CLASS_TENSOR
+
+
+def test_newer_version_warns_once_and_is_read(caplog):
+    newer = plugin_data_pb2.PluginData(
+        version=metadata.PROTO_VERSION + 41, kind=metadata.TENSOR_STATS, view="output",
+        fields=["epoch", "count", "brand_new_slot"],
+    ).SerializeToString()
+    # A field this reader does not know (number 99, varint 5): protobuf keeps it aside.
+    newer += bytes([99 << 3 & 0x7F | 0x80, 99 >> 4, 5])
+    with caplog.at_level(logging.WARNING, logger="tb_introspect.metadata"):
+        first = metadata.parse_plugin_data(newer)
+        second = metadata.parse_plugin_data(newer)
+    assert list(first.fields) == list(second.fields) == ["epoch", "count", "brand_new_slot"]
+    warnings = [r for r in caplog.records if "newer" in r.getMessage()]
+    assert len(warnings) == 1
+    assert str(metadata.PROTO_VERSION + 41) in warnings[0].getMessage()
+
+
+def test_current_version_does_not_warn(caplog):
+    meta = metadata.create_metric_metadata("loss")
+    with caplog.at_level(logging.WARNING, logger="tb_introspect.metadata"):
+        metadata.parse_plugin_data(meta.plugin_data.content)
+    assert not caplog.records
+
+
+def test_malformed_plugin_data_raises_value_error():
+    with pytest.raises(ValueError, match="malformed"):
+        metadata.parse_plugin_data(b"\xff\xff\xff")
+
+
+def test_summary_pb_checks_the_vector_against_the_layout():
+    with pytest.raises(ValueError, match="slots"):
+        summary_pb.tensor_stats_pb(np.zeros(4), view="output", name="x")
+    with pytest.raises(ValueError, match="unknown view"):
+        summary_pb.tensor_stats_pb(np.zeros(35), view="activation", name="x")
+    with pytest.raises(ValueError, match="not a slot"):
+        summary_pb.fill_slots(np.zeros(35), "output", update_ratio=1.0)
+
+
+def test_tensor_stats_pb_from_array_fills_epoch_and_extras():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) - 4
+    s = summary_pb.tensor_stats_pb_from_array(
+        x, view="variable", name="w", layer="dense", depth=2, epoch=3,
+        extras={"update_ratio": 0.01},
+    )
+    vec = dict(zip(metadata.tensor_stats_fields("variable"), summary_pb.vector_of(s), strict=True))
+    assert vec["epoch"] == 3 and vec["update_ratio"] == 0.01
+    assert vec["q50"] == np.percentile(x, 50) and vec["count"] == 12
+    data = metadata.parse_plugin_data(s.value[0].metadata.plugin_data.content)
+    assert list(data.shape) == [3, 4] and data.dtype == "float32" and data.depth == 2
+
+
+def test_metric_epoch_pb_band():
+    s = summary_pb.metric_epoch_pb("loss", [4.0, 1.0, np.inf, 2.0, 3.0], epoch=2)
+    assert list(summary_pb.vector_of(s)) == [2, 1, 1.75, 2.5, 3.25, 4, 2.5, 4]
+    empty = summary_pb.vector_of(summary_pb.metric_epoch_pb("loss", [np.nan], epoch=0))
+    assert empty[-1] == 0 and np.isnan(empty[1:-1]).all()
+
+
+def test_raw_events_of_the_numpy_writer(tmp_path):
+    with writer.NumpyWriter(tmp_path) as w:
+        w.add_tensor_stats(np.ones((2, 3)), 4, view="output", name="d/out", layer="d")
+        w.add_metric("loss", 0.5, 4, epoch=1)
+    with pytest.raises(ValueError, match="closed"):
+        w.add_metric("loss", 0.4, 5)
+    (path,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+    events = list(event_file_loader.EventFileLoader(path).Load())
+    assert events[0].file_version == "brain.Event:2"
+    values = [(e.step, v) for e in events[1:] for v in e.summary.value]
+    assert [v.tag for _, v in values] == ["introspect/output/d/out", "introspect/metric/loss"]
+    for step, v in values:
+        assert step == 4
+        assert v.metadata.plugin_data.plugin_name == "introspect"
+        assert v.metadata.data_class == summary_pb2.DATA_CLASS_TENSOR
+        assert v.tensor.dtype == types_pb2.DT_DOUBLE
+        assert len(v.tensor.tensor_shape.dim) == 1
+
+
+def test_numpy_path_works_without_tensorflow(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["tensorflow"] = None  # any import of TensorFlow now fails
+        import numpy as np
+        from tb_introspect import stats_np, summary_pb, writer
+        with writer.NumpyWriter({str(tmp_path)!r}) as w:
+            w.add_tensor_stats(np.ones(5), 0, view="variable", name="w")
+            w.add_metric_epoch("loss", [1.0, 2.0], 0, epoch=0)
+        assert "tensorflow" not in [m.split(".")[0] for m in sys.modules if sys.modules[m]]
+        print("OK")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "OK"
