@@ -334,9 +334,10 @@ def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
         direct,
         lambda: tf.cond(nnz_i > 0, compacted, nothing),
     )
-    vals = _where(valid, tf.cast(gathered, _F64), _INF)
     if not keyed:
-        return vals, tf.zeros([0], _F64)
+        # Kept in the input's float type: sorting float32 is cheaper than float64.
+        return _where(valid, gathered, _INF), tf.zeros([0], _F64)
+    vals = _where(valid, tf.cast(gathered, _F64), _INF)
     # Bottom-k keys: with all values kept, i.i.d. uniform keys; with a draw, the k
     # smallest of nnz uniform keys, made from exponential spacings S_i / S_(nnz+1)
     # (S_(nnz+1) - S_k ~ Gamma(nnz - k + 1), Wilson-Hilferty approximation).
@@ -493,7 +494,7 @@ def _assemble(
     l2 = tf.sqrt(sumsq_s) * scale
     rms = tf.sqrt(sumsq_s / denom) * scale
 
-    sorted_vals = tf.sort(parts["sample_values"])
+    sorted_vals = tf.cast(tf.sort(parts["sample_values"]), _F64)
     vq, lq = _sample_quantiles(sorted_vals, parts, q)
     base = tf.stack([
         tf.constant(_NAN, _F64),  # epoch: filled by the caller
