@@ -296,42 +296,40 @@ class Collector:
     # The body of the logging function (traced once per set of switched-off tensors).
     def _log_body(self, step: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
         writes: list[tuple[Monitored, str, tf.Tensor]] = []
-        q = self.quantiles
+        q, k = self.quantiles, self.sample_size
         seed = tf.stack([step, tf.constant(self.seed, tf.int64)])
+        updates = []  # assignments that must wait for every statistic
         if self.want("variable"):
             slot = metadata.tensor_stats_fields("variable", q).index("update_ratio")
-            for i, (v, s) in enumerate(zip(self.variables, self.var_specs, strict=True)):
-                if _off(self, "variable", s.name):
-                    continue
-                w = tf.convert_to_tensor(_value(v))
-                vec = self._stats("variable", w, seed + 2 * i)
-                prev = self.w_prev[i]
-                ratio = _norm(w - prev) / _norm(w)
-                vec = _fill(vec, {0: epoch, slot: ratio})
-                writes.append((s, "variable", vec))
-                with tf.control_dependencies([vec]):
-                    prev.assign(w)
+            rows = [(i, s, tf.convert_to_tensor(_value(v)))
+                    for i, (v, s) in enumerate(zip(self.variables, self.var_specs, strict=True))
+                    if not _off(self, "variable", s.name)]
+            states = [kernels.matrix_state(w, k, seed + 2 * i) for i, _, w in rows]
+            if states:
+                vectors = kernels.finalize_many(states, "variable", q, k)
+                for r, (i, s, w) in enumerate(rows):
+                    prev = self.w_prev[i]
+                    ratio = _norm(w - prev) / _norm(w)
+                    writes.append((s, "variable", _fill(vectors[r], {0: epoch, slot: ratio})))
+                    updates.append(lambda prev=prev, w=w: prev.assign(w))
         if self.want("gradient"):
             slot = metadata.tensor_stats_fields("gradient", q).index("cos_prev")
             has_prev = self.has_grad_prev.read_value()
-            for i, s in enumerate(self.var_specs):
-                if _off(self, "gradient", s.name):
-                    continue
-                acc = self.grad_acc[i]
-                g = acc.read_value()  # SUM over replicas
-                vec = self._stats("gradient", g, seed + 2 * i + 1)
-                prev = self.grad_prev[i].read_value()
-                g64, p64 = tf.cast(g, tf.float64), tf.cast(prev, tf.float64)
-                cos = tf.reduce_sum(g64 * p64) / (_norm(g64) * _norm(p64))
-                cos = tf.where(has_prev, cos, tf.constant(np.nan, tf.float64))
-                vec = _fill(vec, {0: epoch, slot: cos})
-                writes.append((s, "gradient", vec))
-                with tf.control_dependencies([vec, cos]):
-                    self.grad_prev[i].assign(g)
-                    acc.assign(tf.zeros_like(g))
-            if self.var_specs:
-                with tf.control_dependencies([w for _, _, w in writes]):
-                    self.has_grad_prev.assign(True)
+            rows = [(i, s, self.grad_acc[i].read_value())  # SUM over replicas
+                    for i, s in enumerate(self.var_specs)
+                    if not _off(self, "gradient", s.name)]
+            states = [kernels.matrix_state(g, k, seed + 2 * i + 1) for i, _, g in rows]
+            if states:
+                vectors = kernels.finalize_many(states, "gradient", q, k)
+                for r, (i, s, g) in enumerate(rows):
+                    prev = self.grad_prev[i].read_value()
+                    g64, p64 = tf.cast(g, tf.float64), tf.cast(prev, tf.float64)
+                    cos = tf.reduce_sum(g64 * p64) / (_norm(g64) * _norm(p64))
+                    cos = tf.where(has_prev, cos, tf.constant(np.nan, tf.float64))
+                    writes.append((s, "gradient", _fill(vectors[r], {0: epoch, slot: cos})))
+                    updates.append(lambda i=i, g=g: self.grad_prev[i].assign(g))
+                    updates.append(lambda i=i, g=g: self.grad_acc[i].assign(tf.zeros_like(g)))
+                updates.append(lambda: self.has_grad_prev.assign(True))
         out_views = [v for v in ("output", "output_gradient") if self.want(v)]
         if out_views and self.out_specs:
             vectors = self.strategy.run(self._finalize_outputs, args=(epoch,))
@@ -342,6 +340,9 @@ class Collector:
             ]
             for (j, view), vec in zip(order, vectors, strict=True):
                 writes.append((self.out_specs[j], view, vec))
+        with tf.control_dependencies([vec for _, _, vec in writes]):
+            for update in updates:
+                update()
         if self.writer is not None:
             with self.writer.as_default():
                 for s, view, vec in writes:
@@ -351,10 +352,6 @@ class Collector:
                         quantiles=self.quantiles,
                     )
         return tf.constant(len(writes))
-
-    def _stats(self, view: str, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        fn = kernels.tensor_stats_fn(view, x.dtype.name, self.quantiles, self.sample_size, False)
-        return fn(kernels.as_matrix(x), seed)
 
     def _writes_output(self, view: str, j: int) -> bool:
         s = self.out_specs[j]
@@ -385,14 +382,25 @@ class Collector:
         else:
             gathered = flat[tf.newaxis]
         parts = tf.split(gathered, sizes, axis=1)
-        vectors = []
-        for (layout, view, _), part in zip(pending, parts, strict=True):
+        merged = []
+        for (layout, _, _), part in zip(pending, parts, strict=True):
             if replicas > 1:
-                merged = kernels.merge_fn(layout.k)(layout.unpack(part))
+                state = kernels.merge_fn(layout.k)(layout.unpack(part))
+                for key, shape in zip(layout.keys, layout.shapes, strict=True):
+                    state[key].set_shape(shape)
+                merged.append(state)
             else:
-                merged = layout.unpack(part[0])
-            vec = kernels.finalize_fn(view, self.quantiles, layout.k)(merged)
-            vectors.append(_fill(vec, {0: epoch}))
+                merged.append(layout.unpack(part[0]))
+        vectors: list[tf.Tensor | None] = [None] * len(pending)
+        for view in ("output", "output_gradient"):
+            idx = [n for n, (_, v, _) in enumerate(pending) if v == view]
+            by_k: dict[int, list[int]] = {}
+            for n in idx:
+                by_k.setdefault(pending[n][0].k, []).append(n)
+            for k, group in by_k.items():
+                block = kernels.finalize_many([merged[n] for n in group], view, self.quantiles, k)
+                for r, n in enumerate(group):
+                    vectors[n] = _fill(block[r], {0: epoch})
         with tf.control_dependencies(vectors):
             for layout, _, var in pending:
                 var.assign(tf.constant(layout.empty))

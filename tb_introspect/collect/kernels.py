@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import stats
+from tb_introspect import metadata, stats
+from tb_introspect.collect import lean
 
 _SEED = tf.TensorSpec([2], tf.int64)
 # Outside XLA, nested function calls are inlined into the caller before graph
@@ -95,24 +96,31 @@ def _state_signature(k: int, stacked: bool = False) -> dict[str, tf.TensorSpec]:
 
 
 @functools.cache
-def tensor_stats_fn(view: str, dtype: str, quantiles: tuple[float, ...], sample_size: int,
-                    xla: bool):
-    """``(x[rows, channels], seed) -> stats vector``."""
+def parts_fn(dtype: str, k: int):
+    """``(x[rows, channels], seed) -> state`` of one tensor (``lean.parts``)."""
 
     @tf.function(
         input_signature=[tf.TensorSpec([None, None], tf.as_dtype(dtype)), _SEED],
-        autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
+        autograph=False, experimental_attributes=_NOINLINE,
     )
-    def tensor_stats(x, seed):
-        return stats.tensor_stats(x, view, quantiles=quantiles, sample_size=sample_size,
-                                  seed=seed)
+    def tensor_parts(x, seed):
+        return lean.parts(x, k, seed)
 
-    return tensor_stats
+    return tensor_parts
+
+
+def matrix_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """State of a variable or gradient (as ``[rows, channels]``), static flag shapes."""
+    m = as_matrix(x)
+    state = parts_fn(m.dtype.name, k)(m, seed)
+    state["channel_active"].set_shape([m.shape[-1]])
+    state["spatial_active"].set_shape([0])
+    return state
 
 
 @functools.cache
 def update_fn(rank: int, dtype: str, k: int, xla: bool):
-    """``(state, x[canonical], seed) -> state``."""
+    """``(state, x[canonical], seed) -> state`` with x folded in."""
 
     @tf.function(
         input_signature=[
@@ -121,21 +129,57 @@ def update_fn(rank: int, dtype: str, k: int, xla: bool):
         autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
     )
     def update(state, x, seed):
-        return stats.update_state(state, x, seed=seed)
+        new = lean.parts(x, k, seed)
+        return stats.merge_stacked({key: tf.stack([state[key], new[key]]) for key in state})
 
     return update
 
 
 @functools.cache
-def finalize_fn(view: str, quantiles: tuple[float, ...], k: int):
-    """``state -> stats vector``."""
+def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
+    """States stacked on a leading axis (flags padded) -> one stats vector per row."""
 
-    @tf.function(input_signature=[_state_signature(k)], autograph=False,
-                 experimental_attributes=_NOINLINE)
-    def finalize(state):
-        return stats.finalize(state, view, quantiles=quantiles)
+    @tf.function(input_signature=[_state_signature(k, stacked=True)],
+                 autograph=False, experimental_attributes=_NOINLINE)
+    def finalize_many(stacked):
+        # One vectorised finalize instead of one per tensor (4x faster for 50 tensors).
+        return tf.vectorized_map(
+            lambda s: stats.finalize(s, view, quantiles=quantiles), stacked
+        )
 
-    return finalize
+    return finalize_many
+
+
+def finalize_many(states: Sequence[dict[str, tf.Tensor]], view: str,
+                  quantiles: tuple[float, ...], k: int) -> tf.Tensor:
+    """Statistics vectors ``[len(states), fields]`` of many states (any flag sizes)."""
+    widths = {key: max(int(s[key].shape[0]) for s in states)
+              for key in ("channel_active", "spatial_active")}
+    stacked = {}
+    for key in stats.STATE_MERGE:
+        items = [s[key] for s in states]
+        if key in widths:
+            # Padding with "active" flags; the dead-rate slots are recomputed below
+            # from the real flags.
+            items = [tf.pad(t, [[0, widths[key] - int(t.shape[0])]], constant_values=1.0)
+                     for t in items]
+        stacked[key] = tf.stack(items)
+    vectors = finalize_many_fn(view, quantiles, k)(stacked)
+    fields = list(metadata.tensor_stats_fields(view, quantiles))
+    dead = tf.stack([_dead_rate(s["channel_active"], s["count"]) for s in states])
+    sdead = tf.stack([_dead_rate(s["spatial_active"], s["count"]) for s in states])
+    cols = tf.unstack(vectors, axis=1)
+    cols[fields.index("dead_rate")] = dead
+    cols[fields.index("spatial_dead_rate")] = sdead
+    return tf.stack(cols, axis=1)
+
+
+def _dead_rate(flags: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """1 - mean(flags); NaN when the tensor is empty or has no flags (as ``stats``)."""
+    size = tf.cast(tf.size(flags), tf.float64)
+    ok = (count > 0) & (size > 0)
+    rate = (size - tf.reduce_sum(flags)) / tf.maximum(size, 1.0)
+    return tf.where(ok, rate, tf.constant(float("nan"), tf.float64))
 
 
 @functools.cache
