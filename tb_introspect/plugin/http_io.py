@@ -91,8 +91,14 @@ def repeated(request: wrappers.Request, name: str, *, required_: bool = False) -
     return values
 
 
+#: Values of integer parameters above this are read as this: they all mean
+#: "every point", and larger ones overflow the Rust data server's int64 fields
+#: (a 500 before this cap).
+MAX_INT_PARAM = 1_000_000_000
+
+
 def non_negative_int(request: wrappers.Request, name: str, default: int) -> int:
-    """An optional non-negative integer parameter; 400 when malformed."""
+    """An optional non-negative integer parameter, at most ``MAX_INT_PARAM``; 400 if malformed."""
     text = request.args.get(name)
     if text is None or text == "":
         return default
@@ -102,4 +108,4 @@ def non_negative_int(request: wrappers.Request, name: str, default: int) -> int:
         raise RequestError(f"query parameter {name!r} must be an integer, got {text!r}") from None
     if value < 0:
         raise RequestError(f"query parameter {name!r} must be >= 0, got {value}")
-    return value
+    return min(value, MAX_INT_PARAM)
