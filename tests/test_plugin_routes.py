@@ -285,7 +285,8 @@ def test_overview_matches_reference(env) -> None:
     assert band["source"] == "logged" and band["epochs"] == [0, 1, 2, 3]
     epoch1 = written.metrics["loss"][2][10:20]
     assert band["p50"][1] == pytest.approx(np.median(epoch1))
-    assert doc["findings"] == []
+    # The real rules (tb_introspect.diagnose) ran on the run without failing.
+    assert isinstance(doc["findings"], list) and "findings_error" not in doc
     # no logged band: computed from the per-step values
     deep = app.get("overview?run=exp/b/deep")
     computed = deep["metrics"]["acc"]["epoch_band"]

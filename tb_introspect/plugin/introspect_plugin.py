@@ -115,6 +115,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._provider = context.data_provider
         self.listing_ttl_s = LISTING_TTL_S
         self._listings: dict[tuple[str, str], _Listing] = {}
+        self._all_listings: dict[str, tuple[dict, dict, float]] = {}
         self._listings_lock = threading.Lock()
         # Rendered documents per run, valid while the run's fingerprint holds.
         mib = 2**20
@@ -178,6 +179,31 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             self._listings[key] = listing
         return listing
 
+    def _list_all(
+        self, request: wrappers.Request
+    ) -> tuple[dict[str, dict[str, reader.TagInfo]], dict[str, list[tuple[str, str]]]]:
+        """Every run's tags (one provider call); also refreshes the per-run listings."""
+        self._check_provider()
+        eid = plugin_util.experiment_id(request.environ)
+        now = time.monotonic()
+        with self._listings_lock:
+            hit = self._all_listings.get(eid)
+        if hit is not None and now - hit[2] < self.listing_ttl_s:
+            return hit[0], hit[1]
+        infos, bad = reader.list_tags(
+            self._provider, eid, ctx=plugin_util.context(request.environ)
+        )
+        with self._listings_lock:
+            if len(self._listings) > 256:  # runs come and go; keep the table small
+                self._listings.clear()
+            for run in set(infos) | set(bad):
+                run_infos = infos.get(run, {})
+                self._listings[(eid, run)] = _Listing(
+                    run_infos, bad.get(run, []), now, reader.fingerprint(run_infos)
+                )
+            self._all_listings[eid] = (infos, bad, now)
+        return infos, bad
+
     def _read_run(
         self, request: wrappers.Request, run: str, infos: dict, bad: list
     ) -> reader.RunSeries:
@@ -205,12 +231,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
     @_route
     def _serve_runs(self, request: wrappers.Request):
-        self._check_provider()
-        infos, bad = reader.list_tags(
-            self._provider,
-            plugin_util.experiment_id(request.environ),
-            ctx=plugin_util.context(request.environ),
-        )
+        infos, bad = self._list_all(request)
         runs = []
         for run in sorted(set(infos) | set(bad)):
             tags = infos.get(run, {}).values()
