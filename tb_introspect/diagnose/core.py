@@ -1,0 +1,402 @@
+"""The ``Finding`` type, the thresholds, the rule registry and the shared numpy helpers.
+
+Plugin side: numpy only, never TensorFlow. Rules read a
+:class:`~tb_introspect.plugin.reader.RunSeries` through :class:`RunView`,
+which aligns each view's tensors on one step axis and knows how many training
+steps each logged point spans (needed to compare per-epoch aggregates with
+per-step rules of thumb).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tb_introspect import metadata
+from tb_introspect.plugin.reader import RunSeries, Series
+
+SEVERITIES = ("critical", "warning", "info")
+NONFINITE_FIELDS = ("nan_count", "posinf_count", "neginf_count")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass
+class Finding:
+    """One diagnosis of a run, JSON-ready through :meth:`to_json` (docs/findings.md)."""
+
+    kind: str
+    severity: str
+    title: str
+    first_step: int | None = None
+    first_epoch: int | None = None
+    layers: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    view: str | None = None
+    metric: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    explanation: str = ""
+    suggestion: str = ""
+    #: Where the evidence is drawn: {"tab", "view", "tag", "chart"} (see docs/findings.md).
+    jump: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITY_RANK:
+            raise ValueError(f"unknown severity {self.severity!r}; expected one of {SEVERITIES}")
+
+    def to_json(self) -> dict[str, Any]:
+        """A dict of JSON types only (non-finite numbers become ``None``)."""
+        return _json_safe(asdict(self))
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return round_sig(v) if math.isfinite(v) else None
+    return value
+
+
+def round_sig(x: float, digits: int = 4) -> float:
+    """``x`` rounded to ``digits`` significant digits (evidence stays readable)."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the rules compare against; docs/findings.md says where each comes from."""
+
+    #: Fewest logged points a trend or "sustained" rule needs.
+    min_points: int = 3
+    #: A condition is "sustained" when it holds on this share of the points (at least 2).
+    sustain_fraction: float = 0.1
+    sustain_max_points: int = 10
+
+    # vanishing: orders of magnitude between the last and the first layer's gradient RMS
+    vanishing_orders: float = 2.0
+    # exploding: per-step gradient RMS (lower bound) of the median layer, and growth in orders
+    exploding_rms: float = 1.0
+    exploding_growth_orders: float = 2.0
+    # oscillation: over the second half of the run, the median over layers of the cosine
+    # between consecutive gradient aggregates is below oscillation_cos and at least
+    # oscillation_share of the points are negative
+    oscillation_cos: float = -0.1
+    oscillation_share: float = 0.75
+    # oscillation: layer-scale stack roughness (mean |second difference| of log10 RMS)
+    jagged_roughness: float = 0.5
+    # dead units (share of a layer's channels with no non-zero output in the window)
+    dead_info: float = 0.25
+    dead_warning: float = 0.5
+    dead_critical: float = 0.99
+    # activation rate collapse: below this, and this many times below its own start
+    dying_activation_rate: float = 0.05
+    dying_drop_factor: float = 4.0
+    # saturation: |tanh| >= 0.99, sigmoid <= 0.01 or >= 0.99; share of values
+    saturation_margin: float = 0.01
+    saturation_warning: float = 0.5
+    saturation_info: float = 0.25
+    # update-to-weight ratio per step (Karpathy's ~1e-3)
+    update_ratio_target: float = 1e-3
+    update_ratio_high: float = 1e-1
+    update_ratio_low: float = 1e-6
+    # loss
+    loss_min_decrease: float = 0.05
+    loss_rise_progress: float = 0.5
+    loss_rise_factor: float = 1.5
+    loss_spike_factor: float = 10.0
+    loss_spike_window: int = 20
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+# ---------------------------------------------------------------- aligned views
+
+
+@dataclass
+class Aligned:
+    """Tensors of one view as (tensor x step) matrices on the union of their steps."""
+
+    view: str
+    series: list[Series]
+    steps: np.ndarray
+    epochs: np.ndarray
+    #: training steps each logged point spans (>= 1), per column
+    span: np.ndarray
+    cadence: str
+
+    def field(self, name: str, finite_only: bool = True) -> np.ndarray:
+        """``m[i, j]`` = field ``name`` of tensor ``i`` at step ``steps[j]`` (NaN if absent).
+
+        With ``finite_only``, points where the tensor held NaN/Inf are NaN too:
+        statistics of a broken tensor (a dead rate of 1 because nothing is
+        finite) are not evidence of anything but the NaN itself.
+        """
+        m = self._raw(name)
+        if finite_only and name not in NONFINITE_FIELDS:
+            m[self.nonfinite_mask()] = np.nan
+        return m
+
+    def _raw(self, name: str) -> np.ndarray:
+        m = np.full((len(self.series), len(self.steps)), np.nan)
+        for i, s in enumerate(self.series):
+            if len(s) and s.has(name):
+                m[i, np.searchsorted(self.steps, s.steps)] = s.field(name)
+        return m
+
+    def nonfinite_mask(self) -> np.ndarray:
+        """``True`` where a tensor's statistics count NaN or Inf values."""
+        total = sum(np.nan_to_num(self._raw(f), nan=0.0) for f in NONFINITE_FIELDS)
+        return np.asarray(total > 0)
+
+    def subset(self, rows: Sequence[int]) -> Aligned:
+        """The same view restricted to tensors ``rows`` (same step axis)."""
+        return Aligned(self.view, [self.series[i] for i in rows], self.steps, self.epochs,
+                       self.span, self.cadence)
+
+    @property
+    def n_points(self) -> int:
+        return len(self.steps)
+
+    def tags(self, rows: Iterable[int] | None = None) -> list[str]:
+        idx = range(len(self.series)) if rows is None else rows
+        return [self.series[i].info.tag for i in idx]
+
+    def layers(self, rows: Iterable[int] | None = None) -> list[str]:
+        idx = range(len(self.series)) if rows is None else rows
+        return unique([self.series[i].info.layer for i in idx])
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    """``items`` without repeats, first occurrence order."""
+    return list(dict.fromkeys(items))
+
+
+def point_spans(steps: np.ndarray) -> np.ndarray:
+    """Training steps covered by each logged point.
+
+    The first point spans as many steps as the typical later gap (a run that
+    resumed at step 10000 must not count 10000 steps), never more than its own
+    step number.
+    """
+    steps = np.asarray(steps, dtype=np.float64)
+    if steps.size == 0:
+        return steps
+    gaps = np.diff(steps)
+    first = float(np.median(gaps)) if gaps.size else float(steps[0])
+    if steps[0] > 0:
+        first = min(first, float(steps[0]))
+    return np.maximum(np.concatenate([[first], gaps]), 1.0)
+
+
+def align(view: str, series: Sequence[Series]) -> Aligned | None:
+    """Align ``series`` of ``view``; ``None`` when there is no point at all."""
+    series = [s for s in series if len(s)]
+    if not series:
+        return None
+    steps = np.unique(np.concatenate([s.steps for s in series]))
+    epochs = np.full(len(steps), np.nan)
+    for s in series:
+        e = s.epochs
+        idx = np.searchsorted(steps, s.steps)
+        epochs[idx] = np.fmax(epochs[idx], e)
+    cadences = {s.info.cadence for s in series}
+    cadence = "epoch" if cadences == {"epoch"} else "step"
+    return Aligned(view, list(series), steps, epochs, point_spans(steps), cadence)
+
+
+class RunView:
+    """What the rules see of a run: aligned views and loss series, built lazily."""
+
+    def __init__(self, run: RunSeries, thresholds: Thresholds = DEFAULT_THRESHOLDS):
+        self.run = run
+        self.t = thresholds
+        self._aligned: dict[str, Aligned | None] = {}
+
+    def view(self, name: str) -> Aligned | None:
+        """The aligned tensors of view ``name``, or ``None`` when it was not logged."""
+        if name not in self._aligned:
+            self._aligned[name] = align(name, self.run.tensors.get(name, []))
+        return self._aligned[name]
+
+    def loss_name(self) -> str | None:
+        """The metric the loss rules watch: ``loss``, else the first name containing "loss"."""
+        names = sorted(set(self.run.metrics) | set(self.run.metric_epochs))
+        if "loss" in names:
+            return "loss"
+        return next((n for n in names if "loss" in n.lower()), None)
+
+    def sustain_points(self, n: int) -> int:
+        """How many consecutive points make a condition "sustained" in a series of ``n``."""
+        t = self.t
+        return int(min(max(2, math.ceil(t.sustain_fraction * n)), t.sustain_max_points))
+
+    def step_epoch(self, a: Aligned, j: int) -> tuple[int, int | None]:
+        """(step, epoch) of column ``j`` of ``a``."""
+        e = a.epochs[j]
+        return int(a.steps[j]), (int(e) if np.isfinite(e) else None)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def first_sustained(mask: np.ndarray, k: int) -> int | None:
+    """Index where ``mask`` first holds for ``k`` consecutive points, or holds up to the end.
+
+    A run that reaches the last point counts when it is at least ``min(k, 2)``
+    long: a condition that appears near the end of a run and stays is still
+    reported, one isolated last point is not.
+    """
+    mask = np.asarray(mask, dtype=bool)
+    n = mask.size
+    run = 0
+    for i in range(n):
+        run = run + 1 if mask[i] else 0
+        if run >= k:
+            return i - k + 1
+    if run >= min(k, 2) and run > 0 and mask[-1]:
+        return n - run
+    return None
+
+
+def log10_pos(x: np.ndarray) -> np.ndarray:
+    """log10 of the finite positive entries, NaN elsewhere."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isfinite(x) & (x > 0), np.log10(np.where(x > 0, x, 1.0)), np.nan)
+
+
+def nanmedian(m: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """``np.nanmedian`` without the all-NaN warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(m, axis=axis)
+
+
+def nanmax(m: np.ndarray, axis: int | None = None) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmax(m, axis=axis)
+
+
+def nanmin(m: np.ndarray, axis: int | None = None) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmin(m, axis=axis)
+
+
+def representative_rows(a: Aligned) -> list[int]:
+    """One tensor per layer, in depth order: the layer's largest weight-like tensor.
+
+    Kernels (rank >= 2) are preferred to biases and norm scales, whose scale
+    follows other rules; a layer with only rank-1 tensors is used only when
+    fewer than two layers have a kernel.
+    """
+    by_layer: dict[str, list[int]] = {}
+    for i, s in enumerate(a.series):
+        by_layer.setdefault(s.info.layer, []).append(i)
+
+    def size(i: int) -> float:
+        c = a.series[i].field("count")
+        return float(np.nanmax(c)) if np.isfinite(c).any() else 0.0
+
+    def rank(i: int) -> int:
+        return len(a.series[i].info.shape)
+
+    kernels, others = [], []
+    for rows in by_layer.values():
+        best = max(rows, key=lambda i: (rank(i) >= 2, size(i)))
+        (kernels if rank(best) >= 2 else others).append(best)
+    chosen = kernels if len(kernels) >= 2 else kernels + others
+    return sorted(chosen, key=lambda i: (a.series[i].info.depth, a.series[i].info.layer))
+
+
+def fmt_orders(x: float) -> str:
+    """"10^2.3" style text for a log10 gap."""
+    return f"10^{x:.1f}"
+
+
+def fmt_num(x: float) -> str:
+    """Compact number for titles."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    if 1e-3 <= abs(x) < 1e4:
+        return f"{x:.3g}"
+    return f"{x:.2e}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+# ---------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule: a name, the views/metrics it needs, and the function that applies it."""
+
+    name: str
+    needs: tuple[str, ...]  # view names, or "loss"
+    check: Callable[[RunView], list[Finding]]
+    #: True when the rule needs a time series (trend, sustained condition).
+    needs_history: bool = True
+
+    def applicable(self, rv: RunView) -> bool:
+        """Whether the run has this rule's inputs (any one of ``needs``)."""
+        for need in self.needs:
+            if need == "loss":
+                if rv.loss_name() is not None:
+                    return True
+            elif rv.view(need) is not None:
+                return True
+        return False
+
+    def n_points(self, rv: RunView) -> int:
+        """Most logged points among the rule's inputs."""
+        best = 0
+        for need in self.needs:
+            if need == "loss":
+                name = rv.loss_name()
+                if name is None:
+                    continue
+                s = rv.run.metrics.get(name)
+                e = rv.run.metric_epochs.get(name)
+                best = max(best, len(s) if s is not None else 0, len(e) if e is not None else 0)
+            else:
+                a = rv.view(need)
+                best = max(best, a.n_points if a is not None else 0)
+        return best
+
+
+RULES: list[Rule] = []
+
+
+def rule(name: str, needs: Sequence[str], needs_history: bool = True):
+    """Decorator registering a rule function ``f(rv) -> list[Finding]``."""
+
+    def register(f: Callable[[RunView], list[Finding]]) -> Callable[[RunView], list[Finding]]:
+        RULES.append(Rule(name, tuple(needs), f, needs_history))
+        return f
+
+    return register
+
+
+def views_present(run: RunSeries) -> list[str]:
+    """The run's views that have tensors, in format order."""
+    return [v for v in metadata.VIEWS if run.tensors.get(v)]

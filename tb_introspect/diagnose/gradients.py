@@ -1,0 +1,295 @@
+"""Gradient-scale rules: vanishing gradients, exploding gradients, gradient oscillation.
+
+Scales are per-layer gradient RMS (one representative tensor per layer, see
+:func:`~tb_introspect.diagnose.core.representative_rows`). A per-epoch
+gradient is the sum of the epoch's per-step gradients (DESIGN.md), so its
+RMS is between sqrt(n) and n times a typical per-step RMS (n steps): "too
+large" tests divide by n (a lower bound of the per-step scale, by the
+triangle inequality), so they never fire on an aggregate alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_introspect.diagnose.core import (
+    Finding,
+    RunView,
+    first_sustained,
+    fmt_num,
+    fmt_orders,
+    log10_pos,
+    nanmedian,
+    representative_rows,
+    rule,
+)
+
+
+def _gradient_scales(rv: RunView):
+    """(aligned gradient view of one tensor per layer, log10 RMS matrix) or ``None``."""
+    a = rv.view("gradient")
+    if a is None:
+        return None
+    rows = representative_rows(a)
+    if not rows:
+        return None
+    sub = a.subset(rows)
+    return sub, log10_pos(sub.field("rms"))
+
+
+@rule("vanishing_gradients", needs=("gradient",))
+def vanishing_gradients(rv: RunView) -> list[Finding]:
+    """First layer's gradient RMS orders of magnitude below the last layer's, sustained."""
+    got = _gradient_scales(rv)
+    if got is None:
+        return []
+    a, logs = got
+    if logs.shape[0] < 2:
+        return []
+    # Layers whose gradient is exactly zero are the dead-units rule's business.
+    gap = logs[-1] - logs[0]
+    t = rv.t
+    mask = np.isfinite(gap) & (gap >= t.vanishing_orders)
+    if np.isfinite(gap).sum() < t.min_points:
+        return []
+    j0 = first_sustained(mask, rv.sustain_points(int(np.isfinite(gap).sum())))
+    if j0 is None:
+        return []
+    last = int(np.flatnonzero(np.isfinite(gap))[-1])
+    step, epoch = rv.step_epoch(a, j0)
+    # Layers at least one order below the last layer at the last point: the starved ones.
+    rel = logs[:, last] - logs[-1, last]
+    starved = [i for i in range(logs.shape[0] - 1) if np.isfinite(rel[i]) and rel[i] <= -1.0]
+    first_layer, last_layer = a.series[0].info.layer, a.series[-1].info.layer
+    worst = float(np.nanmax(gap))
+    return [Finding(
+        kind="vanishing_gradients",
+        severity="warning",
+        title=(f"Vanishing gradients: '{first_layer}' gets {fmt_orders(-gap[j0])} of the"
+               f" gradient RMS of '{last_layer}'"),
+        first_step=step, first_epoch=epoch,
+        layers=a.layers(starved or [0]),
+        tags=a.tags(starved or [0]),
+        view="gradient",
+        evidence={
+            "first_layer_rms": 10 ** logs[0, j0],
+            "last_layer_rms": 10 ** logs[-1, j0],
+            "orders_below_last": float(gap[j0]),
+            "orders_below_last_at_end": float(gap[last]),
+            "worst_orders": worst,
+            "layers_compared": int(logs.shape[0]),
+            "threshold_orders": t.vanishing_orders,
+        },
+        explanation=(
+            "Backpropagation multiplies the error signal by each layer's local derivative on"
+            " its way down. When those factors are small (saturating sigmoid/tanh units, poor"
+            " initialisation, very deep plain stacks), the layers nearest the input receive a"
+            f" gradient {fmt_orders(gap[j0])} times smaller than the output layer's and barely"
+            " learn, while the top layers do all the fitting."
+        ),
+        suggestion=(
+            "Use ReLU-family activations (or GELU/SiLU) instead of sigmoid/tanh in hidden layers;"
+            " use He/Glorot initialisation matched to the activation; add batch or layer"
+            " normalisation or residual connections; reduce depth."
+        ),
+        jump={"tab": "overview", "view": "gradient", "chart": "stack"},
+    )]
+
+
+@rule("exploding_gradients", needs=("gradient",))
+def exploding_gradients(rv: RunView) -> list[Finding]:
+    """Per-step gradient RMS far above 1, or growing by orders of magnitude, sustained."""
+    got = _gradient_scales(rv)
+    if got is None:
+        return []
+    a, logs = got
+    t = rv.t
+    per_step = np.log10(a.span) if a.cadence == "epoch" else np.zeros(a.n_points)
+    low = logs - per_step  # log10 of a lower bound of the per-step RMS
+    med = nanmedian(low, axis=0)
+    have = np.isfinite(med)
+    if have.sum() < t.min_points:
+        return []
+    idx = np.flatnonzero(have)
+    base_n = max(1, min(3, len(idx) // 4))
+    base = float(np.median(med[idx[:base_n]]))
+    growth = med - base
+    too_big = have & (med > np.log10(t.exploding_rms))
+    grew = have & (growth >= t.exploding_growth_orders)
+    k = rv.sustain_points(int(have.sum()))
+    j_big = first_sustained(too_big, k)
+    j_grew = first_sustained(grew, k)
+    if j_big is None and j_grew is None:
+        return []
+    j0 = min(j for j in (j_big, j_grew) if j is not None)
+    step, epoch = rv.step_epoch(a, j0)
+    peak = int(idx[np.argmax(med[idx])])
+    worst_row = int(np.nanargmax(low[:, peak])) if np.isfinite(low[:, peak]).any() else 0
+    why = []
+    if j_big is not None:
+        why.append(f"the median layer's per-step gradient RMS reached {fmt_num(10 ** med[peak])}")
+    if j_grew is not None:
+        why.append(f"it grew {fmt_orders(float(np.nanmax(growth)))}x from the start")
+    return [Finding(
+        kind="exploding_gradients",
+        severity="warning",
+        title="Exploding gradients: " + " and ".join(why),
+        first_step=step, first_epoch=epoch,
+        layers=a.layers([worst_row]) + [la for la in a.layers() if la not in a.layers([worst_row])],
+        tags=a.tags([worst_row]),
+        view="gradient",
+        evidence={
+            "median_layer_rms_per_step": 10 ** med[j0],
+            "peak_median_layer_rms_per_step": 10 ** med[peak],
+            "start_median_layer_rms_per_step": 10 ** base,
+            "growth_orders": float(np.nanmax(growth)),
+            "largest_layer_rms_per_step": 10 ** float(np.nanmax(low[:, peak])),
+            "per_step_scale": "lower bound (epoch sums divided by steps)"
+            if a.cadence == "epoch" else "logged step",
+            "threshold_rms": t.exploding_rms,
+            "threshold_growth_orders": t.exploding_growth_orders,
+        },
+        explanation=(
+            "Gradients far above 1 per element, or growing by orders of magnitude, mean each"
+            " update moves the weights much more than the loss surface allows: the loss jumps"
+            " around or diverges, and the next step is often NaN. Typical causes are a learning"
+            " rate that is too high, no normalisation in a deep or recurrent net, or a loss"
+            " that grows without bound (e.g. unclipped regression targets)."
+        ),
+        suggestion=(
+            "Lower the learning rate (try 3-10x lower) or add warm-up; clip gradients by global"
+            " norm (e.g. clipnorm=1.0); add normalisation layers; check the loss and the input"
+            " scaling."
+        ),
+        jump={"tab": "overview", "view": "gradient", "chart": "rms"},
+    )]
+
+
+@rule("gradient_oscillation", needs=("gradient",))
+def gradient_oscillation(rv: RunView) -> list[Finding]:
+    """Consecutive gradient aggregates persistently anti-aligned while the loss stalls,
+    or a jagged layer-scale stack."""
+    got = _gradient_scales(rv)
+    if got is None:
+        return []
+    a, logs = got
+    t = rv.t
+    cos_found = _anti_aligned(rv, a)
+    rough, j_rough = _roughness(rv, logs)
+    if cos_found is None and j_rough is None:
+        return []
+    j_cos, window, share, med, stalled = cos_found or (None, None, float("nan"),
+                                                       float("nan"), None)
+    j0 = min(j for j in (j_cos, j_rough) if j is not None)
+    step, epoch = rv.step_epoch(a, j0)
+    signs = []
+    if j_cos is not None:
+        signs.append(f"consecutive gradients point against each other (median cosine {med:.2f}"
+                     f" over the last {window} points)")
+    if j_rough is not None:
+        signs.append("the layer-scale stack is jagged")
+    # Anti-aligned gradients while the loss still falls fast are a passing phase (seen in
+    # healthy runs); without a logged loss that cannot be told apart, hence "info".
+    severity = "warning" if (j_rough is not None or stalled) else "info"
+    return [Finding(
+        kind="gradient_oscillation",
+        severity=severity,
+        title="Gradient oscillation: " + " and ".join(signs),
+        first_step=step, first_epoch=epoch,
+        layers=a.layers(),
+        tags=[],
+        view="gradient",
+        evidence={
+            "median_cos_prev": med,
+            "share_negative_cos": share,
+            "points_judged": window,
+            "loss_stalled": stalled,
+            "stack_roughness_orders": rough,
+            "threshold_cos": t.oscillation_cos,
+            "threshold_share": t.oscillation_share,
+            "threshold_roughness_orders": t.jagged_roughness,
+        },
+        explanation=(
+            "When each gradient aggregate points roughly opposite to the previous one, the"
+            " optimiser is bouncing across a valley instead of descending it: the steps are"
+            " too large for the local curvature. The loss then stalls or turns noisy, often"
+            " only after the first epochs looked fine, because the valley narrows near the"
+            " optimum."
+        ),
+        suggestion=(
+            "Lower the learning rate or decay it (the article's slightly-too-high rate is the"
+            " classic cause); reduce momentum; increase the batch size; add gradient clipping."
+        ),
+        jump={"tab": "overview", "view": "gradient", "chart": "stack"},
+    )]
+
+
+def _anti_aligned(rv: RunView, a) -> tuple[int, int, float, float, bool | None] | None:
+    """Persistent negative ``cos_prev`` over the second half of the run.
+
+    Returns ``(first column, points judged, share negative, median cosine, loss
+    stalled)`` or ``None``. Judged on the second half because healthy runs can
+    pass through a stretch of anti-aligned epochs and then settle (measured on
+    the demo's healthy CNN); a too-high learning rate keeps them anti-aligned.
+    """
+    t = rv.t
+    med_cos = nanmedian(a.field("cos_prev"), axis=0)
+    idx = np.flatnonzero(np.isfinite(med_cos))
+    if idx.size < 2 * t.min_points - 1:
+        return None
+    tail = idx[idx.size // 2:]
+    c = med_cos[tail]
+    share = float(np.mean(c < 0))
+    med = float(np.median(c))
+    if share < t.oscillation_share or med > t.oscillation_cos:
+        return None
+    # Start of the final stretch that is still mostly anti-aligned.
+    j = int(tail[0])
+    for start in idx:
+        rest = med_cos[idx[idx >= start]]
+        if med_cos[start] < 0 and np.mean(rest < 0) >= t.oscillation_share:
+            j = int(start)
+            break
+    return j, int(tail.size), share, med, _loss_stalled(rv, int(a.steps[tail[0]]))
+
+
+def _loss_stalled(rv: RunView, from_step: int) -> bool | None:
+    """Whether the loss failed to halve from ``from_step`` to the end (None: no loss)."""
+    name = rv.loss_name()
+    if name is None:
+        return None
+    band = rv.run.metric_epochs.get(name)
+    if band is not None and len(band):
+        steps, med = band.steps, band.field("p50")
+    else:
+        s = rv.run.metrics[name]
+        steps, med = s.steps, s.field("value")
+    keep = np.isfinite(med) & (steps >= from_step)
+    if keep.sum() < 2:
+        return None
+    med = med[keep]
+    start = float(np.median(med[:2]))
+    end = float(np.median(med[-2:]))
+    return bool(end > 0.5 * start)
+
+
+def _roughness(rv: RunView, logs: np.ndarray) -> tuple[float | None, int | None]:
+    """Jaggedness of the layer-scale stack and the first point where it is sustained.
+
+    Per layer, the log10 RMS minus the across-layer mean (the stack plot's
+    relative scale), then |second difference| / 2: a zigzag of +-x orders
+    scores x, a straight trend 0. Median over layers.
+    """
+    t = rv.t
+    if logs.shape[0] < 2 or logs.shape[1] < t.min_points:
+        return None, None
+    rel = logs - nanmedian(logs, axis=0)
+    d2 = np.abs(rel[:, 2:] - 2 * rel[:, 1:-1] + rel[:, :-2]) / 2
+    per_point = nanmedian(d2, axis=0)
+    have = np.isfinite(per_point)
+    if not have.any():
+        return None, None
+    rough = float(np.nanmean(per_point))
+    mask = np.concatenate([[False], have & (per_point >= t.jagged_roughness), [False]])
+    j = first_sustained(mask, rv.sustain_points(int(have.sum())))
+    return rough, j
