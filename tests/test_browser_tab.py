@@ -77,12 +77,13 @@ def logdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("browser") / "logs"
     write_fixture_logdir(root)
     write_run(root, "live", views=("gradient",), steps=40)
+    write_run(root, "long", views=("gradient",), steps=600)
     return root
 
 
 @pytest.fixture(scope="module")
 def tb(logdir):
-    with tensorboard(logdir, wait_runs=4) as server:
+    with tensorboard(logdir, wait_runs=5) as server:
         yield server
 
 
@@ -400,7 +401,7 @@ def test_refreshes_on_tensorboard_reload(session, tb, logdir):
     assert head_step(readout_pairs(panel)["@"]) == 40
     write_run(logdir, "live", views=("gradient",), steps=80, first_step=41)
     deadline = time.monotonic() + 30
-    while tb.get_json("runs")["runs"][-1]["max_step"] < 80:
+    while {r["run"]: r for r in tb.get_json("runs")["runs"]}["live"]["max_step"] < 80:
         assert time.monotonic() < deadline, "tensorboard did not pick up the new points"
         time.sleep(0.3)
     # TensorBoard's reload button broadcasts experimental.DataReloaded to the iframe.
@@ -411,8 +412,40 @@ def test_refreshes_on_tensorboard_reload(session, tb, logdir):
     assert f.locator(".tab.on").text_content() == "Layers"
 
 
+def test_long_run_is_sampled_and_zoom_reads_every_point(session):
+    run, view, name = "long", "gradient", "conv2/kernel"
+    f = session.open(f"p.introspect.tab=layers&p.introspect.run={run}&p.introspect.lmode=rms")
+    panel = f.locator(panel_sel(f"introspect/{view}/{name}"))
+    note = panel.locator(".sampled").text_content()
+    shown = int(re.search(r"(\d+) of 600 points", note).group(1))
+    assert 200 <= shown < 600, note
+    assert head_step(readout_pairs(panel)["@"]) == 600  # the last point is always kept
+    # Drag-zoom on the middle fifth: the panel is re-read at full resolution.
+    over = panel.locator(".u-over")
+    over.scroll_into_view_if_needed()
+    box = over.bounding_box()
+    y = box["y"] + box["height"] / 2
+    session.page.mouse.move(box["x"] + 0.4 * box["width"], y)
+    session.page.mouse.down()
+    session.page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=5)
+    session.page.mouse.up()
+    f.wait_for_function(
+        "(sel) => document.querySelector(sel + ' .sampled').textContent === ''",
+        arg=panel_sel(f"introspect/{view}/{name}"))
+    # Every step is now under the cursor: consecutive pixels give consecutive steps.
+    steps = set()
+    for k in range(12):
+        session.hover(panel, 0.45 + k / box["width"])
+        pairs = readout_pairs(panel)
+        step = head_step(pairs["@"])
+        steps.add(step)
+        rms = known_rms(run, view, tensor_index(view, name), step)
+        assert float(pairs["RMS"]) == pytest.approx(rms, rel=1e-5)
+    assert len(steps) >= 8, steps  # ~120 steps over ~200 px: no step skipped
+
+
 def test_path_prefix(browser, logdir):
-    with tensorboard(logdir, path_prefix="/proxy/tb", wait_runs=4) as prefixed:
+    with tensorboard(logdir, path_prefix="/proxy/tb", wait_runs=5) as prefixed:
         s = Session(browser, prefixed)
         try:
             f = s.open("p.introspect.run=exp1%2Flr_0.01")

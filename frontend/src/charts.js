@@ -86,7 +86,13 @@ export function chart(parent, spec) {
 
   const data = [spec.x];
   const series = [{ label: spec.xLabel || "step" }];
-  for (const s of spec.series) {
+  // Band edges are drawn by drawBands (below), not as uPlot series: uPlot
+  // would stroke each invisible edge and fill every band through clip paths,
+  // which dominated the cost of a 200-panel grid. They stay series so that
+  // the y range and the readout see them.
+  const edges = new Set();
+  for (const b of spec.bands || []) edges.add(b.upper).add(b.lower);
+  for (const [i, s] of spec.series.entries()) {
     const scale = s.scale || "y";
     const values = yLog && scale === "y" ? positiveOnly(s.values) : s.values;
     data.push(values);
@@ -100,9 +106,10 @@ export function chart(parent, spec) {
       spanGaps: !!s.spanGaps,
       points: { show: s.points ?? false, size: 4, fill: s.color },
       show: s.show ?? true,
+      ...(edges.has(i) && !(s.width > 0) ? { paths: noPaths } : {}),
     });
   }
-  const bands = (spec.bands || []).map((b) => ({ series: [b.upper + 1, b.lower + 1], fill: b.fill }));
+  const bands = (spec.bands || []).map((b) => ({ upper: b.upper + 1, lower: b.lower + 1, fill: b.fill }));
 
   const yFmt = (spec.y && spec.y.format) || tick;
   const axes = [
@@ -160,8 +167,9 @@ export function chart(parent, spec) {
     scales,
     axes,
     series,
-    bands,
     hooks: {
+      // Under the lines, over the grid.
+      drawAxes: bands.length ? [(uu) => drawBands(uu, bands)] : [],
       draw: spec.draw ? [spec.draw] : [],
       setCursor: [
         (u) => {
@@ -213,6 +221,77 @@ export function chart(parent, spec) {
   };
   live.add(handle);
   return handle;
+}
+
+function noPaths() {
+  return null;
+}
+
+/**
+ * Fills each band between its upper and lower series. Points that fall in
+ * the same pixel column are merged (highest upper, lowest lower), so the
+ * envelope is exact at any density and the cost is bounded by the width.
+ * Missing points (null) split a band: NaN steps stay visible gaps.
+ */
+function drawBands(u, bands) {
+  const ctx = u.ctx;
+  const { left, top, width, height } = u.bbox;
+  const xs = u.data[0];
+  const { min, max } = u.scales.x;
+  if (min == null || max == null) return;
+  let i0 = 0;
+  while (i0 < xs.length && xs[i0] < min) i0++;
+  let i1 = xs.length - 1;
+  while (i1 > i0 && xs[i1] > max) i1--;
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(left, top, width, height);
+  ctx.clip();
+  for (const b of bands) {
+    const hi = u.data[b.upper];
+    const lo = u.data[b.lower];
+    const yKey = u.series[b.upper].scale;
+    ctx.fillStyle = b.fill;
+    let upX = [];
+    let upY = [];
+    let loY = [];
+    const flush = () => {
+      if (upX.length) {
+        ctx.beginPath();
+        ctx.moveTo(upX[0], upY[0]);
+        for (let k = 1; k < upX.length; k++) ctx.lineTo(upX[k], upY[k]);
+        for (let k = upX.length - 1; k >= 0; k--) ctx.lineTo(upX[k], loY[k]);
+        ctx.closePath();
+        ctx.fill();
+      }
+      upX = [];
+      upY = [];
+      loY = [];
+    };
+    for (let j = Math.max(0, i0 - 1); j <= Math.min(xs.length - 1, i1 + 1); j++) {
+      const a = hi[j];
+      const c = lo[j];
+      if (a == null || c == null) {
+        flush();
+        continue;
+      }
+      const px = Math.round(u.valToPos(xs[j], "x", true));
+      const pa = u.valToPos(a, yKey, true);
+      const pc = u.valToPos(c, yKey, true);
+      const k = upX.length - 1;
+      if (k >= 0 && upX[k] === px) {
+        // Canvas y grows downwards: the band's top is the smaller y.
+        upY[k] = Math.min(upY[k], pa);
+        loY[k] = Math.max(loY[k], pc);
+      } else {
+        upX.push(px);
+        upY.push(pa);
+        loY.push(pc);
+      }
+    }
+    flush();
+  }
+  ctx.restore();
 }
 
 /** Index of the last point with any non-null value (readout when not hovering). */

@@ -10,7 +10,11 @@ import { theme } from "../theme.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
 const FIELDS = ["activation_rate", "dead_rate", "spatial_dead_rate"];
-const CHUNK = 25;
+// Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
+// closes each after one response): split the tensors into at most that many
+// requests, so none waits for a free connection.
+const PARALLEL = 6;
+const chunkSize = (n) => Math.max(10, Math.ceil(n / PARALLEL));
 
 export async function renderActivity(ctx) {
   const { api, state, root } = ctx;
@@ -65,13 +69,14 @@ export async function renderActivity(ctx) {
   });
   grid.append(...panels.map((p) => p.el));
   const width = Math.max(180, panels[0].plot.clientWidth);
-  // About two points per pixel column (see layers.js); rates change slowly.
-  const budget = Math.max(200, Math.ceil(width * 2));
+  // About one point per pixel column (see layers.js).
+  const budget = Math.max(200, Math.ceil(width));
   const jobs = [];
-  for (let i = 0; i < panels.length; i += CHUNK) {
-    const part = panels.slice(i, i + CHUNK);
+  const size = chunkSize(panels.length);
+  for (let i = 0; i < panels.length; i += size) {
+    const part = panels.slice(i, i + size);
     const downsample = part.some((p) => (p.tensor.num_points || 0) > budget) ? budget : 0;
-    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS, { downsample, chunk: CHUNK }).then((series) => {
+    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS, { downsample, chunk: size }).then((series) => {
       if (!ctx.alive()) return;
       for (const p of part) drawPanel(ctx, p, series[p.tensor.tag], width, epochMap);
     }));

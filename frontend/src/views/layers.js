@@ -22,7 +22,11 @@ const MODE_HELP = {
 // The article's advice: weights and outputs read best as values, gradients as magnitudes.
 const DEFAULT_MODE = { variable: "values", gradient: "magnitude", output: "values", output_gradient: "magnitude" };
 const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
-const CHUNK = 25;
+// Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
+// closes each after one response): split the tensors into at most that many
+// requests, so none waits for a free connection.
+const PARALLEL = 6;
+const chunkSize = (n) => Math.max(10, Math.ceil(n / PARALLEL));
 
 export function modeOf(state, view, tag) {
   return state.modes[tag] || state.lmode || DEFAULT_MODE[view];
@@ -51,13 +55,13 @@ export function fieldsFor(mode, quantiles, withNonfinite = true) {
 }
 
 /**
- * Points per panel: about two per pixel column of the plot. More cannot be
+ * Points per panel: about one per pixel column of the plot. More cannot be
  * seen and only cost transfer and parsing time (1,000-step runs x 200
  * panels). The server keeps the first and last point and spreads the rest
  * evenly; a drag-zoom on a panel re-reads that panel at full resolution.
  */
 function pointBudget(width) {
-  return Math.max(200, Math.ceil(width * 2));
+  return Math.max(200, Math.ceil(width));
 }
 
 export async function renderLayers(ctx) {
@@ -108,8 +112,9 @@ export async function renderLayers(ctx) {
   // Fetch in chunks, drawing each as it arrives, so the first panels appear
   // while the server is still encoding the rest.
   const jobs = [];
-  for (let i = 0; i < panels.length; i += CHUNK) {
-    jobs.push(loadAndDraw(L, panels.slice(i, i + CHUNK)));
+  const size = chunkSize(panels.length);
+  for (let i = 0; i < panels.length; i += size) {
+    jobs.push(loadAndDraw(L, panels.slice(i, i + size)));
   }
   await Promise.all(jobs);
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
@@ -129,7 +134,7 @@ async function loadAndDraw(L, part) {
   }
   await Promise.all([...groups.values()].map(async (g) => {
     const series = await ctx.api.series(ctx.state.run, g.panels.map((p) => p.tensor.tag), g.fields,
-      { downsample: g.downsample, chunk: CHUNK });
+      { downsample: g.downsample, chunk: g.panels.length });
     if (!ctx.alive()) return;
     for (const p of g.panels) {
       const s = series[p.tensor.tag];
