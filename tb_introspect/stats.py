@@ -156,6 +156,10 @@ def _in_xla_context() -> bool:
 
 
 def _count(mask) -> tf.Tensor:
+    """Number of True elements, as float64 (int32 sums are the cheapest exact count)."""
+    size = mask.shape.num_elements()
+    if size is not None and size < 2**31:
+        return tf.cast(tf.reduce_sum(tf.cast(mask, tf.int32)), _F64)
     return tf.cast(tf.math.count_nonzero(mask, dtype=tf.int64), _F64)
 
 
@@ -236,15 +240,6 @@ def _batch_parts(
         "max": vmax,
         "_exp": e,
     }
-    out["min_abs"] = tf.cast(
-        tf.cond(
-            tf.equal(nnz, count),
-            lambda: tf.reduce_min(tf.abs(xf)),
-            lambda: tf.reduce_min(_where(active, tf.abs(xf), inf)),
-        ),
-        _F64,
-    )
-
     channel, spatial = _activity_flags(tf.reshape(active, tf.shape(x)), x.shape)
     if keyed:
         out["channel_active"] = tf.cast(channel, _F64)
@@ -264,13 +259,17 @@ def _batch_parts(
     if n_static == 0:
         vals = tf.fill([k], tf.constant(_INF, _F64))
         keys = tf.fill([k], tf.constant(_INF, _F64))
+        min_abs = tf.constant(_INF, _F64)
     elif n_static is not None:
-        vals, keys = _sample(flat, xf, active, n, nnz, k, seed, keyed)
+        vals, keys, min_abs = _sample(flat, xf, active, n, nnz, k, seed, keyed)
     else:
         # Unknown size (e.g. a dynamic batch) may be 0: one padding element keeps
-        # every gather in range without a data-dependent branch.
+        # every gather in range without a data-dependent branch (+inf: not a min |x|).
         pad = lambda t, v: tf.concat([t, tf.reshape(tf.cast(v, t.dtype), [1])], 0)  # noqa: E731
-        vals, keys = _sample(pad(flat, 0), pad(xf, 0), pad(active, False), n, nnz, k, seed, keyed)
+        vals, keys, min_abs = _sample(
+            pad(flat, _INF), pad(xf, 0), pad(active, False), n, nnz, k, seed, keyed
+        )
+    out["min_abs"] = min_abs
     out["sample_values"] = vals
     out["sample_keys"] = keys
     return out
@@ -300,20 +299,29 @@ def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor
 
 
 def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
-    """Up to ``k`` finite non-zero values of ``flat`` (float64, +inf padded) and their keys.
+    """Up to ``k`` finite non-zero values of ``flat`` (+inf padded), their keys, min |x| != 0.
 
     All of them, in order, when there are at most ``k``; otherwise ``k`` drawn
     uniformly with replacement.
     """
     nnz_i = tf.cast(nnz, tf.int64)
     exact = nnz_i <= k
-    u = _uniform([k], seed, 1)
+    if keyed:
+        u = _uniform([k], seed, 1)  # i.i.d.: positions must not correlate with the keys
+    else:
+        # Sorted uniforms (normalised exponential spacings): the same sample, but the
+        # gather below then walks memory in order instead of jumping at random.
+        spacings = -tf.math.log1p(-_uniform([k + 1], seed, 1))
+        cum = tf.cumsum(spacings)
+        u = cum[:k] / cum[k]
     drawn = tf.minimum(tf.cast(tf.floor(u * nnz), tf.int64), tf.maximum(nnz_i - 1, 0))
     ranks = _where(exact, tf.range(k, dtype=tf.int64), drawn)
     valid = ranks < nnz_i
 
+    # Each branch also gives the smallest non-zero |x| (for logq0), from data it has at hand.
     def direct():  # every element is finite and non-zero: ranks are positions
-        return tf.gather(flat, tf.clip_by_value(ranks, 0, tf.maximum(n - 1, 0)))
+        picked = tf.gather(flat, tf.clip_by_value(ranks, 0, tf.maximum(n - 1, 0)))
+        return picked, tf.reduce_min(tf.abs(flat))
 
     def compacted():
         if _in_xla_context():
@@ -322,21 +330,25 @@ def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
             cs = tf.cumsum(tf.cast(active, tf.int64)) - 1
             idx = _where(active, cs, n)
             compact = tf.scatter_nd(idx[:, tf.newaxis], xf, tf.reshape(n + 1, [1]))
+            min_abs = tf.reduce_min(_where(active, tf.abs(xf), inf))
         else:
             compact = tf.boolean_mask(flat, active)
-        return tf.gather(compact, tf.clip_by_value(ranks, 0, tf.maximum(nnz_i - 1, 0)))
+            min_abs = tf.reduce_min(tf.abs(compact))
+        picked = tf.gather(compact, tf.clip_by_value(ranks, 0, tf.maximum(nnz_i - 1, 0)))
+        return picked, min_abs
 
     def nothing():
-        return tf.zeros([k], flat.dtype)
+        return tf.zeros([k], flat.dtype), inf
 
-    gathered = tf.cond(
+    inf = tf.constant(_INF, flat.dtype)
+    gathered, min_abs = tf.cond(
         tf.equal(nnz_i, n),
         direct,
         lambda: tf.cond(nnz_i > 0, compacted, nothing),
     )
     if not keyed:
         # Kept in the input's float type: sorting float32 is cheaper than float64.
-        return _where(valid, gathered, _INF), tf.zeros([0], _F64)
+        return _where(valid, gathered, _INF), tf.zeros([0], _F64), tf.cast(min_abs, _F64)
     vals = _where(valid, tf.cast(gathered, _F64), _INF)
     # Bottom-k keys: with all values kept, i.i.d. uniform keys; with a draw, the k
     # smallest of nnz uniform keys, made from exponential spacings S_i / S_(nnz+1)
@@ -350,7 +362,7 @@ def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
     )
     drawn_keys = s / (s[-1] + gamma)
     keys = _where(exact, _uniform([k], seed, 4), drawn_keys)
-    return vals, _where(valid, keys, _INF)
+    return vals, _where(valid, keys, _INF), tf.cast(min_abs, _F64)
 
 
 # --------------------------------------------------------------------------- quantiles
