@@ -318,14 +318,19 @@ def test_findings_hook(env, monkeypatch) -> None:
 
     def find_issues(run_series):
         seen.append(run_series)
-        return [{"kind": "dead_units", "layers": [run_series.tensors["output"][0].info.layer]}]
+        layer = run_series.tensors["output"][0].info.layer
+        # numpy numbers and NaN, as rules computing evidence with numpy return them
+        return [{"kind": "dead_units", "layers": (layer,),
+                 "evidence": {"dead_rate": np.float32(0.5), "ratio": float("nan"),
+                              "steps": np.arange(2)}}]
 
     fake = types.ModuleType("tb_introspect.diagnose")
     fake.find_issues = find_issues
     monkeypatch.setitem(sys.modules, "tb_introspect.diagnose", fake)
     app = App(root)  # fresh caches
     doc = app.get("overview?run=exp/a")
-    assert doc["findings"] == [{"kind": "dead_units", "layers": ["dense"]}]
+    assert doc["findings"] == [{"kind": "dead_units", "layers": ["dense"], "evidence": {
+        "dead_rate": 0.5, "ratio": None, "steps": [0, 1]}}]
     assert seen[0].run == "exp/a" and "findings_error" not in doc
 
     def broken(run_series):

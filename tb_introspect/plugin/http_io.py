@@ -48,6 +48,28 @@ def int_list(values: Any) -> list:
     return out.tolist()
 
 
+def jsonable(obj: Any) -> Any:
+    """A copy of ``obj`` that ``encode`` accepts: numpy values become Python ones,
+    non-finite floats ``None``, tuples and sets lists, other objects their ``str``.
+
+    For data from other modules (findings); the routes' own arrays go through
+    :func:`num_list` directly, which is much faster.
+    """
+    if obj is None or isinstance(obj, (bool, str, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    return str(obj)
+
+
 def encode(obj: Any) -> bytes:
     """Compact JSON bytes; refuses NaN so that a missed conversion fails loudly in tests."""
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")

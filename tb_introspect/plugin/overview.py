@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tb_introspect import metadata
-from tb_introspect.plugin.http_io import int_list, num_list
+from tb_introspect.plugin.http_io import int_list, jsonable, num_list
 from tb_introspect.plugin.reader import RunSeries, Series
 
 logger = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ def find_issues_hook(run: RunSeries) -> tuple[list, str | None]:
     if find is None:
         return [], None
     try:
-        return [_finding_json(f) for f in find(run)], None
+        return [jsonable(_finding_json(f)) for f in find(run)], None
     except Exception as e:  # same reason
         logger.exception("tb-introspect: findings rules failed on run %s", run.run)
         return [], f"findings failed: {e}"
