@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata, stats, summary
-from tb_introspect.collect import capture, kernels
+from tb_introspect.collect import capture, kernels, lean
 
 logger = logging.getLogger("tb_introspect")
 
@@ -40,8 +40,11 @@ logger = logging.getLogger("tb_introspect")
 DEFAULT_LOG_SAMPLE_SIZE = 2**14
 #: Percentile sample bound for the in-step output/output-gradient accumulators.
 #: It is paid on every accumulated step, so it is kept small; rank error is
-#: about 0.5/sqrt(k) (0.8 percentile points at 4096, one sigma).
-DEFAULT_STEP_SAMPLE_SIZE = 2**12
+#: about 0.5/sqrt(k) (1.1 percentile points at 2048, one sigma).
+DEFAULT_STEP_SAMPLE_SIZE = 2**11
+#: Elements of one layer output folded into its accumulator per step (whole
+#: rows of the batch); bounds the in-step cost of large activations.
+DEFAULT_OUTPUT_BUDGET = 2**16
 
 _ON_READ = tf.VariableSynchronization.ON_READ
 _AGG = tf.VariableAggregation
@@ -70,33 +73,45 @@ class Monitored:
         return metadata.stats_tag(self.view, self.name)
 
 
-class StateLayout:
-    """Packs a ``stats`` accumulator state into one flat float64 vector (one variable).
+class BatchLayout:
+    """The accumulator states of all monitored outputs, one row each, in one variable.
 
-    The state is that of the tensor's canonical shape (``kernels.activation_shape``).
+    Row ``j`` packs ``stats``' state (``STATE_MERGE`` keys) of output ``j`` in
+    its canonical shape (``kernels.activation_shape``); flags are zero-padded
+    to the widest tensor so that every row has the same length and one
+    vectorised merge folds a step into all of them.
     """
 
-    def __init__(self, shape: Sequence[int | None], sample_size: int):
-        self.canonical = kernels.activation_shape(shape)
+    def __init__(self, shapes: Sequence[Sequence[int | None]], sample_size: int):
+        self.canonical = [kernels.activation_shape(s) for s in shapes]
         self.k = int(sample_size)
-        empty = stats.empty_state(tf.TensorShape(self.canonical), sample_size=sample_size)
+        self.widths = [(int(c[-1]), int(c[1]) if len(c) == 3 else 0) for c in self.canonical]
+        self.cmax = max([w[0] for w in self.widths], default=1)
+        self.smax = max([w[1] for w in self.widths], default=0)
+        self.n = len(self.canonical)
+        empty = stats.empty_state(tf.TensorShape([None, self.smax or 1, self.cmax]
+                                                 if self.smax else [None, self.cmax]),
+                                  sample_size=self.k)
+        empty["spatial_active"] = tf.zeros([self.smax], tf.float64)
         self.keys = list(stats.STATE_MERGE)
-        self.shapes = [empty[k].shape for k in self.keys]
-        self.sizes = [int(s.num_elements()) for s in self.shapes]
-        self.empty = np.concatenate(
-            [np.asarray(empty[k], np.float64).reshape(-1) for k in self.keys]
+        self.shapes = [tf.TensorShape(empty[k].shape) for k in self.keys]
+        self.sizes = [int(sh.num_elements()) for sh in self.shapes]
+        self.empty_row = {k: np.asarray(empty[k], np.float64) for k in self.keys}
+        row = np.concatenate([self.empty_row[k].reshape(-1) for k in self.keys])
+        self.empty = np.tile(row, (max(self.n, 1), 1))
+
+    def pack(self, stacked: dict[str, tf.Tensor]) -> tf.Tensor:
+        """[N, ...] fields -> [N, L]."""
+        return tf.concat(
+            [tf.reshape(tf.cast(stacked[k], tf.float64), [self.n, -1]) for k in self.keys], 1
         )
 
-    def pack(self, state: dict[str, tf.Tensor]) -> tf.Tensor:
-        return tf.concat([tf.reshape(tf.cast(state[k], tf.float64), [-1]) for k in self.keys], 0)
-
     def unpack(self, flat: tf.Tensor) -> dict[str, tf.Tensor]:
+        """[..., N, L] -> fields with the same leading axes."""
         parts = tf.split(flat, self.sizes, axis=-1)
         lead = flat.shape[:-1].as_list()
-        return {
-            k: tf.reshape(p, lead + s.as_list())
-            for k, p, s in zip(self.keys, parts, self.shapes, strict=True)
-        }
+        return {k: tf.reshape(p, lead + s.as_list())
+                for k, p, s in zip(self.keys, parts, self.shapes, strict=True)}
 
 
 def sanitize(name: str) -> str:
@@ -122,6 +137,7 @@ class Collector:
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        output_budget: int | None = None,
         strategy: tf.distribute.Strategy | None = None,
         writer: Any = None,
         seed: int = 0,
@@ -131,6 +147,7 @@ class Collector:
         self.quantiles = tuple(float(q) for q in quantiles)
         self.sample_size = int(sample_size)
         self.step_sample_size = int(step_sample_size)
+        self.output_budget = None if output_budget is None else int(output_budget)
         self.strategy = strategy or tf.distribute.get_strategy()
         self.writer = writer
         self.seed = int(seed)
@@ -218,19 +235,14 @@ class Collector:
                         tf.convert_to_tensor(_value(v)), trainable=False, name="w_prev"
                     ))
             del use_vars
-            self.layouts = [StateLayout(s.shape, self.step_sample_size) for s in self.out_specs]
-            self.out_state, self.out_grad_state = [], []
-            for j, layout in enumerate(self.layouts):
-                if self.want("output"):
-                    self.out_state.append(tf.Variable(
-                        layout.empty, trainable=False, name=f"out_state_{j}",
+            self.layout = BatchLayout([sp.shape for sp in self.out_specs], self.step_sample_size)
+            self.out_vars: dict[str, tf.Variable] = {}
+            for view in ("output", "output_gradient"):
+                if self.want(view) and self.out_specs:
+                    self.out_vars[view] = tf.Variable(
+                        self.layout.empty, trainable=False, name=f"{view}_states",
                         synchronization=_ON_READ, aggregation=_AGG.NONE,
-                    ))
-                if self.want("output_gradient"):
-                    self.out_grad_state.append(tf.Variable(
-                        layout.empty, trainable=False, name=f"out_grad_state_{j}",
-                        synchronization=_ON_READ, aggregation=_AGG.NONE,
-                    ))
+                    )
             m = max(len(self.metric_names), 1)
             self.metric_total = tf.Variable(
                 tf.zeros([self.metric_rows, m], tf.float64), trainable=False,
@@ -330,16 +342,14 @@ class Collector:
                     updates.append(lambda i=i, g=g: self.grad_prev[i].assign(g))
                     updates.append(lambda i=i, g=g: self.grad_acc[i].assign(tf.zeros_like(g)))
                 updates.append(lambda: self.has_grad_prev.assign(True))
-        out_views = [v for v in ("output", "output_gradient") if self.want(v)]
-        if out_views and self.out_specs:
-            vectors = self.strategy.run(self._finalize_outputs, args=(epoch,))
-            vectors = [self.strategy.experimental_local_results(v)[0] for v in vectors]
-            order = [
-                (j, view) for view in out_views for j in range(len(self.out_specs))
-                if self._writes_output(view, j)
-            ]
-            for (j, view), vec in zip(order, vectors, strict=True):
-                writes.append((self.out_specs[j], view, vec))
+        views = list(self.out_vars)
+        if views:
+            results = self.strategy.run(self._finalize_outputs, args=(epoch,))
+            for view, block in zip(views, results, strict=True):
+                block = self.strategy.experimental_local_results(block)[0]
+                for j in range(self.layout.n):
+                    if self._writes_output(view, j):
+                        writes.append((self.out_specs[j], view, block[j]))
         with tf.control_dependencies([vec for _, _, vec in writes]):
             for update in updates:
                 update()
@@ -364,47 +374,26 @@ class Collector:
     def _finalize_outputs(self, epoch: tf.Tensor) -> list[tf.Tensor]:
         """Replica context: merge every replica's states (one all_gather), finalize, reset."""
         ctx = tf.distribute.get_replica_context()
-        pending: list[tuple[StateLayout, str, tf.Variable]] = []
-        for view, states in (("output", self.out_state), ("output_gradient", self.out_grad_state)):
-            if not self.want(view):
-                continue
-            for j, var in enumerate(states):
-                if self._writes_output(view, j):
-                    pending.append((self.layouts[j], view, var))
-        if not pending:
-            return []
-        local = [var.read_value() for _, _, var in pending]
-        sizes = [int(t.shape[0]) for t in local]
-        flat = tf.concat(local, 0)
+        layout, views = self.layout, list(self.out_vars)
+        local = tf.stack([self.out_vars[v].read_value() for v in views])  # [V, N, L]
         replicas = ctx.num_replicas_in_sync if ctx is not None else 1
         if replicas > 1:
-            gathered = ctx.all_gather(flat[tf.newaxis], axis=0)  # [R, total]
-        else:
-            gathered = flat[tf.newaxis]
-        parts = tf.split(gathered, sizes, axis=1)
-        merged = []
-        for (layout, _, _), part in zip(pending, parts, strict=True):
+            gathered = ctx.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
+        blocks = []
+        for vi, view in enumerate(views):
             if replicas > 1:
-                state = kernels.merge_fn(layout.k)(layout.unpack(part))
-                for key, shape in zip(layout.keys, layout.shapes, strict=True):
-                    state[key].set_shape(shape)
-                merged.append(state)
+                state = layout.unpack(gathered[0, vi])
+                for r in range(1, replicas):
+                    state = lean.merge(state, layout.unpack(gathered[r, vi]))
             else:
-                merged.append(layout.unpack(part[0]))
-        vectors: list[tf.Tensor | None] = [None] * len(pending)
-        for view in ("output", "output_gradient"):
-            idx = [n for n, (_, v, _) in enumerate(pending) if v == view]
-            by_k: dict[int, list[int]] = {}
-            for n in idx:
-                by_k.setdefault(pending[n][0].k, []).append(n)
-            for k, group in by_k.items():
-                block = kernels.finalize_many([merged[n] for n in group], view, self.quantiles, k)
-                for r, n in enumerate(group):
-                    vectors[n] = _fill(block[r], {0: epoch})
-        with tf.control_dependencies(vectors):
-            for layout, _, var in pending:
-                var.assign(tf.constant(layout.empty))
-        return [tf.identity(v) for v in vectors]
+                state = layout.unpack(local[vi])
+            block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
+            epoch_col = tf.fill([layout.n, 1], tf.cast(epoch, tf.float64))
+            blocks.append(tf.concat([epoch_col, block[:, 1:]], axis=1))
+        with tf.control_dependencies(blocks):
+            for view in views:
+                self.out_vars[view].assign(tf.constant(layout.empty))
+        return [tf.identity(b) for b in blocks]
 
 
 class StepRecorder:
@@ -425,6 +414,7 @@ class StepRecorder:
         self.replica = tf.cast(rid, tf.int64)
         self.calls: dict[str, int] = {}
         self.grads_done = False
+        self.stash: dict[str, dict[int, tf.Tensor]] = {"output": {}, "output_gradient": {}}
 
     # -- helpers
 
@@ -461,26 +451,18 @@ class StepRecorder:
     def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
         c = self.c
         spec = c.out_specs[j]
-        if c.want("output") and not _off(c, "output", spec.name):
-            try:
-                self._update_state(c.out_state[j], c.layouts[j], x, self._seed(j, 0))
-                c.output_seen.add(j)
-            except Exception as e:  # never break training
-                c.fail(f"output {spec.name}", e)
+        if "output" in c.out_vars and not _off(c, "output", spec.name):
+            self.output_value(j, x)
+            c.output_seen.add(j)
         if (
-            c.want("output_gradient")
+            "output_gradient" in c.out_vars
             and spec.has_grad
             and capture.is_float(x.dtype)
             and not _off(c, "output_gradient", spec.name)
         ):
-            def on_grad(dy, j=j, spec=spec):
-                try:
-                    self._update_state(
-                        c.out_grad_state[j], c.layouts[j], self._unscale(dy), self._seed(j, 1)
-                    )
-                    c.output_grad_seen.add(j)
-                except Exception as e:
-                    c.fail(f"output_gradient {spec.name}", e)
+            def on_grad(dy, j=j):
+                self.output_gradient(j, dy)
+                c.output_grad_seen.add(j)
 
             try:
                 return capture.probe(x, on_grad)
@@ -489,36 +471,76 @@ class StepRecorder:
         return x
 
     def output_value(self, j: int, x: tf.Tensor) -> None:
-        """Fold a layer output handed over explicitly (custom loops) into its state."""
-        c = self.c
-        spec = c.out_specs[j]
-        if c.want("output") and not _off(c, "output", spec.name):
-            try:
-                self._update_state(c.out_state[j], c.layouts[j], x, self._seed(j, 0))
-            except Exception as e:
-                c.fail(f"output {spec.name}", e)
+        """Stash a layer output for this step's accumulator update."""
+        self._stash("output", j, x)
 
     def output_gradient(self, j: int, dy: tf.Tensor) -> None:
-        """Fold an output gradient handed over explicitly (custom loops) into its state."""
+        """Stash an output gradient (of the unscaled loss) for this step's update."""
+        self._stash("output_gradient", j, dy)
+
+    def _stash(self, view: str, j: int, x: tf.Tensor) -> None:
         c = self.c
-        spec = c.out_specs[j]
-        if c.want("output_gradient") and not _off(c, "output_gradient", spec.name):
+        name = c.out_specs[j].name
+        if view not in c.out_vars or _off(c, view, name):
+            return
+        try:
+            if view == "output_gradient":
+                x = self._unscale(x)
+            self.stash[view][j] = self._rows(j, x)
+        except Exception as e:  # never break training
+            c.fail(f"{view} {name}", e)
+
+    def _rows(self, j: int, x: tf.Tensor) -> tf.Tensor:
+        """``x`` in canonical shape, limited to ``output_budget`` elements by whole rows.
+
+        The rows are a random subset of the batch, the same for an output and
+        its gradient (same seed).
+        """
+        canonical = self.c.layout.canonical[j]
+        xc = kernels.as_activation(x, canonical)
+        budget = self.c.output_budget
+        if budget is None:
+            return xc
+        per_row = int(np.prod([d for d in canonical[1:]], dtype=np.int64))
+        m = max(1, budget // max(per_row, 1))
+        if xc.shape[0] is not None and xc.shape[0] <= m:
+            return xc
+        n = tf.shape(xc)[0]
+        keys = tf.random.stateless_uniform([n], seed=self._seed(j, 7))
+        return tf.gather(xc, tf.argsort(keys)[:m])
+
+    def finish(self) -> None:
+        """Fold the stashed tensors into the accumulators (one merge per view); count the step."""
+        c = self.c
+        if any(self.stash.values()):
             try:
-                self._update_state(
-                    c.out_grad_state[j], c.layouts[j], self._unscale(dy), self._seed(j, 1)
-                )
+                self._when_sampled(self._fold)
             except Exception as e:
-                c.fail(f"output_gradient {spec.name}", e)
+                c.fail("output view", e)
+        c.counter.assign_add(1)
 
-    def _update_state(self, var: tf.Variable, layout: StateLayout, x: tf.Tensor, seed) -> None:
-        def update():
-            xc = kernels.as_activation(x, layout.canonical)
-            fn = kernels.update_fn(len(layout.canonical), xc.dtype.name, layout.k,
-                                   kernels.in_xla_context())
+    def _fold(self) -> None:
+        c, layout = self.c, self.c.layout
+        xla = kernels.in_xla_context()
+        empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
+        for view, stash in self.stash.items():
+            if not stash:
+                continue
+            rows = []
+            for j in range(layout.n):
+                t = stash.get(j)
+                if t is None:
+                    rows.append(empty)
+                    continue
+                fn = kernels.activation_parts_fn(t.shape.rank, t.dtype.name, layout.k, xla)
+                part = fn(t, self._seed(j, 2 if view == "output" else 3))
+                part["channel_active"].set_shape([layout.widths[j][0]])
+                part["spatial_active"].set_shape([layout.widths[j][1]])
+                rows.append(kernels.pad_state(part, layout.cmax, layout.smax))
+            new = {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
+            var = c.out_vars[view]
             state = layout.unpack(var.read_value())
-            var.assign(layout.pack(fn(state, xc, seed)))
-
-        self._when_sampled(update)
+            var.assign(layout.pack(lean.merge(state, new)))
 
     # -- gradients (called by the optimizer wrapper)
 
@@ -569,8 +591,6 @@ class StepRecorder:
         c.metric_total.assign(tf.tensor_scatter_nd_update(c.metric_total, idx, t[tf.newaxis]))
         c.metric_count.assign(tf.tensor_scatter_nd_update(c.metric_count, idx, n[tf.newaxis]))
 
-    def finish(self) -> None:
-        self.c.counter.assign_add(1)
 
 
 def _run_if(pred: Any, fn: Callable[[], Any]) -> None:

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tb_introspect import metadata
 from tb_introspect.collect.core import (
     DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_OUTPUT_BUDGET,
     DEFAULT_STEP_SAMPLE_SIZE,
     Collector,
     Monitored,
@@ -80,6 +81,7 @@ class Introspector:
         *,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
@@ -97,6 +99,8 @@ class Introspector:
             views=views, every=every, quantiles=quantiles,
             sample_size=check_positive("sample_size", sample_size),
             step_sample_size=check_positive("step_sample_size", step_sample_size),
+            output_budget=(None if output_budget is None
+                           else check_positive("output_budget", output_budget)),
             strategy=strategy, writer=self.writer, seed=seed,
         )
         self.host = HostLogger(self.collector, self.writer, flush_secs)

@@ -34,6 +34,7 @@ from tb_introspect import metadata
 from tb_introspect.collect import capture
 from tb_introspect.collect.core import (
     DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_OUTPUT_BUDGET,
     DEFAULT_STEP_SAMPLE_SIZE,
     Collector,
     Monitored,
@@ -242,6 +243,11 @@ class Introspect(keras.callbacks.Callback):
         sample_size: percentile sample bound for variables and gradients.
         step_sample_size: percentile sample bound of the in-step output
             accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
+        output_budget: at most this many elements of each layer output (and
+            output gradient) are folded in per step, as whole rows (samples)
+            drawn at random from the batch; ``None`` folds in every row (exact
+            counts, extremes and dead rates, at several passes over every
+            activation per step).
         quantiles: percentile points (0..100) recorded.
         flush_secs: longest time logged data waits before it is flushed to disk
             (TensorBoard's live view); epoch ends always flush.
@@ -264,6 +270,7 @@ class Introspect(keras.callbacks.Callback):
         *,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
@@ -273,6 +280,8 @@ class Introspect(keras.callbacks.Callback):
         self.every = check_every(every)
         self.sample_size = check_positive("sample_size", sample_size)
         self.step_sample_size = check_positive("step_sample_size", step_sample_size)
+        self.output_budget = (None if output_budget is None
+                              else check_positive("output_budget", output_budget))
         self.quantiles = tuple(float(q) for q in quantiles)
         metadata.tensor_stats_fields("variable", self.quantiles)
         self.flush_secs = float(flush_secs)
@@ -316,7 +325,8 @@ class Introspect(keras.callbacks.Callback):
         self.collector = Collector(
             views=self.views, every=every, quantiles=self.quantiles,
             sample_size=self.sample_size, step_sample_size=self.step_sample_size,
-            strategy=self.strategy, writer=self.writer, seed=self.seed,
+            output_budget=self.output_budget, strategy=self.strategy, writer=self.writer,
+            seed=self.seed,
         )
         self.host = HostLogger(self.collector, self.writer, self.flush_secs)
         self._patcher = capture.LayerPatcher([])

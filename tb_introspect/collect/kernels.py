@@ -119,20 +119,17 @@ def matrix_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
 
 
 @functools.cache
-def update_fn(rank: int, dtype: str, k: int, xla: bool):
-    """``(state, x[canonical], seed) -> state`` with x folded in."""
+def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
+    """``(x[canonical], seed) -> state`` of one layer output (``lean.parts``)."""
 
     @tf.function(
-        input_signature=[
-            _state_signature(k), tf.TensorSpec([None] * rank, tf.as_dtype(dtype)), _SEED,
-        ],
+        input_signature=[tf.TensorSpec([None] * rank, tf.as_dtype(dtype)), _SEED],
         autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
     )
-    def update(state, x, seed):
-        new = lean.parts(x, k, seed)
-        return stats.merge_stacked({key: tf.stack([state[key], new[key]]) for key in state})
+    def activation_parts(x, seed):
+        return lean.parts(x, k, seed)
 
-    return update
+    return activation_parts
 
 
 @functools.cache
@@ -150,45 +147,44 @@ def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
     return finalize_many
 
 
+def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
+              ) -> dict[str, tf.Tensor]:
+    """Flags zero-padded to common widths, so states of different tensors stack."""
+    out = dict(state)
+    for key, width in (("channel_active", channels), ("spatial_active", positions)):
+        t = state[key]
+        out[key] = tf.pad(t, [[0, width - int(t.shape[0])]])
+    return out
+
+
 def finalize_many(states: Sequence[dict[str, tf.Tensor]], view: str,
                   quantiles: tuple[float, ...], k: int) -> tf.Tensor:
     """Statistics vectors ``[len(states), fields]`` of many states (any flag sizes)."""
-    widths = {key: max(int(s[key].shape[0]) for s in states)
-              for key in ("channel_active", "spatial_active")}
-    stacked = {}
-    for key in stats.STATE_MERGE:
-        items = [s[key] for s in states]
-        if key in widths:
-            # Padding with "active" flags; the dead-rate slots are recomputed below
-            # from the real flags.
-            items = [tf.pad(t, [[0, widths[key] - int(t.shape[0])]], constant_values=1.0)
-                     for t in items]
-        stacked[key] = tf.stack(items)
+    widths = [(int(s["channel_active"].shape[0]), int(s["spatial_active"].shape[0]))
+              for s in states]
+    cmax = max(w[0] for w in widths)
+    smax = max(w[1] for w in widths)
+    padded = [pad_state(s, cmax, smax) for s in states]
+    stacked = {key: tf.stack([s[key] for s in padded]) for key in stats.STATE_MERGE}
+    return finalize_stacked(stacked, view, quantiles, k, widths)
+
+
+def finalize_stacked(stacked: dict[str, tf.Tensor], view: str, quantiles: tuple[float, ...],
+                     k: int, widths: Sequence[tuple[int, int]]) -> tf.Tensor:
+    """Vectors ``[N, fields]`` of N stacked states whose flags are zero-padded.
+
+    The dead-rate slots are recomputed from each tensor's real flag count
+    (``widths``: (channels, positions) per row); padding would skew them.
+    """
     vectors = finalize_many_fn(view, quantiles, k)(stacked)
     fields = list(metadata.tensor_stats_fields(view, quantiles))
-    dead = tf.stack([_dead_rate(s["channel_active"], s["count"]) for s in states])
-    sdead = tf.stack([_dead_rate(s["spatial_active"], s["count"]) for s in states])
+    count = stacked["count"]
     cols = tf.unstack(vectors, axis=1)
-    cols[fields.index("dead_rate")] = dead
-    cols[fields.index("spatial_dead_rate")] = sdead
+    for slot, key, w in (("dead_rate", "channel_active", [c for c, _ in widths]),
+                         ("spatial_dead_rate", "spatial_active", [p for _, p in widths])):
+        size = tf.constant(w, tf.float64)
+        active = tf.reduce_sum(stacked[key], axis=1)
+        ok = (count > 0) & (size > 0)
+        rate = (size - active) / tf.maximum(size, 1.0)
+        cols[fields.index(slot)] = tf.where(ok, rate, tf.constant(float("nan"), tf.float64))
     return tf.stack(cols, axis=1)
-
-
-def _dead_rate(flags: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-    """1 - mean(flags); NaN when the tensor is empty or has no flags (as ``stats``)."""
-    size = tf.cast(tf.size(flags), tf.float64)
-    ok = (count > 0) & (size > 0)
-    rate = (size - tf.reduce_sum(flags)) / tf.maximum(size, 1.0)
-    return tf.where(ok, rate, tf.constant(float("nan"), tf.float64))
-
-
-@functools.cache
-def merge_fn(k: int):
-    """``states stacked on a leading axis -> merged state``."""
-
-    @tf.function(input_signature=[_state_signature(k, stacked=True)], autograph=False,
-                 experimental_attributes=_NOINLINE)
-    def merge(stacked):
-        return stats.merge_stacked(stacked)
-
-    return merge

@@ -61,13 +61,12 @@ def _uniform(shape, seed: tf.Tensor, salt: int) -> tf.Tensor:
 
 
 def parts(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The state of ``x`` alone (merge it into a running state with ``stats.merge_stacked``).
+    """The state of ``x`` alone (fold it into a running state with ``merge``).
 
     ``x`` has rank 2 or 3 (canonical shape), ``seed`` is an int64 pair.
     """
     x = to_float(x)
     rank = x.shape.rank
-    red = list(range(rank - 1))  # all but the channel axis
     flat = tf.reshape(x, [-1])
     n = tf.size(flat, out_type=tf.int64)
     count = tf.cast(n, _F64)
@@ -91,43 +90,42 @@ def parts(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
         tf.math.is_finite(total), finite_case, nonfinite_case
     )
     zflat = tf.reshape(z, [-1])
-    # Per-channel extremes: the global ones and the channel flags in one pass each.
-    # (Non-finite values are 0 in z: they count as inactive, as in stats.)
-    cmax = tf.reduce_max(z, axis=red) if rank > 1 else z
-    cmin = tf.reduce_min(z, axis=red) if rank > 1 else z
+    # Extremes over the batch axis first (a fast leading-axis reduction); the
+    # channel flags, position flags and global extremes come from that small
+    # [positions, channels] block. Non-finite values are 0 in z: inactive, as in stats.
+    bmax = tf.reduce_max(z, axis=0)
+    bmin = tf.reduce_min(z, axis=0)
+    active = (bmax > 0) | (bmin < 0)
+    if rank == 3:
+        channel = tf.reduce_any(active, axis=0)
+        spatial = tf.cast(tf.reduce_any(active, axis=1), _F64)
+    else:
+        channel = active
+        spatial = tf.zeros([0], _F64)
     has = nf > 0
-    # Extremes over finite values; z's zeros stand in for non-finite ones, so
-    # the slow path takes them from a masked copy instead.
-    vmin_fast = tf.cast(tf.reduce_min(cmin), _F64)
-    vmax_fast = tf.cast(tf.reduce_max(cmax), _F64)
     finite_all = tf.equal(nf, count)
     vmin = tf.cond(
-        finite_all, lambda: vmin_fast,
+        finite_all, lambda: tf.cast(tf.reduce_min(bmin), _F64),
         lambda: tf.cast(tf.reduce_min(tf.where(tf.math.is_finite(flat), flat, inf)), _F64),
     )
     vmax = tf.cond(
-        finite_all, lambda: vmax_fast,
+        finite_all, lambda: tf.cast(tf.reduce_max(bmax), _F64),
         lambda: tf.cast(tf.reduce_max(tf.where(tf.math.is_finite(flat), flat, -inf)), _F64),
     )
     vmin = tf.where(has, vmin, tf.constant(_INF, _F64))
     vmax = tf.where(has, vmax, tf.constant(-_INF, _F64))
-    channel = tf.cast((cmax > 0) | (cmin < 0), _F64)
-    if rank == 3:
-        spatial = tf.cast(
-            (tf.reduce_max(z, axis=[0, 2]) > 0) | (tf.reduce_min(z, axis=[0, 2]) < 0), _F64
-        )
-    else:
-        spatial = tf.zeros([0], _F64)
-    nnz = tf.cast(tf.math.count_nonzero(zflat, dtype=tf.int64), _F64)
-    npos = tf.cast(tf.math.count_nonzero(zflat > 0, dtype=tf.int64), _F64)
+    sign = tf.sign(zflat)
+    balance = tf.cast(tf.reduce_sum(sign), _F64)  # positives - negatives
     a = tf.abs(zflat)
+    nnz = tf.cast(tf.math.count_nonzero(a, dtype=tf.int64), _F64)
     min_abs = tf.cast(tf.reduce_min(tf.where(a > 0, a, inf)), _F64)
-    sumsq = tf.cast(tf.tensordot(zflat, zflat, 1), _F64)
+    sumsq = tf.cast(tf.reduce_sum(tf.square(zflat)), _F64)
     mean = s / tf.maximum(nf, 1.0)
     m2 = tf.maximum(sumsq - nf * mean * mean, 0.0)
     e = scale_exponent(tf.where(has, vmin, zero), tf.where(has, vmax, zero))
     f = tf.pow(tf.constant(2.0, _F64), -e)
     vals, keys = _sample(zflat, n, nnz, k, seed)
+    npos = (nnz + balance) / 2.0
     return {
         "count": count,
         "finite_count": nf,
@@ -140,11 +138,54 @@ def parts(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
         "min": vmin,
         "max": vmax,
         "min_abs": min_abs,
-        "channel_active": channel,
+        "channel_active": tf.cast(channel, _F64),
         "spatial_active": spatial,
         "sample_keys": keys,
         "sample_values": vals,
     }
+
+
+def merge(a: dict[str, tf.Tensor], b: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Merge two batches of states (leading axis = tensors), as ``stats.merge_stacked``.
+
+    Vectorised over the leading axis (one op per field for all tensors). Flags
+    must be padded to a common width (with 0). Moments are combined in absolute
+    units, which is exact for float32 data; the result is rescaled to stats'
+    convention.
+    """
+    out = {
+        key: a[key] + b[key]
+        for key in ("count", "finite_count", "posinf_count", "neginf_count", "pos_count",
+                    "neg_count")
+    }
+    for key, fn in (("min", tf.minimum), ("max", tf.maximum), ("min_abs", tf.minimum),
+                    ("channel_active", tf.maximum), ("spatial_active", tf.maximum)):
+        out[key] = fn(a[key], b[key])
+    two = tf.constant(2.0, _F64)
+
+    def absolute_m2(st):
+        has = st["finite_count"] > 0
+        e = scale_exponent(tf.where(has, st["min"], 0.0), tf.where(has, st["max"], 0.0))
+        f = tf.pow(two, e)
+        return st["m2"] * f * f
+
+    na, nb = a["finite_count"], b["finite_count"]
+    n = na + nb
+    mean = (na * a["mean"] + nb * b["mean"]) / tf.maximum(n, 1.0)
+    d = a["mean"] - b["mean"]
+    m2 = absolute_m2(a) + absolute_m2(b) + d * d * na * nb / tf.maximum(n, 1.0)
+    has = n > 0
+    e = scale_exponent(tf.where(has, out["min"], 0.0), tf.where(has, out["max"], 0.0))
+    f = tf.pow(two, -e)
+    out["mean"] = tf.where(has, mean, 0.0)
+    out["m2"] = tf.where(has, m2 * f * f, 0.0)
+    keys = tf.concat([a["sample_keys"], b["sample_keys"]], axis=-1)
+    vals = tf.concat([a["sample_values"], b["sample_values"]], axis=-1)
+    k = a["sample_keys"].shape[-1]
+    neg, idx = tf.math.top_k(-keys, k=k, sorted=True)
+    out["sample_keys"] = -neg
+    out["sample_values"] = tf.gather(vals, idx, batch_dims=1)
+    return out
 
 
 def _sample(zflat: tf.Tensor, n: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor):
