@@ -202,6 +202,34 @@ def test_overview_draws_every_chart(session):
     session.shot("overview-full")
 
 
+def test_findings_most_severe_first_and_jump_to_evidence(session):
+    f = session.open("p.introspect.run=exp1%2Flr_0.1")
+    items = f.locator(".finding")
+    # The real rules (tb_introspect.diagnose) on the fixture: NaN gradients
+    # (critical) and conv2's dead channels (warning), most severe first.
+    assert [items.nth(i).get_attribute("data-severity") for i in range(items.count())] == [
+        "critical", "warning"]
+    assert items.nth(0).get_attribute("data-kind") == "nonfinite"
+    assert f'{HTML_LAYER}/kernel' in items.nth(0).locator(".f-title").text_content()
+    assert items.nth(1).get_attribute("data-kind") == "dead_units"
+    assert "1 critical" in f.locator(".findings h2").text_content()
+    session.shot("overview-findings")
+    # Critical -> the NaN tensor's panel in Layers.
+    items.nth(0).locator(".f-title").click()
+    session.wait_ready()
+    assert f.locator(".tab.on").text_content() == "Layers"
+    assert f.locator(".panel.focused").get_attribute("data-tag") == \
+        f"introspect/gradient/{HTML_LAYER}/kernel"
+    # Warning -> conv2's activity panel.
+    session.click('.tab[data-tab="overview"]')
+    f.locator(".finding").nth(1).locator(".f-title").click()
+    session.wait_ready()
+    assert f.locator(".tab.on").text_content() == "Activity"
+    assert f.locator(".panel.focused").get_attribute("data-tag") == "introspect/output/conv2"
+    assert f.locator(".panel.focused .final").text_content() == "dead 55.0%"
+    session.shot("activity-focused")
+
+
 def test_hover_readouts_are_exact(session):
     run, view, name = "exp1/lr_0.01", "gradient", "conv2/kernel"
     f = session.open(f"p.introspect.tab=layers&p.introspect.run={run.replace('/', '%2F')}"

@@ -100,6 +100,12 @@ class App {
     }
   }
 
+  /** The current filter if it shows `tag`, else none (a jump must show its target). */
+  keepFilter(tag) {
+    const t = { tag, name: tag.replace(/^introspect\/[a-z_]+\//, ""), layer: "" };
+    return compileFilter(this.state.filter).test(t) ? this.state.filter : "";
+  }
+
   status(text, kind = "") {
     this.statusEl.textContent = text || "";
     this.statusEl.className = `status ${kind}`;
@@ -184,10 +190,12 @@ class App {
       alive: () => gen === this.gen,
       setState: (p, o) => this.setState(p, o),
       status: (t, k) => this.status(t, k),
-      openLayer: (view, tag) => {
-        const t = { tag, name: tag, layer: "" };
-        const keep = compileFilter(this.state.filter).test(t) ? this.state.filter : "";
-        this.setState({ tab: "layers", view, focus: tag, filter: keep });
+      openLayer: (view, tag, mode) => {
+        const modes = mode ? { ...this.state.modes, [tag]: mode } : this.state.modes;
+        this.setState({ tab: "layers", view, focus: tag, filter: this.keepFilter(tag), modes });
+      },
+      openActivity: (view, tag) => {
+        this.setState({ tab: "activity", aview: view, focus: tag, filter: this.keepFilter(tag) });
       },
     };
     // Cold reads of a big run take the server a while: say so.

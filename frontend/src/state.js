@@ -46,7 +46,7 @@ export function parseState(data) {
   if (!TABS.includes(s.tab)) s.tab = DEFAULTS.tab;
   if (!VIEWS.includes(s.view)) s.view = DEFAULTS.view;
   if (!VIEWS.includes(s.aview)) s.aview = DEFAULTS.aview;
-  if (!["", "values", "magnitude", "rms"].includes(s.lmode)) s.lmode = DEFAULTS.lmode;
+  if (!["", "values", "magnitude", "rms", "update", "cos"].includes(s.lmode)) s.lmode = DEFAULTS.lmode;
   if (!["step", "epoch"].includes(s.x)) s.x = DEFAULTS.x;
   if (!["log", "linear"].includes(s.y)) s.y = DEFAULTS.y;
   if (!["auto", "light", "dark"].includes(s.theme)) s.theme = DEFAULTS.theme;

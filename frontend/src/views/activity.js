@@ -68,6 +68,11 @@ export async function renderActivity(ctx) {
     return { el, plot, label, tools, tensor: tt };
   });
   grid.append(...panels.map((p) => p.el));
+  const focus = panels.find((p) => p.tensor.tag === state.focus);
+  if (focus) {
+    focus.el.classList.add("focused");
+    focus.el.scrollIntoView({ block: "center" });
+  }
   const width = Math.max(180, panels[0].plot.clientWidth);
   // About one point per pixel column (see layers.js).
   const budget = Math.max(200, Math.ceil(width));
@@ -82,6 +87,7 @@ export async function renderActivity(ctx) {
     }));
   }
   await Promise.all(jobs);
+  if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
   await afterPaint();
 }
 

@@ -35,6 +35,8 @@ export function normaliseFinding(f) {
     evidence: f.evidence ?? null,
     explanation: f.explanation || f.description || "",
     suggestion: f.suggestion || f.what_to_try || f.advice || f.try || "",
+    // Where the rules say the evidence is drawn: {tab, view, tag, metric, chart}.
+    jump: f.jump && typeof f.jump === "object" ? f.jump : {},
   };
 }
 
@@ -109,24 +111,32 @@ function evidenceNode(ev) {
   return parts.length ? h("div.f-evidence", parts) : null;
 }
 
-/** Scrolls to (or opens) the chart that shows the evidence of a finding. */
+/** Opens, or scrolls to, the chart that shows the evidence of a finding. */
 function jump(f, ctx) {
-  if (f.tags.length && f.view) {
-    ctx.openLayer(f.view, f.tags[0]);
-    return;
+  const j = f.jump;
+  const view = j.view || f.view;
+  const tag = j.tag || f.tags[0];
+  if (j.tab === "layers" || j.tab === "activity" || (!j.tab && tag && view)) {
+    if (tag && view) {
+      if (j.chart === "activity" || j.tab === "activity") ctx.openActivity(view, tag);
+      else ctx.openLayer(view, tag, j.chart === "update_ratio" ? "update" : null);
+      return;
+    }
   }
+  // Evidence on the overview: a metric chart, one chart of a view's row, or the row.
+  const metric = j.metric || f.metric;
+  const charts = { stack: "stack", rms: "rms-bands", activity: "activity" };
   let target = null;
-  if (f.view) target = ctx.root.querySelector(`#sec-${f.view}`);
-  else if (f.metric || /loss|metric/.test(f.kind)) target = ctx.root.querySelector("#sec-metrics");
-  else {
-    // The rules name layers, not views: find the first view that has one.
-    target = ctx.root.querySelector("#sec-gradient") || ctx.root.querySelector("#sec-metrics");
-  }
+  if (metric) target = ctx.root.querySelector(`.chart[data-chart="${CSS.escape(`metric-${metric}`)}"]`);
+  if (!target && view && charts[j.chart]) target = ctx.root.querySelector(`.chart[data-chart="${view}-${charts[j.chart]}"]`);
+  if (!target && view) target = ctx.root.querySelector(`#sec-${view}`);
+  if (!target && (metric || /loss|metric/.test(f.kind))) target = ctx.root.querySelector("#sec-metrics");
+  if (!target) target = ctx.root.querySelector("#sec-gradient") || ctx.root.querySelector("#sec-metrics");
   if (target) {
-    target.scrollIntoView({ block: "start" });
+    target.scrollIntoView({ block: "center" });
     target.classList.remove("flash");
-    void target.offsetWidth;
+    void target.offsetWidth; // restart the animation
     target.classList.add("flash");
   }
-  ctx.status(`Evidence: ${f.title}${f.view ? ` — ${VIEW_LABELS[f.view]}` : ""}`);
+  ctx.status(`Evidence: ${f.title}${view ? ` — ${VIEW_LABELS[view]}` : ""}`);
 }

@@ -13,12 +13,24 @@ export const MODES = {
   values: "values",
   magnitude: "|x| log",
   rms: "RMS",
+  // Only where the writer logged the slot: variables and gradients.
+  update: "Δw/w",
+  cos: "cos",
 };
 const MODE_HELP = {
   values: "percentiles of the values (linear axis)",
   magnitude: "percentiles of |x| on a log axis (zeros at the bottom); orange: sign balance −100%…+100%",
   rms: "RMS = L2 norm / √size, comparable across layers",
+  update: "update-to-weight ratio ‖Δw‖/‖w‖ between logged points (log axis; ~1e-3 per step is the usual rule of thumb)",
+  cos: "cosine between consecutive gradient aggregates (−1…1; persistently negative = oscillation)",
 };
+const MODE_FIELD = { update: "update_ratio", cos: "cos_prev" };
+
+/** The modes a tensor supports: the extra ones need their slot in the layout. */
+export function modesFor(tensor) {
+  const fields = tensor.fields || [];
+  return Object.keys(MODES).filter((m) => !MODE_FIELD[m] || fields.includes(MODE_FIELD[m]));
+}
 // The article's advice: weights and outputs read best as values, gradients as magnitudes.
 const DEFAULT_MODE = { variable: "values", gradient: "magnitude", output: "values", output_gradient: "magnitude" };
 const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
@@ -28,8 +40,10 @@ const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
 const PARALLEL = 6;
 const chunkSize = (n) => Math.max(10, Math.ceil(n / PARALLEL));
 
-export function modeOf(state, view, tag) {
-  return state.modes[tag] || state.lmode || DEFAULT_MODE[view];
+export function modeOf(state, view, tensor) {
+  const ok = modesFor(tensor);
+  for (const m of [state.modes[tensor.tag], state.lmode]) if (m && ok.includes(m)) return m;
+  return DEFAULT_MODE[view];
 }
 
 function qField(q, log) {
@@ -51,6 +65,7 @@ export function fieldsFor(mode, quantiles, withNonfinite = true) {
   const extra = withNonfinite ? NONFINITE : [];
   if (mode === "values") return [...quantiles.map((q) => qField(q, false)), ...extra];
   if (mode === "magnitude") return [...quantiles.map((q) => qField(q, true)), "zero_fraction", "sign_balance", ...extra];
+  if (MODE_FIELD[mode]) return [MODE_FIELD[mode], ...extra];
   return ["rms", ...extra];
 }
 
@@ -147,19 +162,21 @@ async function loadAndDraw(L, part) {
 function modeAllSwitch(ctx, view) {
   const current = ctx.state.lmode || "";
   const btn = (mode, label) => h(`button.seg${current === mode ? ".on" : ""}`, {
+    dataset: { mode },
     type: "button",
     title: mode ? `Show every panel as ${MODE_HELP[mode]}` : "Each view's default: values for weights/outputs, magnitudes for gradients",
     on: { click: () => ctx.setState({ lmode: mode, modes: {} }) },
   }, label);
   return h("div.segmented", { role: "group", "aria-label": "mode of all panels" },
-    h("span.seg-label", "all panels:"), btn("", "default"), btn("values", "values"), btn("magnitude", "|x| log"), btn("rms", "RMS"));
+    h("span.seg-label", "all panels:"), btn("", "default"), btn("values", "values"), btn("magnitude", "|x| log"), btn("rms", "RMS"),
+    view === "variable" ? btn("update", MODES.update) : null, view === "gradient" ? btn("cos", MODES.cos) : null);
 }
 
 function panel(L, t) {
   const { ctx, view } = L;
-  const mode = modeOf(ctx.state, view, t.tag);
+  const mode = modeOf(ctx.state, view, t);
   const switcher = h("div.segmented.small", { role: "group", "aria-label": "chart mode" },
-    Object.entries(MODES).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
+    modesFor(t).map((m) => [m, MODES[m]]).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
       type: "button",
       title: MODE_HELP[m],
       dataset: { mode: m },
@@ -249,6 +266,24 @@ function drawPanel(L, p, s) {
     } : null,
   };
   const title = "";
+  if (MODE_FIELD[mode]) {
+    const field = MODE_FIELD[mode];
+    const v = s.values[field];
+    const isCos = mode === "cos";
+    // A dashed reference: the ~1e-3 rule of thumb, or zero cosine.
+    const ref = x.map(() => (isCos ? 0 : 1e-3));
+    p.chart = chart(p.plot, {
+      ...common,
+      title,
+      series: [
+        { label: MODES[mode], values: v, color, width: 1.5 },
+        { label: isCos ? "0" : "1e-3", values: ref, color: t.muted, width: 1, dash: [4, 4] },
+      ],
+      y: isCos ? { range: [-1, 1] } : { log: true },
+      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[isCos ? "cos to previous" : "‖Δw‖/‖w‖", v[idx]]], nonfiniteText(s, idx)),
+    });
+    return;
+  }
   if (mode === "rms") {
     const rms = s.values.rms;
     p.chart = chart(p.plot, {
