@@ -107,6 +107,17 @@ def test_one_nonfinite_point_is_enough_and_other_rules_say_insufficient_data() -
     assert got == {"nonfinite": "critical", "insufficient_data": "info"}
 
 
+def test_statistics_of_a_nan_tensor_are_not_evidence_of_anything_else() -> None:
+    # After the NaN, "nothing finite" reads as dead rate 1 and activation rate 0.
+    nan = np.zeros(N)
+    nan[4:] = 100
+    broken = relu_out("d1", 0, [0, 0, 0, 0, 1, 1, 1, 1],
+                      activation_rate=[0.5] * 4 + [0.0] * 4)
+    broken.values[:, broken.info.fields.index("nan_count")] = nan
+    got = kinds(find_issues(run(broken, relu_out("head", 1, 0.0))))
+    assert got == {"nonfinite": "critical"}
+
+
 # ---------------------------------------------------------------- gradient scale
 
 

@@ -215,6 +215,9 @@ def gradient_oscillation(rv: RunView) -> list[Finding]:
             " too large for the local curvature. The loss then stalls or turns noisy, often"
             " only after the first epochs looked fine, because the valley narrows near the"
             " optimum."
+            + (" Here the loss kept falling fast over the same stretch, so this may be a"
+               " passing phase (healthy runs show it too); watch whether it persists."
+               if severity == "info" else "")
         ),
         suggestion=(
             "Lower the learning rate or decay it (the article's slightly-too-high rate is the"

@@ -123,7 +123,8 @@ def loss_trend(rv: RunView) -> list[Finding]:
             "threshold_decrease": t.loss_min_decrease,
         },
         explanation=(
-            "The training loss is no lower than at the start: the model is not learning. The"
+            f"The training loss never got even {100 * t.loss_min_decrease:g}% below its"
+            " starting level: the model is not learning. The"
             " usual causes are gradients that do not reach the weights (vanishing gradients,"
             " dead or saturated units - see the other findings), a learning rate far too low"
             " or far too high, or a bug (labels shuffled apart from inputs, wrong loss for"
