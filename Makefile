@@ -15,6 +15,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard frontend/package.json frontend/pack
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e '.[tf-cpu,demo,test,bench]'
+	$(BIN)/pip install --no-deps 'tf-keras>=2.16,<2.22'
 	touch $(STAMP)
 
 # Rebuild the frontend bundle after editing frontend/src.

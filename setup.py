@@ -63,7 +63,9 @@ setup(
             "ruff==0.17.5",
             "scikit-learn>=1.3,<2",
         ],
-        "bench": ["tensorflow-probability>=0.24,<0.26", "tf-keras>=2.16,<2.22"],
+        # tfp also needs tf-keras, whose own requirement on `tensorflow` would install a second
+        # TensorFlow over tensorflow-cpu: the Makefile installs tf-keras with --no-deps.
+        "bench": ["tensorflow-probability>=0.24,<0.26"],
     },
     entry_points={
         "tensorboard_plugins": [
