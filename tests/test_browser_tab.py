@@ -45,10 +45,11 @@ COLOURED_PIXELS_JS = """
 })
 """
 
-# Data pixels in one canvas column of a panel's plot, at fraction `frac` of its width.
+# Data pixels in one canvas column of a chart's plot, at fraction `frac` of its width;
+# the chart is a panel's (by tag) or any chart (by CSS selector, when `tag` starts with ".").
 COLUMN_JS = """
 ([tag, frac]) => {
-  const sel = `.panel[data-tag="${CSS.escape(tag)}"]`;
+  const sel = tag.startsWith('.') ? tag : `.panel[data-tag="${CSS.escape(tag)}"]`;
   const c = document.querySelector(`${sel} canvas`);
   const o = document.querySelector(`${sel} .u-over`).getBoundingClientRect();
   const r = c.getBoundingClientRect();
@@ -195,6 +196,10 @@ def test_overview_draws_every_chart(session):
     pairs = readout_pairs(loss)
     assert head_step(pairs["@"]) == 120
     assert float(pairs["loss"]) == pytest.approx(known_loss("exp1/lr_0.1", 120), rel=1e-5)
+    # Filled bands, not just lines: the per-epoch loss band between two epoch
+    # ends, and the RMS percentile bands, cover many pixels of a canvas column.
+    for sel in ('.chart[data-chart="metric-loss"]', '.chart[data-chart="gradient-rms-bands"]'):
+        assert f.evaluate(COLUMN_JS, [sel, 0.62]) > 12, sel
     session.shot("overview")
     # Full overview in a tall window, for the eye.
     session.page.set_viewport_size({"width": 1400, "height": 2300})

@@ -251,6 +251,9 @@ function drawBands(u, bands) {
     const hi = u.data[b.upper];
     const lo = u.data[b.lower];
     const yKey = u.series[b.upper].scale;
+    // Edges that bridge gaps (e.g. per-epoch bands on a per-step x axis) skip
+    // missing points; other bands break there, so NaN steps stay gaps.
+    const bridge = u.series[b.upper].spanGaps && u.series[b.lower].spanGaps;
     ctx.fillStyle = b.fill;
     let upX = [];
     let upY = [];
@@ -272,7 +275,7 @@ function drawBands(u, bands) {
       const a = hi[j];
       const c = lo[j];
       if (a == null || c == null) {
-        flush();
+        if (!bridge) flush();
         continue;
       }
       const px = Math.round(u.valToPos(xs[j], "x", true));
