@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,8 +42,9 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["tb_introspect", "tb_introspect.*"]),
-    package_data={"tb_introspect": ["static/*", "proto/*.proto"]},
+    # Namespace discovery so the built bundle (tb_introspect/static, no __init__.py) ships as data.
+    packages=find_namespace_packages(include=["tb_introspect", "tb_introspect.*"]),
+    package_data={"tb_introspect.static": ["*"], "tb_introspect.proto": ["*.proto"]},
     include_package_data=True,
     install_requires=[
         "tensorboard>=2.16,<2.22",
