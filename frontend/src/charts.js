@@ -1,9 +1,9 @@
 // Chart building blocks on top of uPlot: line/band charts, percentile bands,
 // the layer-scale stack plot, exact hover readouts and PNG export.
 //
-// uPlot draws thousands of points per panel on a canvas in well under a
-// millisecond and supports log axes and filled bands, which is what a grid of
-// 200 panels x 1,000 steps needs (see benchmarks/frontend_bench.py).
+// uPlot: a small canvas chart library with log axes and drag-zoom, cheap
+// enough per instance for a grid of 200 panels (measured in
+// benchmarks/frontend_bench.py); SVG-based libraries make a DOM node per point.
 
 import uPlot from "uplot";
 import { h } from "./dom.js";
