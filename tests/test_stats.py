@@ -73,6 +73,8 @@ def test_bfloat16_and_float16_inputs():
     for dt in (tf.bfloat16, tf.float16):
         got = tf_stats(tf.constant(vals, dt))
         assert_stats_close(got, reference_stats(vals, "output"))
+        # numpy twin: TensorFlow's bfloat16 arrays are ml_dtypes arrays
+        assert_stats_close(np_stats(tf.constant(vals, dt).numpy()), reference_stats(vals, "output"))
 
 
 def test_values_near_float_limits_do_not_overflow():
