@@ -99,7 +99,10 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
                 view=view, name=f"{layer}/kernel", layer=layer, depth=depth, shape=(64, 64))
     loss_meta = metadata.create_metric_metadata("loss")
     widths = {v: len(metadata.tensor_stats_fields(v)) for v in metadata.VIEWS}
-    rms_col = metadata.tensor_stats_fields("variable").index("rms")
+    cols = {f: i for i, f in enumerate(metadata.tensor_stats_fields("variable"))}
+    # A healthy tensor of 4,096 values: no NaN/Inf; the other slots stay random in [0, 1].
+    fixed = {"count": 4096, "finite_count": 4096, "nan_count": 0, "posinf_count": 0,
+             "neginf_count": 0}
     scale = 10.0 ** -np.linspace(0, 4, tensors)  # orders of magnitude across depth
     path = os.path.join(run_dir, f"events.out.tfevents.{int(time.time())}.bench")
     points = 0
@@ -112,8 +115,10 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
             wall = 1e9 + step
             for view in metadata.VIEWS:
                 block = rng.uniform(0, 1, size=(tensors, widths[view]))
-                block[:, 0] = epoch
-                block[:, rms_col] = scale * (1 + 0.1 * rng.standard_normal(tensors))
+                for name, value in fixed.items():
+                    block[:, cols[name]] = value
+                block[:, cols["epoch"]] = epoch
+                block[:, cols["rms"]] = scale * (1 + 0.1 * rng.standard_normal(tensors))
                 for i, layer in enumerate(layers):
                     value = summary_pb2.Summary.Value(tag=tags[(view, layer)],
                                                       tensor=_tensor(block[i]))
@@ -148,7 +153,7 @@ def time_route(url: str, repeats: int, isolated: int) -> tuple[float, float, flo
     """
     def once() -> tuple[float, int]:
         t = time.perf_counter()
-        status, _, body = fetch(url, gzip_ok=True, keep_compressed=True)
+        status, _, body = fetch(url, gzip_ok=True, keep_compressed=True, timeout=1800)
         elapsed = (time.perf_counter() - t) * 1000
         assert status == 200, (url, status, body[:200])
         return elapsed, len(body)
@@ -178,7 +183,8 @@ def bench_loader(
         wait_for(loaded, timeout=1800, interval=2.0)
         # TensorBoard may still be ingesting the last points of some tags.
         def complete():
-            doc = get_json(tb.url("run?run=bench"))
+            # The first call reads the whole run (slow on a busy machine).
+            doc = get_json(tb.url("run?run=bench"), timeout=1800)
             return all(t["num_points"] == steps for v in doc["views"].values() for t in v)
 
         wait_for(complete, timeout=1800, interval=2.0)

@@ -219,13 +219,13 @@ def tensorboard(
 
 
 def fetch(
-    url: str, *, gzip_ok: bool = False, keep_compressed: bool = False
+    url: str, *, gzip_ok: bool = False, keep_compressed: bool = False, timeout: float = 60.0
 ) -> tuple[int, dict, bytes]:
     """GET ``url``: (status, headers, body inflated if it was gzipped, unless kept)."""
     accept = "gzip" if gzip_ok else "identity"
     req = urllib.request.Request(url, headers={"Accept-Encoding": accept})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             status, headers, body = r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         status, headers, body = e.code, dict(e.headers), e.read()
@@ -234,9 +234,9 @@ def fetch(
     return status, headers, body
 
 
-def get_json(url: str, *, expect: int = 200, gzip_ok: bool = False):
+def get_json(url: str, *, expect: int = 200, gzip_ok: bool = False, timeout: float = 60.0):
     """GET and parse JSON, asserting the status."""
-    status, _, body = fetch(url, gzip_ok=gzip_ok)
+    status, _, body = fetch(url, gzip_ok=gzip_ok, timeout=timeout)
     assert status == expect, f"{url}: {status} {body[:300]!r}"
     return json.loads(body)
 
