@@ -1,0 +1,247 @@
+"""The ``tb-introspect`` console script, run for real in subprocesses.
+
+Covers ``--help``, usage errors and exit codes, ``diagnose`` (text, ``--json``, no TensorFlow
+import), ``demo`` into an existing logdir (new run names, nothing overwritten), a port in use,
+and ``demo --serve`` against the real TensorBoard it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = shutil.which("tb-introspect", path=os.path.dirname(sys.executable)) or shutil.which(
+    "tb-introspect"
+)
+pytestmark = pytest.mark.skipif(
+    CLI is None, reason="console script not installed (pip install -e .)"
+)
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def snapshot(path: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``path`` with its size and modification time."""
+    return {
+        str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def small_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two short demo runs (the MLPs: fast) made by the real console script."""
+    logdir = tmp_path_factory.mktemp("cli") / "logs"
+    r = cli("demo", "--logdir", str(logdir), "--epochs", "3", "--no-progress",
+            "--scenario", "dying_relu_mlp", "--scenario", "vanishing_sigmoid_mlp")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "3_dying_relu_mlp" in r.stdout and "4_vanishing_sigmoid_mlp" in r.stdout
+    return logdir
+
+
+# --------------------------------------------------------------------------- help, usage
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), ("demo", "diagnose")),
+        (("demo",), ("--logdir", "--serve", "--port", "--host", "--quick", "healthy_cnn",
+                     "lr_too_high_cnn", "dying_relu_mlp", "vanishing_sigmoid_mlp")),
+        (("diagnose",), ("LOGDIR", "--json", "--run")),
+    ],
+)
+def test_help(args: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    r = cli(*args, "--help", timeout=60)
+    assert r.returncode == 0, r.stderr
+    for word in expected:
+        assert word in r.stdout
+
+
+def test_usage_errors_exit_2() -> None:
+    r = cli(timeout=60)
+    assert r.returncode == 2 and "usage:" in r.stderr
+    r = cli("demo", "--epochs", "0", timeout=60)
+    assert r.returncode == 2 and "positive integer" in r.stderr
+    r = cli("demo", "--port", "70000", timeout=60)
+    assert r.returncode == 2 and "port" in r.stderr
+    r = cli("demo", "--scenario", "nope", timeout=60)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = cli("--version", timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("tb-introspect ")
+
+
+def test_run_demo_script_from_checkout() -> None:
+    r = subprocess.run([sys.executable, str(REPO / "demo" / "run_demo.py"), "--help"],
+                       capture_output=True, text=True, timeout=60, env=ENV)
+    assert r.returncode == 0 and "--serve" in r.stdout
+
+
+# --------------------------------------------------------------------------- diagnose
+
+
+def test_diagnose_missing_logdir(tmp_path: Path) -> None:
+    r = cli("diagnose", str(tmp_path / "nowhere"), timeout=60)
+    assert r.returncode == 2
+    assert "does not exist" in r.stderr and "nowhere" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_diagnose_logdir_is_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "file.txt"
+    f.write_text("not a logdir")
+    r = cli("diagnose", str(f), timeout=60)
+    assert r.returncode == 2 and "not a directory" in r.stderr
+
+
+def test_diagnose_logdir_without_data(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("no events here")
+    r = cli("diagnose", str(tmp_path), timeout=120)
+    assert r.returncode == 1
+    assert "no tb-introspect runs found" in r.stderr
+
+
+def test_diagnose_text(small_logdir: Path) -> None:
+    r = cli("diagnose", str(small_logdir), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "== 3_dying_relu_mlp" in out and "== 4_vanishing_sigmoid_mlp" in out
+    for text in ("loss (epoch median)", "gradient RMS first/last layer", "worst dead rate",
+                 "gradient ", "output "):
+        assert text in out
+
+
+def test_diagnose_json_reports_the_vanishing_gradients(small_logdir: Path) -> None:
+    r = cli("diagnose", str(small_logdir), "--json", "--run", "4_vanishing_sigmoid_mlp",
+            timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert [e["run"] for e in doc["runs"]] == ["4_vanishing_sigmoid_mlp"]
+    summary = doc["runs"][0]["summary"]
+    assert summary["layers"] == 10  # flatten, 8 sigmoid layers, classifier
+    assert set(summary["views"]) == {"variable", "gradient", "output", "output_gradient"}
+    g = summary["gradient_first_last"]
+    assert (g["first_layer"], g["last_layer"]) == ("dense1", "classifier")
+    assert g["ratio"] < 1e-2  # the first layer gets orders of magnitude less gradient
+    assert summary["loss"]["last"] > 2.0  # and the model does not learn
+    assert isinstance(doc["runs"][0]["findings"], list)
+
+
+def test_diagnose_unknown_run(small_logdir: Path) -> None:
+    r = cli("diagnose", str(small_logdir), "--run", "no_such_run", timeout=120)
+    assert r.returncode == 1 and "no_such_run" in r.stderr
+
+
+def test_diagnose_does_not_import_tensorflow(small_logdir: Path) -> None:
+    code = (
+        "import sys\n"
+        "from tb_introspect.cli import main\n"
+        f"rc = main(['diagnose', {str(small_logdir)!r}, '--json'])\n"
+        "tf = [m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')]\n"
+        "print('RC', rc, 'TF', tf, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=ENV)
+    assert "RC 0 TF []" in r.stderr, r.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_into_existing_logdir_adds_new_runs(small_logdir: Path) -> None:
+    before = snapshot(small_logdir)
+    r = cli("demo", "--logdir", str(small_logdir), "--epochs", "1", "--no-progress",
+            "--scenario", "vanishing_sigmoid_mlp")
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = snapshot(small_logdir)
+    # Nothing that was there changed...
+    assert {k: after[k] for k in before} == before
+    # ...and the new run sits beside the old one under a distinct name.
+    new_runs = {Path(k).parts[0] for k in after if k not in before}
+    assert new_runs == {"4_vanishing_sigmoid_mlp_2"}
+    assert "4_vanishing_sigmoid_mlp_2" in r.stdout
+
+
+def test_demo_logdir_is_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "taken"
+    f.write_text("x")
+    r = cli("demo", "--logdir", str(f), "--epochs", "1", timeout=120)
+    assert r.returncode == 2 and "not a directory" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_demo_serve_port_in_use_fails_before_training(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.monotonic()
+        r = cli("demo", "--serve", "--host", "127.0.0.1", "--port", str(port),
+                "--logdir", str(tmp_path / "logs"), timeout=120)
+    assert r.returncode == 2
+    assert f"port {port} is already in use" in r.stderr and "--port" in r.stderr
+    assert not (tmp_path / "logs").exists()  # it did not train first
+    assert time.monotonic() - start < 60
+
+
+def test_demo_serve_starts_tensorboard(tmp_path: Path) -> None:
+    port = free_port()
+    logdir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [CLI, "demo", "--serve", "--host", "127.0.0.1", "--port", str(port), "--logdir",
+         str(logdir), "--epochs", "2", "--scenario", "vanishing_sigmoid_mlp", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=REPO,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 500
+        assert proc.stdout is not None
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "TensorBoard is serving the demo at" in line:
+                url = line.split(" at ", 1)[1].split()[0]
+                break
+        assert url == f"http://127.0.0.1:{port}/#introspect", "".join(lines)
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/data/plugin/introspect/runs", timeout=60
+        ) as resp:
+            runs = json.load(resp)["runs"]
+        assert [r["run"] for r in runs] == ["4_vanishing_sigmoid_mlp"]
+        assert runs[0]["views"]["gradient"] == 18
+        proc.send_signal(signal.SIGINT)  # what Ctrl+C does
+        assert proc.wait(timeout=60) == 0
+        # TensorBoard went with it: the port is free again.
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,174 @@
+"""The demo: real training on the digits, read back from the event files it wrote.
+
+The slow part runs ``tb-introspect demo --quick`` once (four real models, the real
+``Introspect`` callback, real event files) and checks that every run shows its situation in
+the logged statistics, with margins measured over several seeds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tb_introspect.demo import models
+from tb_introspect.demo.data import load_digits
+from tb_introspect.demo.evidence import Evidence, collect
+from tb_introspect.demo.run import prepare_logdir, run_names
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = shutil.which("tb-introspect", path=os.path.dirname(sys.executable)) or shutil.which(
+    "tb-introspect"
+)
+RUNS = ("1_healthy_cnn", "2_lr_too_high_cnn", "3_dying_relu_mlp", "4_vanishing_sigmoid_mlp")
+
+
+# --------------------------------------------------------------------------- fast
+
+
+def test_digits_split_is_stratified_scaled_and_repeatable() -> None:
+    d = load_digits()
+    assert d.x_train.shape == (1437, 8, 8, 1) and d.x_val.shape == (360, 8, 8, 1)
+    assert d.x_train.dtype == np.float32 and 0.0 == d.x_train.min() and d.x_train.max() == 1.0
+    assert sorted(np.unique(d.y_train)) == list(range(10))
+    # Stratified: every class has ~20% of its samples in validation.
+    counts = np.bincount(d.y_val, minlength=10) / (
+        np.bincount(d.y_val, minlength=10) + np.bincount(d.y_train, minlength=10)
+    )
+    assert np.all(np.abs(counts - 0.2) < 0.02)
+    again = load_digits()
+    assert np.array_equal(d.x_train, again.x_train) and np.array_equal(d.y_val, again.y_val)
+
+
+def test_run_names_fresh_logdir(tmp_path: Path) -> None:
+    assert run_names(str(tmp_path / "new"), models.SCENARIOS) == list(RUNS)
+    # A subset keeps each scenario's number from the full demo.
+    only = [models.get_scenario("vanishing_sigmoid_mlp")]
+    assert run_names(str(tmp_path), only) == ["4_vanishing_sigmoid_mlp"]
+
+
+def test_run_names_never_reuse_an_existing_name(tmp_path: Path) -> None:
+    (tmp_path / "2_lr_too_high_cnn").mkdir()  # one name of the demo taken...
+    (tmp_path / "my_own_run").mkdir()  # ...and an unrelated run
+    names = run_names(str(tmp_path), models.SCENARIOS)
+    # All runs of this demo get the same suffix, so they stay recognisable as one demo.
+    assert names == [f"{r}_2" for r in RUNS]
+    (tmp_path / "1_healthy_cnn_2").write_text("a file takes the name too")
+    assert run_names(str(tmp_path), models.SCENARIOS) == [f"{r}_3" for r in RUNS]
+
+
+def test_prepare_logdir_creates_new_empty_runs(tmp_path: Path) -> None:
+    first = prepare_logdir(str(tmp_path / "logs"), models.SCENARIOS)
+    (Path(first[0]) / "events.out.tfevents.x").write_text("old")
+    second = prepare_logdir(str(tmp_path / "logs"), models.SCENARIOS)
+    assert [os.path.basename(p) for p in second] == [f"{r}_2" for r in RUNS]
+    assert all(os.listdir(p) == [] for p in second)
+    assert (Path(first[0]) / "events.out.tfevents.x").read_text() == "old"
+
+
+def test_prepare_logdir_rejects_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(NotADirectoryError):
+        prepare_logdir(str(f), models.SCENARIOS)
+
+
+def test_scenarios_are_listed_without_keras() -> None:
+    code = (
+        "import sys\n"
+        "from tb_introspect.demo import models, run\n"
+        "assert len(models.SCENARIOS) == 4\n"
+        "print([m for m in ('keras', 'tensorflow') if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- slow
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Evidence]]:
+    """``tb-introspect demo --quick`` once; the evidence of each run read back from disk."""
+    if CLI is None:
+        pytest.skip("console script not installed (pip install -e .)")
+    logdir = tmp_path_factory.mktemp("demo") / "logs"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    r = subprocess.run([CLI, "demo", "--quick", "--logdir", str(logdir)], capture_output=True,
+                       text=True, timeout=900, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    from tb_introspect.plugin.reader import read_logdir
+
+    runs = read_logdir(str(logdir))
+    assert sorted(runs) == list(RUNS)
+    return logdir, r.stderr, {name: collect(run) for name, run in runs.items()}
+
+
+@pytest.mark.slow
+def test_demo_draws_progress_bars_and_writes_all_views(quick_demo) -> None:
+    logdir, stderr, evidence = quick_demo
+    for i, name in enumerate(RUNS, start=1):
+        assert f"[{i}/4] {name}" in stderr  # one tqdm bar per run...
+        assert "100%" in stderr  # ...that finishes
+    from tb_introspect.plugin.reader import read_logdir
+
+    for name, run in read_logdir(str(logdir)).items():
+        assert set(run.tensors) == {"variable", "gradient", "output", "output_gradient"}, name
+        assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(run.metrics), name
+    quick = {f"{i}_{s.name}": s.quick_epochs for i, s in enumerate(models.SCENARIOS, start=1)}
+    assert {name: e.epochs for name, e in evidence.items()} == quick
+
+
+@pytest.mark.slow
+def test_healthy_cnn(quick_demo) -> None:
+    e = quick_demo[2]["1_healthy_cnn"]
+    med = e.loss_median
+    assert np.all(np.diff(med) < 0), med  # every epoch better than the last
+    assert med[-1] < 0.15, med
+    # Gradient scale comparable from the first to the last layer (no vanishing).
+    assert np.all((e.grad_first_last > 0.3) & (e.grad_first_last < 5)), e.grad_first_last
+    assert e.worst_dead()[1] < 0.5, e.worst_dead()
+    assert e.first_layer_grad_active[-1] > 0.99
+
+
+@pytest.mark.slow
+def test_lr_too_high_cnn_learns_then_oscillates(quick_demo) -> None:
+    e = quick_demo[2]["2_lr_too_high_cnn"]
+    med = e.loss_median
+    assert med[1] < 0.6, med  # the first epochs look fine...
+    assert np.nanmin(med) < 0.2, med  # ...it gets to a low loss...
+    # ...then steps throw it back: per-step losses above 1 in the last epochs.
+    assert np.nanmax(e.loss_max[-3:]) > 1.0, e.loss_max
+    assert np.nanmax(e.loss_max[-3:]) > 5 * np.nanmin(med)
+    # Epoch gradient sums point against the previous ones (bouncing across the valley).
+    assert np.nanmedian(e.grad_cos[2:]) < 0, e.grad_cos
+    # The large steps also kill units of the first conv layer.
+    dead = e.dead_rate["conv1"]
+    assert dead[0] < 0.1 and dead[-1] >= 0.5, dead
+
+
+@pytest.mark.slow
+def test_dying_relu_mlp(quick_demo) -> None:
+    e = quick_demo[2]["3_dying_relu_mlp"]
+    first = max(float(e.dead_rate[k][0]) for k in ("dense1", "dense2", "dense3", "dense4"))
+    layer, last = e.worst_dead()
+    assert first < 0.2 and last >= 0.7, (first, layer, last)  # dead rate rising
+    # Gradients collapse: most first-layer gradient entries are exactly zero at the end.
+    active = e.first_layer_grad_active
+    assert active[-1] < 0.25 * active[0], active
+    med = e.loss_median
+    assert med[-1] > 2 * np.nanmin(med), med  # and the loss climbs back
+
+
+@pytest.mark.slow
+def test_vanishing_sigmoid_mlp(quick_demo) -> None:
+    e = quick_demo[2]["4_vanishing_sigmoid_mlp"]
+    assert e.hidden_layers[0] == "dense1" and e.hidden_layers[-1] == "classifier"
+    assert np.all(e.grad_first_last < 1e-3), e.grad_first_last  # orders of magnitude
+    assert np.all(e.loss_median > 2.2), e.loss_median  # chance is ln 10 = 2.30
