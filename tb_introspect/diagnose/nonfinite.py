@@ -11,9 +11,11 @@ from tb_introspect.diagnose.core import Finding, RunView, rule
 @rule("nonfinite", needs=(*metadata.VIEWS, "loss"), needs_history=False)
 def nonfinite(rv: RunView) -> list[Finding]:
     """The first step where any tensor or metric holds NaN/Inf (critical; one point suffices)."""
-    # (step, view order, depth, tag, view, layer, nan, inf) of every non-finite tensor point.
+    # Per view: the first non-finite column, and (step, view order, depth, tag, view, layer,
+    # nan, inf) of the tensors non-finite there. Vectorised: a broken run is all NaN.
     hits: list[tuple[int, int, int, str, str, str, float, float]] = []
     epochs: dict[int, int | None] = {}
+    ever: set[str] = set()
     for order, view in enumerate(metadata.VIEWS):
         a = rv.view(view)
         if a is None:
@@ -21,10 +23,15 @@ def nonfinite(rv: RunView) -> list[Finding]:
         nan = np.nan_to_num(a.field("nan_count"), nan=0.0)
         inf = np.nan_to_num(a.field("posinf_count"), nan=0.0) + np.nan_to_num(
             a.field("neginf_count"), nan=0.0)
-        for i, j in np.argwhere((nan + inf) > 0):
+        bad = (nan + inf) > 0
+        if not bad.any():
+            continue
+        ever.update(a.series[i].info.tag for i in np.flatnonzero(bad.any(axis=1)))
+        j = int(np.flatnonzero(bad.any(axis=0))[0])
+        step, epoch = rv.step_epoch(a, j)
+        epochs.setdefault(step, epoch)
+        for i in np.flatnonzero(bad[:, j]):
             s = a.series[i]
-            step, epoch = rv.step_epoch(a, j)
-            epochs.setdefault(step, epoch)
             hits.append((step, order, s.info.depth, s.info.tag, view, s.info.layer,
                          float(nan[i, j]), float(inf[i, j])))
     metric_hits: list[tuple[int, str]] = []
@@ -59,9 +66,9 @@ def nonfinite(rv: RunView) -> list[Finding]:
             first_tensor=h0[3],
             first_tensor_step=first_tensor_step,
             tensors_nonfinite_at_that_step=len(tags),
-            nan_values=int(sum(h[6] for h in at_first)),
-            inf_values=int(sum(h[7] for h in at_first)),
-            tensors_ever_nonfinite=len({h[3] for h in hits}),
+            nan_values=_count(sum(h[6] for h in at_first)),
+            inf_values=_count(sum(h[7] for h in at_first)),
+            tensors_ever_nonfinite=len(ever),
         )
         where = f" in {h0[4].replace('_', ' ')} '{h0[3].split('/', 2)[-1]}'"
     if metric_hits:
@@ -95,3 +102,8 @@ def nonfinite(rv: RunView) -> list[Finding]:
         ),
         jump=jump,
     )]
+
+
+def _count(total: float) -> int | None:
+    """A summed count as an int; None when a damaged file's counts sum to Inf."""
+    return int(total) if np.isfinite(total) else None
