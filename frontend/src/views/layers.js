@@ -183,17 +183,18 @@ function panel(L, t) {
       on: { click: () => switchMode(L, p, m) },
     }, label)));
   const plot = h("div.panel-plot");
-  const tools = h("div.panel-tools", switcher);
-  const meta = h("div.panel-meta",
-    h("span.shape", `shape ${shapeText(t.shape)}`),
-    t.dtype ? ` · ${t.dtype}` : "",
-    t.layer && t.layer !== t.name ? [" · layer ", h("span.name", t.layer)] : "",
-    t.cadence === "epoch" ? " · per epoch" : "");
+  // Line 1: the name (and the PNG button); line 2: the shape and the mode
+  // switch. Layer and dtype are in the tooltip: the name already says them.
+  const tools = h("div.panel-tools");
+  const meta = h("div.panel-meta", {
+    title: [t.layer ? `layer ${t.layer}` : "", t.dtype || "", t.cadence === "epoch" ? "logged per epoch" : ""]
+      .filter(Boolean).join(" · "),
+  },
+  h("span.shape", `shape ${shapeText(t.shape)}`),
+  t.cadence === "epoch" ? " · per epoch" : "");
   const el = h("div.panel", { dataset: { tag: t.tag, mode } },
-    h("div.panel-head",
-      h("div.panel-name", { title: t.tag }, t.name),
-      tools),
-    meta,
+    h("div.panel-head", h("div.panel-name", { title: t.tag }, t.name), tools),
+    h("div.panel-bar", meta, switcher),
     plot);
   const p = { el, plot, meta, switcher, tools, tensor: t, mode, chart: null, full: false };
   return p;
@@ -246,10 +247,10 @@ function drawPanel(L, p, s) {
   const total = p.tensor.num_points || s.steps.length;
   p.sampled = s.steps.length < total;
   if (!p.sampleNote) {
-    p.sampleNote = h("span.sampled");
-    p.meta.append(p.sampleNote);
+    p.sampleNote = h("div.sampled");
+    p.el.append(p.sampleNote);
   }
-  p.sampleNote.textContent = p.sampled ? ` · ${s.steps.length} of ${total} points (zoom for all)` : "";
+  p.sampleNote.textContent = p.sampled ? `${s.steps.length} of ${total} points shown; drag to zoom for all` : "";
   const t = theme();
   const color = t.views[view];
   const mode = p.mode;
