@@ -19,7 +19,7 @@ from tb_introspect.diagnose import (
     findings_json,
     format_findings,
 )
-from tb_introspect.diagnose.activity import _quantile_cdf
+from tb_introspect.diagnose.activity import quantile_cdf
 from tb_introspect.diagnose.core import first_sustained, point_spans
 
 N = 8
@@ -56,10 +56,12 @@ def test_point_spans_use_the_typical_gap_for_a_resumed_first_point() -> None:
 def test_quantile_cdf_interpolates_and_counts_ties() -> None:
     q = np.array([0, 25, 50, 75, 100.0])
     v = np.array([-1, -0.5, 0, 0.5, 1.0])
-    assert _quantile_cdf(v, q, 0.25) == pytest.approx(0.625)
-    assert _quantile_cdf(v, q, -2) == 0 and _quantile_cdf(v, q, 2) == 1
+    assert quantile_cdf(v, q, 0.25) == pytest.approx([0.625])
+    assert quantile_cdf(v, q, -2) == [0] and quantile_cdf(v, q, 2) == [1]
     tied = np.array([0.0, 0.2, 1.0, 1.0, 1.0])
-    assert _quantile_cdf(tied, q, np.nextafter(1.0, 0)) == pytest.approx(0.5, abs=1e-6)
+    assert quantile_cdf(tied, q, np.nextafter(1.0, 0)) == pytest.approx([0.5], abs=1e-6)
+    # One row per point.
+    assert quantile_cdf(np.stack([v, tied]), q, 0.1).tolist() == pytest.approx([0.55, 0.125])
 
 
 def test_finding_json_is_plain_json_with_null_for_non_finite() -> None:
@@ -419,3 +421,30 @@ def test_rules_module_does_not_import_tensorflow() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert out.strip().splitlines()[-1] == "TF:", out
+
+
+def test_a_large_run_is_diagnosed_quickly() -> None:
+    # 4 views x 100 tensors x 1000 steps, a NaN from mid-run in every 7th tensor.
+    import time
+
+    rng = np.random.default_rng(0)
+    steps = list(range(1, 1001))
+    nan = np.zeros(1000)
+    nan[500:] = 1
+    series = []
+    for view in ("variable", "gradient", "output", "output_gradient"):
+        for i in range(100):
+            extra = {"update_ratio": 1e-3} if view == "variable" else (
+                {"cos_prev": rng.uniform(-1, 1, 1000)} if view == "gradient" else {})
+            if view == "output":
+                extra.update(quantile_values=np.linspace(-0.5, 0.5, 9), dead_rate=0.1,
+                             zero_fraction=0.0)
+            series.append(tensor(view, f"l{i}", i, steps, cadence="step",
+                                 rms=rng.lognormal(-5, 0.3, 1000),
+                                 nan_count=nan if i % 7 == 0 else 0, **extra))
+    r = run(*series)
+    start = time.perf_counter()
+    found = find_issues(r)
+    assert time.perf_counter() - start < 15
+    f = next(f for f in found if f.kind == "nonfinite")
+    assert f.first_step == 501 and f.evidence["tensors_ever_nonfinite"] == 4 * 15

@@ -227,33 +227,34 @@ def dying_units(rv: RunView) -> list[Finding]:
     )]
 
 
-def _quantile_cdf(values: np.ndarray, quantiles: np.ndarray, x: float) -> float:
-    """Share of values <= ``x`` from one point's percentile values (linear interpolation)."""
-    v = np.maximum.accumulate(values)
-    if x < v[0]:
-        return 0.0
-    if x >= v[-1]:
-        return 1.0
-    # Rightmost interpolation: with tied percentiles at x, the share includes all of them.
-    hi = int(np.searchsorted(v, x, side="right"))
-    lo = hi - 1
-    if v[hi] == v[lo]:
-        return float(quantiles[hi] / 100)
-    frac = (x - v[lo]) / (v[hi] - v[lo])
-    return float((quantiles[lo] + frac * (quantiles[hi] - quantiles[lo])) / 100)
+def quantile_cdf(values: np.ndarray, quantiles: np.ndarray, x: float) -> np.ndarray:
+    """Share of values <= ``x`` at each point, from its percentile values (linear interpolation).
+
+    ``values`` is (points x percentile points), ``quantiles`` the percentile points (0..100).
+    """
+    v = np.maximum.accumulate(np.atleast_2d(np.asarray(values, dtype=np.float64)), axis=1)
+    q = np.asarray(quantiles, dtype=np.float64) / 100.0
+    hi = (v <= x).sum(axis=1)  # first percentile point above x
+    inside = (hi > 0) & (hi < v.shape[1])
+    h = np.clip(hi, 1, v.shape[1] - 1)
+    lo_v = np.take_along_axis(v, (h - 1)[:, None], axis=1)[:, 0]
+    hi_v = np.take_along_axis(v, h[:, None], axis=1)[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = (x - lo_v) / (hi_v - lo_v)
+    mid = q[h - 1] + frac * (q[h] - q[h - 1])
+    return np.where(inside, mid, np.where(hi == 0, 0.0, 1.0))
 
 
-def _saturated_share(s, j: int, kind: str, margin: float) -> float:
+def _saturated_share(s, kind: str, margin: float) -> np.ndarray:
+    """Per point of series ``s``: share of values within ``margin`` of the function's bounds."""
     qs = np.asarray(s.info.quantiles, dtype=np.float64)
-    vals = np.array([s.field(f"q{q:g}")[j] for q in qs])
-    if qs.size < 2 or not np.isfinite(vals).all():
-        return float("nan")
-    if kind == "tanh":
-        lo, hi = -1.0 + margin, 1.0 - margin
-    else:
-        lo, hi = margin, 1.0 - margin
+    if qs.size < 2 or not all(s.has(f"q{q:g}") for q in qs):
+        return np.full(len(s), np.nan)
+    vals = np.column_stack([s.field(f"q{q:g}") for q in qs])
+    lo, hi = (-1.0 + margin, 1.0 - margin) if kind == "tanh" else (margin, 1.0 - margin)
     # Values strictly inside (lo, hi) are unsaturated.
-    return _quantile_cdf(vals, qs, lo) + (1.0 - _quantile_cdf(vals, qs, np.nextafter(hi, -1)))
+    share = quantile_cdf(vals, qs, lo) + (1.0 - quantile_cdf(vals, qs, np.nextafter(hi, -1)))
+    return np.where(np.isfinite(vals).all(axis=1), share, np.nan)
 
 
 def _squashing_kind(s) -> str | None:
@@ -288,8 +289,8 @@ def saturated_units(rv: RunView) -> list[Finding]:
         if kind is None:
             continue
         share = np.full(a.n_points, np.nan)
-        idx = np.searchsorted(a.steps, s.steps)
-        share[idx] = [_saturated_share(s, j, kind, t.saturation_margin) for j in range(len(s))]
+        share[np.searchsorted(a.steps, s.steps)] = _saturated_share(s, kind, t.saturation_margin)
+        share[a.nonfinite_mask()[i]] = np.nan
         for level, thr in (("warning", t.saturation_warning), ("info", t.saturation_info)):
             j = first_sustained(share >= thr, k)
             if j is not None:

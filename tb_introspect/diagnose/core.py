@@ -137,6 +137,8 @@ class Aligned:
     #: training steps each logged point spans (>= 1), per column
     span: np.ndarray
     cadence: str
+    _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _cols: list[np.ndarray] = field(default_factory=list, repr=False)
 
     def field(self, name: str, finite_only: bool = True) -> np.ndarray:
         """``m[i, j]`` = field ``name`` of tensor ``i`` at step ``steps[j]`` (NaN if absent).
@@ -145,22 +147,28 @@ class Aligned:
         statistics of a broken tensor (a dead rate of 1 because nothing is
         finite) are not evidence of anything but the NaN itself.
         """
-        m = self._raw(name)
+        m = self._raw(name).copy()
         if finite_only and name not in NONFINITE_FIELDS:
             m[self.nonfinite_mask()] = np.nan
         return m
 
     def _raw(self, name: str) -> np.ndarray:
-        m = np.full((len(self.series), len(self.steps)), np.nan)
-        for i, s in enumerate(self.series):
-            if len(s) and s.has(name):
-                m[i, np.searchsorted(self.steps, s.steps)] = s.field(name)
-        return m
+        if name not in self._cache:
+            if not self._cols:
+                self._cols.extend(np.searchsorted(self.steps, s.steps) for s in self.series)
+            m = np.full((len(self.series), len(self.steps)), np.nan)
+            for i, s in enumerate(self.series):
+                if len(s) and s.has(name):
+                    m[i, self._cols[i]] = s.field(name)
+            self._cache[name] = m
+        return self._cache[name]
 
     def nonfinite_mask(self) -> np.ndarray:
         """``True`` where a tensor's statistics count NaN or Inf values."""
-        total = sum(np.nan_to_num(self._raw(f), nan=0.0) for f in NONFINITE_FIELDS)
-        return np.asarray(total > 0)
+        if "__bad__" not in self._cache:
+            total = sum(np.nan_to_num(self._raw(f), nan=0.0) for f in NONFINITE_FIELDS)
+            self._cache["__bad__"] = np.asarray(total > 0)
+        return self._cache["__bad__"]
 
     def subset(self, rows: Sequence[int]) -> Aligned:
         """The same view restricted to tensors ``rows`` (same step axis)."""
@@ -225,6 +233,8 @@ class RunView:
         self.run = run
         self.t = thresholds
         self._aligned: dict[str, Aligned | None] = {}
+        #: Results shared between rules (e.g. the per-layer gradient scales).
+        self.memo: dict[str, Any] = {}
 
     def view(self, name: str) -> Aligned | None:
         """The aligned tensors of view ``name``, or ``None`` when it was not logged."""
@@ -262,13 +272,16 @@ def first_sustained(mask: np.ndarray, k: int) -> int | None:
     """
     mask = np.asarray(mask, dtype=bool)
     n = mask.size
-    run = 0
-    for i in range(n):
-        run = run + 1 if mask[i] else 0
-        if run >= k:
-            return i - k + 1
-    if run >= min(k, 2) and run > 0 and mask[-1]:
-        return n - run
+    if n == 0:
+        return None
+    idx = np.arange(n)
+    # Length of the run of True ending at each index (0 where False).
+    run = idx - np.maximum.accumulate(np.where(mask, -1, idx))
+    hit = np.flatnonzero(run >= k)
+    if hit.size:
+        return int(hit[0] - k + 1)
+    if mask[-1] and run[-1] >= min(k, 2):
+        return int(n - run[-1])
     return None
 
 

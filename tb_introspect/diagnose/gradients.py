@@ -27,14 +27,12 @@ from tb_introspect.diagnose.core import (
 
 def _gradient_scales(rv: RunView):
     """(aligned gradient view of one tensor per layer, log10 RMS matrix) or ``None``."""
-    a = rv.view("gradient")
-    if a is None:
-        return None
-    rows = representative_rows(a)
-    if not rows:
-        return None
-    sub = a.subset(rows)
-    return sub, log10_pos(sub.field("rms"))
+    if "gradient_scales" not in rv.memo:
+        a = rv.view("gradient")
+        rows = representative_rows(a) if a is not None else []
+        sub = a.subset(rows) if rows else None
+        rv.memo["gradient_scales"] = (sub, log10_pos(sub.field("rms"))) if sub else None
+    return rv.memo["gradient_scales"]
 
 
 @rule("vanishing_gradients", needs=("gradient",))
