@@ -37,7 +37,7 @@ class BuildWithFrontend(build_py):
 setup(
     name="tb-introspect",
     version="0.1.0",
-    description="TensorBoard plugin and summary library showing what happens inside a network while it trains",
+    description="TensorBoard plugin: see inside a neural network while it trains",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
