@@ -218,3 +218,18 @@ def build_exploding_mlp(total_steps: int) -> tuple[Any, Any]:
         name="exploding_mlp",
     )
     return model, keras.optimizers.SGD(learning_rate=1.0, momentum=0.9)
+
+
+def dead_onset(run: Any, finding: Any) -> int:
+    """Earliest step where a layer of ``finding`` has its dead rate >= the finding's threshold
+    on 2 consecutive points (8-epoch runs: 2 is the rules' "sustained"), from the raw series."""
+    from tb_introspect.diagnose.core import first_sustained
+
+    onsets = []
+    for s in run.tensors[finding.view]:
+        if s.info.tag in finding.tags:
+            j = first_sustained(s.field("dead_rate") >= finding.evidence["threshold"], 2)
+            if j is not None:
+                onsets.append(int(s.steps[j]))
+    assert onsets, finding
+    return min(onsets)

@@ -8,10 +8,9 @@ import math
 import os
 
 import pytest
-from findings_testlib import read_one
+from findings_testlib import dead_onset, read_one
 
 from tb_introspect.diagnose import find_issues
-from tb_introspect.diagnose.core import first_sustained
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -40,10 +39,7 @@ def test_dying_relu_logged_by_the_callback_is_flagged(tmp_path) -> None:
     found = {f.kind: f for f in findings}
     dead = found["dead_units"]
     assert dead.severity in ("warning", "critical") and dead.view == "output"
-    series = next(s for s in run.tensors["output"] if s.info.tag == dead.tags[0])
-    onset = first_sustained(series.field("dead_rate") >= dead.evidence["threshold"], 2)
-    assert onset is not None and dead.first_step == int(series.steps[onset])
-    assert dead.first_epoch == int(series.epochs[onset])
+    assert dead.first_step == dead_onset(run, dead)
     assert "loss_rising" in found and "nonfinite" not in found
     # What the overview serves is plain JSON.
     docs = [f.to_json() for f in findings]

@@ -13,13 +13,13 @@ import pytest
 from findings_testlib import (
     build_exploding_mlp,
     build_saturated_tanh_mlp,
+    dead_onset,
     read_one,
     train_logged,
 )
 
 from tb_introspect.demo.models import get_scenario
 from tb_introspect.diagnose import find_issues
-from tb_introspect.diagnose.core import first_sustained
 from tb_introspect.plugin.reader import RunSeries
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -84,12 +84,8 @@ def test_dying_relu_is_flagged_with_its_onset(trained) -> None:
     found = by_kind(findings)
     f = found["dead_units"]
     assert f.severity in ("warning", "critical") and f.view == "output"
-    threshold = f.evidence["threshold"]
-    # The onset is where the flagged layer's logged dead rate first stays above threshold.
-    series = next(s for s in run.tensors["output"] if s.info.tag == f.tags[0])
-    dead = series.field("dead_rate")
-    onset = first_sustained(dead >= threshold, 2)
-    assert onset is not None and f.first_step == int(series.steps[onset])
+    # The onset is where a flagged layer's logged dead rate first stays above threshold.
+    assert f.first_step == dead_onset(run, f)
     assert "loss_rising" in found
     assert found["loss_rising"].first_step >= found["dead_units"].first_step - 2 * 45
 
