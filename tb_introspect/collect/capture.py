@@ -72,15 +72,6 @@ class CapturedLayer:
     name: str
 
 
-def _is_graph_network(model: keras.layers.Layer) -> bool:
-    # Functional and Sequential models expose their layer graph; their layers
-    # are called by the model itself, so capturing them (and not the model)
-    # gives per-layer outputs.
-    return isinstance(model, keras.Model) and (
-        isinstance(model, keras.Sequential) or hasattr(model, "_run_through_graph")
-    )
-
-
 def layers_to_capture(model: keras.Model) -> list[CapturedLayer]:
     """The layers whose outputs are monitored, in model order.
 
@@ -141,7 +132,11 @@ def _wrap_call(call: Callable, name: str) -> Callable:
         recorder = active_recorder()
         if recorder is None:
             return outputs
-        return recorder.layer_output(name, outputs)
+        try:
+            return recorder.layer_output(name, outputs)
+        except Exception as e:  # the layer's own result stands; training goes on
+            recorder.fail(f"output {name}", e)
+            return outputs
 
     return capturing_call
 
@@ -154,14 +149,14 @@ def leaves_with_names(name: str, outputs: Any) -> list[tuple[str, Any]]:
     """
     if isinstance(outputs, (tf.Tensor, tf.Variable)) or not tf.nest.is_nested(outputs):
         return [(name, outputs)]
-    pairs = tf.nest.flatten_with_joined_string_paths(outputs)
-    return [(f"{name}/{path}", leaf) for path, leaf in pairs]
+    pairs = keras.tree.flatten_with_path(outputs)
+    return [(f"{name}/{'/'.join(str(p) for p in path)}", leaf) for path, leaf in pairs]
 
 
 def replace_leaves(outputs: Any, new_leaves: list[Any]) -> Any:
     if isinstance(outputs, (tf.Tensor, tf.Variable)) or not tf.nest.is_nested(outputs):
         return new_leaves[0]
-    return tf.nest.pack_sequence_as(outputs, new_leaves)
+    return keras.tree.pack_sequence_as(outputs, new_leaves)
 
 
 def copy_keras_mask(src: Any, dst: Any) -> Any:

@@ -404,9 +404,16 @@ class StepRecorder:
     (``gradients``), closed by ``finish`` (advances the counter).
     """
 
-    def __init__(self, collector: Collector, loss_scale: tf.Tensor | None = None):
+    def __init__(self, collector: Collector, loss_scale: tf.Tensor | None = None,
+                 anchor: Any = None):
         self.c = collector
-        self.step = collector.counter.read_value() + 1
+        # Ops without data inputs run as soon as the function starts, even when
+        # fetching the batch then fails (end of a dataset of unknown length):
+        # tie the counter to the batch so that a step without data counts nothing.
+        anchors = [t for t in tf.nest.flatten(anchor) if isinstance(t, tf.Tensor)][:1]
+        self.anchor = anchors
+        with tf.control_dependencies(anchors):
+            self.step = collector.counter.read_value() + 1
         self.sampled = collector.sampled(self.step)
         self.loss_scale = loss_scale
         ctx = tf.distribute.get_replica_context()
@@ -470,6 +477,9 @@ class StepRecorder:
                 c.fail(f"output_gradient {spec.name}", e)
         return x
 
+    def fail(self, what: str, error: BaseException) -> None:
+        self.c.fail(what, error)
+
     def output_value(self, j: int, x: tf.Tensor) -> None:
         """Stash a layer output for this step's accumulator update."""
         self._stash("output", j, x)
@@ -484,6 +494,7 @@ class StepRecorder:
         if view not in c.out_vars or _off(c, view, name):
             return
         try:
+            lean.to_float(x, name)  # unsupported dtypes (strings) fail here, alone
             if view == "output_gradient":
                 x = self._unscale(x)
             self.stash[view][j] = self._rows(j, x)
@@ -517,7 +528,8 @@ class StepRecorder:
                 self._when_sampled(self._fold)
             except Exception as e:
                 c.fail("output view", e)
-        c.counter.assign_add(1)
+        with tf.control_dependencies(self.anchor + [self.step]):
+            c.counter.assign_add(1)
 
     def _fold(self) -> None:
         c, layout = self.c, self.c.layout
@@ -532,11 +544,15 @@ class StepRecorder:
                 if t is None:
                     rows.append(empty)
                     continue
-                fn = kernels.activation_parts_fn(t.shape.rank, t.dtype.name, layout.k, xla)
-                part = fn(t, self._seed(j, 2 if view == "output" else 3))
-                part["channel_active"].set_shape([layout.widths[j][0]])
-                part["spatial_active"].set_shape([layout.widths[j][1]])
-                rows.append(kernels.pad_state(part, layout.cmax, layout.smax))
+                try:
+                    fn = kernels.activation_parts_fn(t.shape.rank, t.dtype.name, layout.k, xla)
+                    part = fn(t, self._seed(j, 2 if view == "output" else 3))
+                    part["channel_active"].set_shape([layout.widths[j][0]])
+                    part["spatial_active"].set_shape([layout.widths[j][1]])
+                    rows.append(kernels.pad_state(part, layout.cmax, layout.smax))
+                except Exception as e:  # this tensor only
+                    c.fail(f"{view} {c.out_specs[j].name}", e)
+                    rows.append(empty)
             new = {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
             var = c.out_vars[view]
             state = layout.unpack(var.read_value())

@@ -88,12 +88,15 @@ class HostLogger:
     def after_steps(self, steps: int, running: Mapping[str, Any] | None = None) -> None:
         """Call after ``steps`` training steps ran (one Keras execution, one custom step)."""
         self.since_drain += int(steps)
-        # Drain before the ring buffer could wrap during the next execution.
-        if self.since_drain + int(steps) >= self.c.metric_rows or running:
+        flush_due = time.monotonic() - self._last_flush >= self.flush_secs
+        # Drain before the ring buffer could wrap during the next execution, and
+        # before each flush so that what is on disk is complete up to now.
+        if self.since_drain + int(steps) >= self.c.metric_rows or running or flush_due:
             self.guard("metrics", self.drain, running)
         if self.c.every != "epoch":
             self.guard("statistics", self._maybe_log_steps)
-        self.maybe_flush()
+        if flush_due:
+            self.flush()
 
     def _maybe_log_steps(self) -> None:
         step = self.c.current_step()
@@ -173,10 +176,6 @@ class HostLogger:
             tf.summary.experimental.write_raw_pb(
                 tf.constant([p.SerializeToString() for p in protos]), step=step
             )
-
-    def maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= self.flush_secs:
-            self.flush()
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()

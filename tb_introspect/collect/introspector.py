@@ -137,7 +137,8 @@ class Introspector:
             if not self.collector.built:
                 with tf.init_scope():
                     self._build(list(variables), outputs, output_gradients, metrics)
-            rec = StepRecorder(self.collector)
+            rec = StepRecorder(self.collector, anchor=[list(gradients), list(outputs.values()),
+                                                       list(metrics.values())])
             c = self.collector
             if len(gradients) != len(variables):
                 raise ValueError(

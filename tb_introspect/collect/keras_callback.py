@@ -111,6 +111,9 @@ class _Discovery:
         self.calls: dict[str, int] = {}
         self.skipped: list[str] = []
 
+    def fail(self, what: str, error: BaseException) -> None:
+        warn(f"{what}: not monitored ({type(error).__name__}: {error})")
+
     def layer_output(self, name: str, outputs: Any) -> Any:
         count = self.calls.get(name, 0)
         self.calls[name] = count + 1
@@ -490,7 +493,7 @@ class Introspect(keras.callbacks.Callback):
     def _instrumented_step(self, data: Any) -> Any:
         """The user's train step, recorded (runs inside Keras' compiled step)."""
         c = self.collector
-        rec = StepRecorder(c, loss_scale=self._loss_scale())
+        rec = StepRecorder(c, loss_scale=self._loss_scale(), anchor=data)
         before = [(m.total.value, m.count.value) for m in self._metrics]
         before = [(tf.identity(t), tf.identity(n)) for t, n in before]
         with capture.recording(rec):
