@@ -542,3 +542,7 @@ def _format_finding(f: Any) -> str:
         if f.get(key):
             lines.append(f"        {label}{f[key]}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

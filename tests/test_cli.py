@@ -193,6 +193,13 @@ def test_demo_logdir_is_a_file(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+def test_demo_unwritable_logdir(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    r = cli("demo", "--logdir", str(tmp_path / "file" / "logs"), "--epochs", "1", timeout=120)
+    assert r.returncode == 2 and "cannot write to --logdir" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_demo_serve_port_in_use_fails_before_training(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
