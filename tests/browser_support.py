@@ -241,6 +241,7 @@ def tensorboard(logdir: Path, path_prefix: str = "", wait_runs: int = 1,
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()  # reap it: a killed, unwaited child stays a zombie
         log.close()
 
 
