@@ -22,8 +22,13 @@ from tb_introspect.collect.core import Collector, warn
 class HostLogger:
     """What happens between training steps: metric drains, due points, flushes."""
 
-    def __init__(self, collector: Collector, writer: Any, flush_secs: float):
+    def __init__(self, collector: Collector, writer: Any, flush_secs: float,
+                 lockstep: bool = False):
         self.c = collector
+        # Under a multi-worker strategy every read of the accumulators is a
+        # collective: all workers must read at the same steps, so reads are
+        # never triggered by (worker-local) wall-clock time.
+        self.lockstep = bool(lockstep)
         self.writer = writer
         self.flush_secs = float(flush_secs)
         self.off: set[str] = set()
@@ -91,7 +96,8 @@ class HostLogger:
         flush_due = time.monotonic() - self._last_flush >= self.flush_secs
         # Drain before the ring buffer could wrap during the next execution, and
         # before each flush so that what is on disk is complete up to now.
-        if self.since_drain + int(steps) >= self.c.metric_rows or running or flush_due:
+        drain_now = flush_due and not self.lockstep
+        if self.since_drain + int(steps) >= self.c.metric_rows or running or drain_now:
             self.guard("metrics", self.drain, running)
         if self.c.every != "epoch":
             self.guard("statistics", self._maybe_log_steps)

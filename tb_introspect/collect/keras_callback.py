@@ -96,6 +96,15 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return kind == "chief" or (kind == "worker" and index == 0)
 
 
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    try:
+        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    except Exception:
+        return False
+    return sum(len(v) if isinstance(v, (list, dict)) else 1 for v in spec.values()) > 1
+
+
 def make_writer(log_dir: str, flush_secs: float) -> Any:
     return tf.summary.create_file_writer(
         log_dir, max_queue=1000, flush_millis=int(flush_secs * 1000)
@@ -331,7 +340,8 @@ class Introspect(keras.callbacks.Callback):
             output_budget=self.output_budget, strategy=self.strategy, writer=self.writer,
             seed=self.seed,
         )
-        self.host = HostLogger(self.collector, self.writer, self.flush_secs)
+        self.host = HostLogger(self.collector, self.writer, self.flush_secs,
+                               lockstep=is_multi_worker(self.strategy))
         self._patcher = capture.LayerPatcher([])
         self._installed = False
         self._optimizer = model.optimizer
