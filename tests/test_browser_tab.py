@@ -128,6 +128,10 @@ class Session:
         self.frame.locator(selector).first.click()
         self.wait_ready()
 
+    def wait_url(self, text: str):
+        """TensorBoard's URL gets our state shortly after a change (the write is deferred)."""
+        self.page.wait_for_function("(t) => location.href.includes(t)", arg=text, timeout=5_000)
+
     def coloured(self, selector: str = ".chart canvas") -> list[int]:
         return self.frame.evaluate(COLOURED_PIXELS_JS, selector)
 
@@ -268,7 +272,7 @@ def test_hover_readouts_are_exact(session):
     assert min(session.coloured(".panel canvas")) > 300
     session.shot("layers-hover")
     # The chosen mode is kept per panel in the URL.
-    assert "p.introspect.modes=" in session.page.url
+    session.wait_url("p.introspect.modes=")
 
 
 def test_nan_is_a_gap_with_counts(session):
@@ -355,6 +359,7 @@ def test_state_in_url_survives_reload(session):
     f = session.open()
     session.click('.tab[data-tab="activity"]')
     session.click('.segmented[aria-label="x axis"] button[data-value="epoch"]')
+    session.wait_url("p.introspect.x=epoch")
     url = session.page.url
     assert "#introspect" in url
     assert "p.introspect.tab=activity" in url and "p.introspect.x=epoch" in url
@@ -376,7 +381,7 @@ def test_filter_regex(session):
     f.wait_for_function("document.querySelectorAll('.panel').length === 2")
     session.wait_ready()
     assert sorted(f.locator(".panel-name").all_text_contents()) == ["conv1/bias", "conv1/kernel"]
-    assert "p.introspect.filter=%5Econv1%2F" in session.page.url
+    session.wait_url("p.introspect.filter=%5Econv1%2F")
     f.locator("input.filter").fill("conv(")
     f.wait_for_timeout(500)
     assert "bad" in f.locator("input.filter").get_attribute("class")

@@ -40,6 +40,7 @@ class App {
     this.gen = 0;
     this.runs = [];
     this.state = null;
+    this.cleanups = [];
   }
 
   async start() {
@@ -90,7 +91,10 @@ class App {
   setState(patch, { render = true } = {}) {
     const before = this.state;
     this.state = { ...this.state, ...patch };
-    writeState(this.state);
+    // Off the critical path: writing TensorBoard's hash wakes its router
+    // (tens of ms), and a burst of changes needs only the last write.
+    clearTimeout(this.writeTimer);
+    this.writeTimer = setTimeout(() => writeState(this.state), 150);
     if (patch.theme && patch.theme !== before.theme) {
       applyTheme(this.state.theme);
     }
@@ -173,8 +177,10 @@ class App {
 
   async renderView() {
     const gen = ++this.gen;
+    for (const fn of this.cleanups.splice(0)) fn();
     this.renderToolbar();
     destroyCharts(this.main);
+    delete this.main.dataset.completeMs;
     clear(this.main);
     document.documentElement.dataset.status = "loading";
     this.main.dataset.tab = this.state.tab;
@@ -190,6 +196,11 @@ class App {
       alive: () => gen === this.gen,
       setState: (p, o) => this.setState(p, o),
       status: (t, k) => this.status(t, k),
+      onCleanup: (fn) => this.cleanups.push(fn),
+      // Grids draw offscreen panels after "ready"; this marks the last one.
+      markComplete: () => {
+        if (gen === this.gen) this.main.dataset.completeMs = (performance.now() - started).toFixed(1);
+      },
       openLayer: (view, tag, mode) => {
         const modes = mode ? { ...this.state.modes, [tag]: mode } : this.state.modes;
         this.setState({ tab: "layers", view, focus: tag, filter: this.keepFilter(tag), modes });

@@ -7,6 +7,7 @@ import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText,
 import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
+import { LazyDrawer } from "../lazy.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
 const FIELDS = ["activation_rate", "dead_rate", "spatial_dead_rate"];
@@ -55,7 +56,7 @@ export async function renderActivity(ctx) {
     root.append(emptyNote(`No tensor name matches the filter “${state.filter}”.`));
     return;
   }
-  const grid = h("div.grid");
+  const grid = h("div.grid.activity");
   root.append(grid);
   const panels = tensors.map((tt) => {
     const plot = h("div.panel-plot");
@@ -65,7 +66,7 @@ export async function renderActivity(ctx) {
       h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name), tools),
       h("div.panel-meta", h("span.shape", `shape ${shapeText(tt.shape)}`)),
       plot);
-    return { el, plot, label, tools, tensor: tt };
+    return { el, plot, label, tools, tensor: tt, chart: null };
   });
   grid.append(...panels.map((p) => p.el));
   const focus = panels.find((p) => p.tensor.tag === state.focus);
@@ -76,6 +77,9 @@ export async function renderActivity(ctx) {
   const width = Math.max(180, panels[0].plot.clientWidth);
   // About one point per pixel column (see layers.js).
   const budget = Math.max(200, Math.ceil(width));
+  const lazy = new LazyDrawer((p) => drawPanel(ctx, p, p.series, width, epochMap), () => ctx.markComplete());
+  ctx.onCleanup(() => lazy.stop());
+  for (const p of panels) lazy.watch(p);
   const jobs = [];
   const size = chunkSize(panels.length);
   for (let i = 0; i < panels.length; i += size) {
@@ -83,10 +87,15 @@ export async function renderActivity(ctx) {
     const downsample = part.some((p) => (p.tensor.num_points || 0) > budget) ? budget : 0;
     jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS, { downsample, chunk: size }).then((series) => {
       if (!ctx.alive()) return;
-      for (const p of part) drawPanel(ctx, p, series[p.tensor.tag], width, epochMap);
+      for (const p of part) {
+        p.series = series[p.tensor.tag];
+        if (p.series) lazy.ready(p);
+      }
     }));
   }
   await Promise.all(jobs);
+  if (!ctx.alive()) return;
+  await lazy.drawNear();
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
   await afterPaint();
 }
@@ -97,7 +106,6 @@ function lastFinite(arr) {
 }
 
 function drawPanel(ctx, p, s, width, epochMap) {
-  if (!s) return;
   const t = theme();
   const act = s.values.activation_rate || [];
   const dead = s.values.dead_rate || [];

@@ -7,6 +7,7 @@ import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues }
 import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
+import { LazyDrawer } from "../lazy.js";
 import { overviewEpochMap } from "./shared.js";
 
 export const MODES = {
@@ -117,6 +118,9 @@ export async function renderLayers(ctx) {
   grid.append(...panels.map((p) => p.el));
   L.width = Math.max(180, panels[0].plot.clientWidth);
   L.budget = pointBudget(L.width);
+  L.lazy = new LazyDrawer((p) => drawPanel(L, p, p.series), () => ctx.markComplete());
+  ctx.onCleanup(() => L.lazy.stop());
+  for (const p of panels) L.lazy.watch(p);
 
   const focus = panels.find((p) => p.tensor.tag === state.focus);
   if (focus) {
@@ -124,14 +128,16 @@ export async function renderLayers(ctx) {
     focus.el.scrollIntoView({ block: "center" });
   }
 
-  // Fetch in chunks, drawing each as it arrives, so the first panels appear
-  // while the server is still encoding the rest.
+  // Fetch in chunks; panels near the viewport are drawn as their data
+  // arrives, the others in idle time (lazy.js).
   const jobs = [];
   const size = chunkSize(panels.length);
   for (let i = 0; i < panels.length; i += size) {
     jobs.push(loadAndDraw(L, panels.slice(i, i + size)));
   }
   await Promise.all(jobs);
+  if (!ctx.alive()) return;
+  await L.lazy.drawNear();
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
   await afterPaint();
 }
@@ -154,7 +160,8 @@ async function loadAndDraw(L, part) {
     for (const p of g.panels) {
       const s = series[p.tensor.tag];
       if (!s) continue;
-      drawPanel(L, p, s);
+      p.series = s;
+      L.lazy.ready(p);
     }
   }));
 }
@@ -224,7 +231,8 @@ async function reload(L, p, downsample, xRange) {
   if (!ctx.alive() || p.mode !== mode) return;
   if (p.chart) p.chart.destroy();
   p.plot.textContent = "";
-  drawPanel(L, p, series[p.tensor.tag]);
+  p.series = series[p.tensor.tag];
+  drawPanel(L, p, p.series);
   if (xRange && p.chart) p.chart.u.setScale("x", xRange);
 }
 
