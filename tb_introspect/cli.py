@@ -429,10 +429,21 @@ def _gradient_first_last(run: Any) -> dict[str, Any] | None:
 
 
 def _worst_dead(run: Any) -> dict[str, Any] | None:
+    """The hidden layer with the highest final dead rate of its outputs.
+
+    Only layers with trainable variables count, and not the deepest one: a pooling or
+    flatten layer repeats its input's dead channels, and a softmax output that is exactly 0
+    for most classes is a confident prediction, not a dead unit.
+    """
     import numpy as np
 
+    depth = {s.info.layer: s.info.depth
+             for v in ("variable", "gradient") for s in run.tensors.get(v, [])}
+    hidden = set(depth) - {max(depth, key=lambda k: depth[k])} if depth else None
     best: dict[str, Any] | None = None
     for s in run.tensors.get("output", []):
+        if hidden is not None and s.info.layer not in hidden:
+            continue
         dead = s.field("dead_rate")
         if not len(s) or not np.isfinite(dead).any():
             continue
@@ -508,12 +519,15 @@ def print_report(logdir: str, report: Sequence[dict[str, Any]], out: TextIO) -> 
                   file=out)
         g = s["gradient_first_last"]
         if g:
-            print(f"  gradient RMS first/last layer: {_fmt(g['ratio'])}"
+            ratio = _fmt(g["ratio"])
+            if g["ratio"] is None and g["first_rms"] == 0 and g["last_rms"] == 0:
+                ratio = "n/a, all zero: no gradient reaches the weights"
+            print(f"  gradient RMS first/last layer: {ratio}"
                   f" ({g['first_layer']} {_fmt(g['first_rms'])} / {g['last_layer']}"
                   f" {_fmt(g['last_rms'])})", file=out)
         d = s["dead"]
         if d:
-            print(f"  worst dead rate: {d['layer']} {_pct(d['final'])} at the end"
+            print(f"  worst dead rate (hidden layers): {d['layer']} {_pct(d['final'])} at the end"
                   f" (start {_pct(d['first'])}, peak {_pct(d['peak'])})", file=out)
         if s["nonfinite_values"]:
             print(f"  non-finite values (NaN/Inf) logged: {s['nonfinite_values']}", file=out)

@@ -1,16 +1,18 @@
 """The four demo scenarios: small Keras models and optimizers that reproduce one situation each.
 
-The settings were tuned on the 8×8 digits so that each run shows its situation in the logged
-statistics for any seed (see ``tests/test_demo.py`` for what is checked):
+The settings were tuned on the 8×8 digits, over several seeds, so that each run shows its
+situation in the logged statistics (``tests/test_demo.py`` checks it for the quick variant):
 
 * ``healthy_cnn``: a small CNN with SGD + momentum at a comfortable learning rate;
 * ``lr_too_high_cnn``: the same CNN with 3× the learning rate: it keeps up for the first
-  epochs, then the loss turns jagged and climbs while units in the first conv layer die;
-* ``dying_relu_mlp``: a plain ReLU MLP whose learning-rate warm-up overshoots; as the rate
-  grows, units die layer after layer until the last hidden layer is all dead and every
-  gradient below it is exactly zero (the loss goes back to chance, ln 10 ≈ 2.30);
-* ``vanishing_sigmoid_mlp``: eight sigmoid layers; the first layer's gradients are ~1e-4 of the
-  last layer's and the loss hardly moves from chance.
+  epochs, then per-step losses spike and the loss climbs again (with some seeds it diverges),
+  consecutive epoch gradients point against each other and units of the first conv layer die;
+* ``dying_relu_mlp``: a plain ReLU MLP whose learning-rate warm-up overshoots; it learns
+  first, then, as the rate grows, the dead rate climbs to 75-100% layer after layer, almost
+  every first-layer gradient entry becomes exactly zero and the loss climbs back towards
+  chance (ln 10 ≈ 2.30);
+* ``vanishing_sigmoid_mlp``: eight sigmoid layers; the first layer's gradient RMS is
+  ~1e-4..1e-3 of the last layer's and the loss hardly moves from chance.
 
 Keras is imported inside the builders so that listing the scenarios stays cheap.
 """
@@ -129,16 +131,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "lr_too_high_cnn",
         "same CNN, learning rate slightly too high (0.09)",
-        "first epochs track the healthy run, then the loss bands widen and spike, gradients"
-        " turn jagged in the layer-scale stack, conv1 units die",
+        "first epochs track the healthy run, then per-step loss spikes and the loss climbs"
+        " again; consecutive epoch gradients point against each other (negative cosine);"
+        " conv1 units die",
         build_lr_too_high_cnn,
         quick_epochs=12,  # the trouble starts after epoch ~6
     ),
     Scenario(
         "dying_relu_mlp",
         "ReLU MLP pushed into neuron death (lr warm-up 0.01 -> 0.3)",
-        "dead rate climbs layer after layer to 100% in the last hidden layer; gradient RMS"
-        " collapses to zero and the loss returns to chance (2.30)",
+        "learns first, then the dead rate climbs to 75-100% layer after layer, first-layer"
+        " gradients become almost all exactly zero and the loss climbs back towards chance",
         build_dying_relu_mlp,
         quick_epochs=8,
     ),
