@@ -397,11 +397,11 @@ def test_compare_two_runs_on_the_same_axes(session):
         assert float(pairs[f"{run} @ 120"]) == pytest.approx(known_loss(run, 120), rel=1e-5)
     counts = session.coloured()
     assert len(counts) >= 2 + 4 * 2 + 6 and min(counts) > 100, counts
+    session.shot("compare")
     # Unticking a run removes it from the charts.
     f.locator(".run-choice", has_text="exp1/lr_0.1").locator("input").uncheck()
     session.wait_ready()
     assert "exp1/lr_0.1 @ 120" not in readout_pairs(f.locator('.chart[data-chart="compare-loss"]'))
-    session.shot("compare")
 
 
 def test_dark_theme_and_png_export(session, tmp_path):

@@ -230,6 +230,8 @@ class App {
       this.status("");
       const ms = performance.now() - started;
       this.main.dataset.renderMs = ms.toFixed(1);
+      // "Complete" is never before "ready" (small grids finish drawing first).
+      if (this.main.dataset.completeMs) this.main.dataset.completeMs = ms.toFixed(1);
       // Since the iframe's navigation start: what a user waits for on first open.
       this.main.dataset.readyAt = performance.now().toFixed(1);
       document.documentElement.dataset.status = "ready";
