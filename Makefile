@@ -20,7 +20,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard frontend/package.json frontend/pack
 
 # Rebuild the frontend bundle after editing frontend/src.
 frontend: $(STAMP)
-	cd frontend && npm run build
+	cd frontend && { test -d node_modules || npm ci --no-audit --no-fund; } && npm run build
 
 # Train the demo models, then serve TensorBoard with the Introspect tab.
 demo: $(STAMP)
@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/stats_bench.py
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/plugin_bench.py
+	$(BIN)/python benchmarks/frontend_bench.py
 
 clean:
 	rm -rf $(VENV) frontend/node_modules tb_introspect/static build *.egg-info
