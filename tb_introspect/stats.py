@@ -179,13 +179,19 @@ def _scale_exponent(vmin, vmax) -> tf.Tensor:
 
 
 def _batch_parts(
-    x: tf.Tensor, k: int, seed, keyed: bool, salt: tf.Tensor | None = None
+    x: tf.Tensor,
+    k: int,
+    seed,
+    keyed: bool,
+    salt: tf.Tensor | None = None,
+    q: np.ndarray | None = None,
 ) -> dict[str, tf.Tensor]:
-    """Exact counts/moments/extremes, dead-rate data and a <= k sample of one tensor.
+    """Exact counts/moments/extremes, dead-rate data and percentiles or a sample.
 
     With ``keyed`` (accumulator) the result has per-channel / per-position
-    activity flags and a sample carrying bottom-k random keys; otherwise it has
-    the two dead rates as scalars and a plain sample.
+    activity flags and a <= k sample carrying bottom-k random keys; otherwise
+    it has the two dead rates as scalars and the percentiles ``_vq``/``_lq``
+    (at the percentile points ``q``).
     """
     flat = tf.reshape(x, [-1])
     n_static = flat.shape[0]
@@ -256,18 +262,23 @@ def _batch_parts(
         seed = _content_seed(count, mean, m2, *([salt] if salt is not None else []))
     else:
         seed = _seed_pair(seed)
+    if not keyed:
+        inf = tf.constant(_INF, flat.dtype)
+        out["min_abs"] = tf.cast(tf.reduce_min(_where(active, tf.abs(xf), inf)), _F64)
+        out["_vq"], out["_lq"] = _percentiles(flat, active, n, nnz, k, seed, out, q)
+        return out
     if n_static == 0:
         vals = tf.fill([k], tf.constant(_INF, _F64))
         keys = tf.fill([k], tf.constant(_INF, _F64))
         min_abs = tf.constant(_INF, _F64)
     elif n_static is not None:
-        vals, keys, min_abs = _sample(flat, xf, active, n, nnz, k, seed, keyed)
+        vals, keys, min_abs = _sample(flat, xf, active, n, nnz, k, seed)
     else:
         # Unknown size (e.g. a dynamic batch) may be 0: one padding element keeps
         # every gather in range without a data-dependent branch (+inf: not a min |x|).
         pad = lambda t, v: tf.concat([t, tf.reshape(tf.cast(v, t.dtype), [1])], 0)  # noqa: E731
         vals, keys, min_abs = _sample(
-            pad(flat, _INF), pad(xf, 0), pad(active, False), n, nnz, k, seed, keyed
+            pad(flat, _INF), pad(xf, 0), pad(active, False), n, nnz, k, seed
         )
     out["min_abs"] = min_abs
     out["sample_values"] = vals
@@ -298,22 +309,70 @@ def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor
     return channel, spatial
 
 
-def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
+def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
+    """Value and log10-magnitude percentiles of one tensor (see ``_sample_quantiles``).
+
+    The sample they come from: every finite non-zero value when a sample would
+    need half the tensor or more (exact), otherwise the finite non-zero values
+    at about (k + 5 sqrt(k)) * n / nnz stratified random positions (one uniform
+    position in each of M equal slices of the tensor: every element has the
+    same chance, and the positions are in memory order). The hits are then a
+    uniform sample of the finite non-zero values of about k or more elements.
+    Nothing is compacted before sampling, and under XLA nothing is compacted at
+    all (the selection takes a validity mask).
+    """
+    nnz_f = tf.cast(nnz, _F64)
+    n_f = tf.cast(n, _F64)
+    all_active = tf.equal(nnz_f, n_f)
+    k_eff = k + 5.0 * float(np.sqrt(k))
+    n_static = flat.shape[0]
+
+    def quantiles(vals, valid):
+        return _sample_quantiles(vals, valid, parts, q)
+
+    def sampled(m):  # m: number of positions (int32 scalar or Python int)
+        i = tf.cast(tf.range(m), _F64)
+        stride = n_f / tf.cast(m, _F64)
+        pos = tf.cast(tf.floor((i + _uniform(tf.reshape(m, [1]), seed, 1)) * stride), tf.int64)
+        vals = tf.gather(flat, tf.clip_by_value(pos, 0, tf.maximum(n - 1, 0)))
+        hit = tf.math.is_finite(vals) & tf.not_equal(vals, 0)
+        if not xla:  # the selection's passes then only see the hits
+            vals = tf.boolean_mask(vals, hit)
+            hit = tf.ones_like(vals, tf.bool)
+        return quantiles(vals, hit)
+
+    xla = _in_xla_context()
+    if xla:
+        # Static shapes only: the selection runs over the whole tensor with the
+        # activity mask (exact, a few fused passes), or over k positions when
+        # every element is finite and non-zero.
+        def whole():
+            return quantiles(flat, active)
+
+        if n_static is None or n_static <= 2 * k:
+            return whole()
+        return tf.cond(all_active, lambda: sampled(k), whole)
+
+    m = tf.math.ceil(_where(all_active, float(k), k_eff * n_f / tf.maximum(nnz_f, 1.0)))
+
+    def compacted():
+        vals = tf.boolean_mask(flat, active)
+        return quantiles(vals, tf.ones_like(vals, tf.bool))
+
+    return tf.cond(
+        2.0 * m >= n_f, compacted, lambda: sampled(tf.cast(m, tf.int32))
+    )
+
+
+def _sample(flat, xf, active, n, nnz, k: int, seed):
     """Up to ``k`` finite non-zero values of ``flat`` (+inf padded), their keys, min |x| != 0.
 
     All of them, in order, when there are at most ``k``; otherwise ``k`` drawn
-    uniformly with replacement.
+    uniformly with replacement (accumulator path).
     """
     nnz_i = tf.cast(nnz, tf.int64)
     exact = nnz_i <= k
-    if keyed:
-        u = _uniform([k], seed, 1)  # i.i.d.: positions must not correlate with the keys
-    else:
-        # Sorted uniforms (normalised exponential spacings): the same sample, but the
-        # gather below then walks memory in order instead of jumping at random.
-        spacings = -tf.math.log1p(-_uniform([k + 1], seed, 1))
-        cum = tf.cumsum(spacings)
-        u = cum[:k] / cum[k]
+    u = _uniform([k], seed, 1)  # i.i.d.: positions must not correlate with the keys
     drawn = tf.minimum(tf.cast(tf.floor(u * nnz), tf.int64), tf.maximum(nnz_i - 1, 0))
     ranks = _where(exact, tf.range(k, dtype=tf.int64), drawn)
     valid = ranks < nnz_i
@@ -346,9 +405,6 @@ def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
         direct,
         lambda: tf.cond(nnz_i > 0, compacted, nothing),
     )
-    if not keyed:
-        # Kept in the input's float type: sorting float32 is cheaper than float64.
-        return _where(valid, gathered, _INF), tf.zeros([0], _F64), tf.cast(min_abs, _F64)
     vals = _where(valid, tf.cast(gathered, _F64), _INF)
     # Bottom-k keys: with all values kept, i.i.d. uniform keys; with a draw, the k
     # smallest of nnz uniform keys, made from exponential spacings S_i / S_(nnz+1)
@@ -369,66 +425,65 @@ def _sample(flat, xf, active, n, nnz, k: int, seed, keyed: bool):
 
 
 def _sample_quantiles(
-    sorted_vals: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray
+    vals: tf.Tensor, valid: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Value and log10-magnitude percentiles from a sorted (+inf padded) sample.
+    """Value and log10-magnitude percentiles from a sample: the finite ``vals[valid]``.
 
     Value percentiles are taken over the finite values with numpy's linear
     interpolation between order statistics; the rank of an order statistic is
     mapped into the sample within its sign stratum, using the exact negative /
     zero / positive counts. This is exact when the sample holds every finite
     non-zero value, and never lets sampling noise move a value across zero.
+    The sample's order statistics come from ``_select`` (no sort).
     """
-    k = sorted_vals.shape[0]
     p = tf.constant(q / 100.0, _F64)
     n_neg, n_pos = parts["neg_count"], parts["pos_count"]
     n_fin = parts["finite_count"]
     n_zero = n_fin - n_neg - n_pos
-    valid = tf.math.is_finite(sorted_vals)
+    valid = valid & tf.math.is_finite(vals)
     m = _count(valid)
-    m_neg = _count(sorted_vals < 0)
+    m_neg = _count(valid & (vals < 0))
     m_pos = m - m_neg
     vmin, vmax = parts["min"], parts["max"]
 
-    def at(s):  # sample value at (fractional) position s, interpolated
-        lo = tf.floor(s)
-        hi = tf.math.ceil(s)
-        a = tf.gather(sorted_vals, tf.clip_by_value(tf.cast(lo, tf.int64), 0, k - 1))
-        b = tf.gather(sorted_vals, tf.clip_by_value(tf.cast(hi, tf.int64), 0, k - 1))
-        return _where(hi > lo, a + (b - a) * (s - lo), a)
-
-    def stratum(j, n_pop, m_samp, offset, fallback):
+    def stratum(j, n_pop, m_samp, offset):
         # Population rank j (0-based within the stratum) -> sample position.
         s = _where(
             tf.equal(n_pop, m_samp), j, j * (m_samp - 1.0) / tf.maximum(n_pop - 1.0, 1.0)
         )
-        return _where(m_samp > 0, at(offset + s), fallback)
-
-    def value_at_rank(i):
-        neg_v = stratum(i, n_neg, m_neg, 0.0, vmin)
-        pos_v = stratum(i - n_neg - n_zero, n_pos, m_pos, m_neg, vmax)
-        return _where(i < n_neg, neg_v, _where(i < n_neg + n_zero, 0.0, pos_v))
+        return offset + s
 
     r = p * tf.maximum(n_fin - 1.0, 0.0)
     lo = tf.floor(r)
     hi = tf.minimum(lo + 1.0, tf.maximum(n_fin - 1.0, 0.0))
-    a, b = tf.split(value_at_rank(tf.concat([lo, hi], 0)), 2)
+    i = tf.concat([lo, hi], 0)  # population ranks
+    is_neg = i < n_neg
+    s = _where(
+        is_neg, stratum(i, n_neg, m_neg, 0.0), stratum(i - n_neg - n_zero, n_pos, m_pos, m_neg)
+    )
+    s = tf.clip_by_value(s, 0.0, tf.maximum(m - 1.0, 0.0))
+    s_lo, s_hi = tf.floor(s), tf.math.ceil(s)
+    # Magnitude ranks: log10|x| percentiles over the finite non-zero values (log10
+    # is monotone, so only the order statistics used are logged).
+    rm = p * tf.maximum(m - 1.0, 0.0)
+    rm_lo, rm_hi = tf.floor(rm), tf.math.ceil(rm)
+    nv, nm = 2 * len(q), len(q)
+    ranks = tf.cast(tf.concat([s_lo, s_hi, rm_lo, rm_hi], 0), tf.int32)
+    groups = tf.constant([0] * (2 * nv) + [1] * (2 * nm), tf.int32)
+    picked = tf.cast(_select(vals, tf.abs(vals), valid, ranks, groups), _F64)
+    a, b, la, lb = tf.split(picked, [nv, nv, nm, nm])
+    v = _where(s_hi > s_lo, a + (b - a) * (s - s_lo), a)
+    v = _where(is_neg, _where(m_neg > 0, v, vmin), _where(m_pos > 0, v, vmax))
+    v = _where(is_neg, v, _where(i < n_neg + n_zero, 0.0, v))
+    a, b = tf.split(v, 2)
     vq = _where(hi > lo, a + (b - a) * (r - lo), a)
     # The extremes are known exactly; sampled estimates stay inside them.
     vq = _where(tf.equal(p, 0.0), vmin, _where(tf.equal(p, 1.0), vmax, vq))
     vq = tf.clip_by_value(vq, tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
     vq = _where(n_fin > 0, vq, _NAN)
 
-    # log10|x| percentiles over the finite non-zero values (log10 is monotone,
-    # so only the order statistics used are logged). The magnitudes in ascending
-    # order merge two sorted runs of the sample: -negatives reversed, positives.
-    rm = p * tf.maximum(m - 1.0, 0.0)
-    lo = tf.floor(rm)
-    hi = tf.math.ceil(rm)
-    la, lb = tf.split(
-        _log10(_merged_order_statistic(sorted_vals, m_neg, m_pos, tf.concat([lo, hi], 0))), 2
-    )
-    lq = _where(hi > lo, la + (lb - la) * (rm - lo), la)
+    la, lb = _log10(la), _log10(lb)
+    lq = _where(rm_hi > rm_lo, la + (lb - la) * (rm - rm_lo), la)
     max_abs = tf.maximum(tf.abs(vmin), tf.abs(vmax))
     lq = _where(
         tf.equal(p, 0.0),
@@ -439,41 +494,80 @@ def _sample_quantiles(
     return vq, lq
 
 
-def _merged_order_statistic(sorted_vals, m_neg, m_pos, r) -> tf.Tensor:
-    """The r-th smallest |value| (r: float64 vector of 0-based ranks) of a sorted sample.
+def _order_bits(v: tf.Tensor) -> tuple[tf.Tensor, int]:
+    """Integer keys whose unsigned order is the order of the floats ``v`` (and their width).
 
-    With P = positives ascending and N = |negatives| ascending, the first r+1
-    magnitudes take i from P and r+1-i from N, for the smallest i with
-    N[r-i] <= P[i]; a vectorised binary search finds it in log2(k) steps of
-    tiny gathers (XLA lowers searchsorted to a dense comparison, so no
-    searchsorted here).
+    float32 -> int32 bit patterns, float64 -> int64; the sign bit is flipped so
+    that unsigned digits taken from the top down rank the values.
     """
-    k = sorted_vals.shape[0]
-    m_neg = tf.cast(m_neg, tf.int64)
-    m_pos = tf.cast(m_pos, tf.int64)
-    c = tf.cast(r, tf.int64) + 1
+    if v.dtype == _F64:
+        it, bits = tf.int64, 64
+    else:
+        v, it, bits = tf.cast(v, tf.float32), tf.int32, 32
+    b = tf.bitcast(v, it)
+    low = tf.constant(2 ** (bits - 1) - 1, it)
+    sign = tf.bitwise.right_shift(b, bits - 1)  # arithmetic: all ones for negatives
+    signed = tf.bitwise.bitwise_xor(b, tf.bitwise.bitwise_and(sign, low))
+    return tf.bitwise.bitwise_xor(signed, tf.constant(-(2 ** (bits - 1)), it)), bits
 
-    def p_at(i):  # P[i], +inf past the end, -inf before the start
-        v = tf.gather(sorted_vals, tf.clip_by_value(m_neg + i, 0, k - 1))
-        return _where(i >= m_pos, _INF, _where(i < 0, -_INF, v))
 
-    def n_at(j):  # N[j] = -sorted[m_neg - 1 - j]
-        v = -tf.gather(sorted_vals, tf.clip_by_value(m_neg - 1 - j, 0, k - 1))
-        return _where(j >= m_neg, _INF, _where(j < 0, -_INF, v))
-
-    lo = tf.maximum(c - m_neg, 0)
-    hi = tf.minimum(c, m_pos)
-
-    def halve(lo, hi):
-        mid = (lo + hi) // 2
-        ok = n_at(c - mid - 1) <= p_at(mid)
-        return _where(ok, lo, mid + 1), _where(ok, mid, hi)
-
-    # A fixed trip count (log2 k) keeps the loop XLA-friendly and the graph small.
-    lo, hi = tf.while_loop(
-        lambda lo, hi: True, halve, (lo, hi), maximum_iterations=int(k).bit_length() + 1
+def _from_order_bits(u: tf.Tensor, bits: int) -> tf.Tensor:
+    it = u.dtype
+    signed = tf.bitwise.bitwise_xor(u, tf.constant(-(2 ** (bits - 1)), it))
+    low = tf.constant(2 ** (bits - 1) - 1, it)
+    b = tf.bitwise.bitwise_xor(
+        signed, tf.bitwise.bitwise_and(tf.bitwise.right_shift(signed, bits - 1), low)
     )
-    return tf.maximum(p_at(lo - 1), n_at(c - lo - 1))
+    return tf.bitcast(b, _F64 if bits == 64 else tf.float32)
+
+
+def _select(vals, mags, valid, ranks, groups) -> tf.Tensor:
+    """Exact order statistics without sorting (radix selection).
+
+    Query j asks for the ``ranks[j]``-th smallest (0-based) of ``vals[valid]``
+    (``groups[j]`` = 0) or of ``mags[valid]`` (``groups[j]`` = 1). Each pass
+    histograms the next 10-11 bits of the order keys of the elements that still
+    share every query's key prefix, so 3 passes (float32) or 6 (float64) find
+    every key exactly: linear time, no sort, no data-dependent shapes, and the
+    histograms are scatter-adds that XLA compiles into one loop. Ranks past the
+    end give unspecified values (callers mask them).
+    """
+    u, bits = _order_bits(tf.concat([vals, mags], 0))
+    it = u.dtype
+    xla = _in_xla_context()
+    nq = ranks.shape[0]
+    widths = [11, 11, 10] if bits == 32 else [11, 11, 11, 11, 10, 10]
+    ones = tf.ones_like(valid, tf.int32)
+    slot_e = _where(tf.concat([valid, valid], 0), tf.concat([0 * ones, ones], 0), -1)
+    slot_q = groups
+    rem = ranks
+    key = tf.zeros([nq], it)
+    n_groups = 2
+    shift = bits
+    for step, w in enumerate(widths):
+        shift -= w
+        nb = 2**w
+        digit = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(u, shift), nb - 1), tf.int32)
+        size = n_groups * nb
+        seg = _where(slot_e >= 0, slot_e * nb + digit, size)  # dropped: one spare bin
+        if xla:
+            hist = tf.math.unsorted_segment_sum(tf.ones_like(seg), seg, size + 1)
+        else:
+            hist = tf.math.bincount(seg, minlength=size + 1, maxlength=size + 1)
+        row = tf.gather(tf.cumsum(tf.reshape(hist[:size], [n_groups, nb]), axis=1), slot_q)
+        d = tf.minimum(tf.reduce_sum(tf.cast(row <= rem[:, None], tf.int32), axis=1), nb - 1)
+        rem = rem - _where(d > 0, tf.gather(row, tf.maximum(d - 1, 0), batch_dims=1), 0)
+        key = tf.bitwise.bitwise_or(tf.bitwise.left_shift(key, tf.cast(w, it)), tf.cast(d, it))
+        if step + 1 < len(widths):
+            # Queries sharing a prefix share a slot (the largest query index among them).
+            idx = slot_q * nb + d
+            table = tf.tensor_scatter_nd_max(
+                tf.fill([size], -1), idx[:, tf.newaxis], tf.range(nq, dtype=tf.int32)
+            )
+            slot_q = tf.gather(table, idx)
+            slot_e = _where(slot_e >= 0, tf.gather(table, tf.maximum(slot_e * nb + digit, 0)), -1)
+            n_groups = nq
+    return _from_order_bits(key, bits)
 
 
 def _log10(v):
@@ -506,8 +600,11 @@ def _assemble(
     l2 = tf.sqrt(sumsq_s) * scale
     rms = tf.sqrt(sumsq_s / denom) * scale
 
-    sorted_vals = tf.cast(tf.sort(parts["sample_values"]), _F64)
-    vq, lq = _sample_quantiles(sorted_vals, parts, q)
+    if "_vq" in parts:
+        vq, lq = parts["_vq"], parts["_lq"]
+    else:
+        vals = parts["sample_values"]
+        vq, lq = _sample_quantiles(vals, tf.math.is_finite(vals), parts, q)
     base = tf.stack([
         tf.constant(_NAN, _F64),  # epoch: filled by the caller
         count,
@@ -560,7 +657,7 @@ def tensor_stats(
     if n_static is not None:
         k = max(1, min(k, n_static))  # no padding to sort for small tensors
     with tf.name_scope("tensor_stats"):
-        parts = _batch_parts(x, k, seed, keyed=False)
+        parts = _batch_parts(x, k, seed, keyed=False, q=q)
         return _assemble(parts, parts["_exp"], view, q)
 
 

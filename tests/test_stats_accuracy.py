@@ -133,3 +133,27 @@ def test_rank_error_scales_as_documented_with_sample_size():
     bound = 50 / np.sqrt(k)  # 1.56 pp: the binomial sd at the median
     assert 0.5 * bound < sd < 1.4 * bound, (sd, bound)
     assert abs(np.mean(errors)) < 3 * bound / np.sqrt(30)  # unbiased
+
+
+def test_xla_sampled_all_nonzero():
+    x = make("normal", 1_200_000, seed=12)  # > 2 * sample_size: k stratified positions
+    xla = tf.function(lambda t: stats.tensor_stats(t, "output"), jit_compile=True)
+    check(x, xla(x).numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("jit", [False, True])
+def test_radix_selection_is_exact(dtype, jit):
+    rng = np.random.default_rng(4)
+    n = 50_000
+    x = np.concatenate([rng.standard_cauchy(n) * 1e30, rng.integers(-3, 4, n) * 1.0]).astype(dtype)
+    x[::97] = -0.0
+    valid = rng.random(x.size) < 0.7
+    m = int(valid.sum())
+    ranks = np.array([0, 1, 7, m // 3, m // 2, m - 2, m - 1], np.int32)
+    groups = np.array([0] * 7 + [1] * 7, np.int32)
+    fn = tf.function(lambda v, ok: stats._select(v, tf.abs(v), ok, np.tile(ranks, 2), groups),
+                     jit_compile=jit)
+    got = fn(tf.constant(x), tf.constant(valid)).numpy()
+    want = np.concatenate([np.sort(x[valid])[ranks], np.sort(np.abs(x[valid]))[ranks]])
+    np.testing.assert_array_equal(got, want)
