@@ -374,6 +374,17 @@ def test_state_in_url_survives_reload(session):
     assert counts and min(counts) > 100, counts
 
 
+def test_log_linear_toggle_redraws(session):
+    f = session.open("p.introspect.run=exp1%2Flr_0.1")
+    sel = '.chart[data-chart="gradient-rms-bands"]'
+    log_profile = [f.evaluate(COLUMN_JS, [sel, x / 10]) for x in range(1, 10)]
+    session.click('.segmented[aria-label="y scale"] button[data-value="linear"]')
+    session.wait_url("p.introspect.y=linear")
+    lin_profile = [f.evaluate(COLUMN_JS, [sel, x / 10]) for x in range(1, 10)]
+    # Same data, other axis: the bands cover a different share of the plot.
+    assert min(lin_profile) > 0 and lin_profile != log_profile, (log_profile, lin_profile)
+
+
 def test_filter_regex(session):
     f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.01")
     assert f.locator(".panel").count() == 6
