@@ -200,19 +200,23 @@ def _child_disk(root: str, result_path: str, faults: list[str]) -> None:
 
 
 def _spawn(*args: str, **kw) -> subprocess.Popen:
+    path = [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join(path))
     return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args],
                             env=env, **kw)
 
 
-def _wait_lines(path: Path, proc: subprocess.Popen, pred, timeout: float) -> list[str]:
+def _wait_lines(path: Path, proc: subprocess.Popen, pred, timeout: float, err: Path
+                ) -> list[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lines = path.read_text().splitlines() if path.exists() else []
         if pred(lines):
             return lines
-        assert proc.poll() is None, f"child exited early with {proc.returncode}"
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited early with {proc.returncode}:\n"
+                                 + err.read_text(errors="replace")[-3000:])
         time.sleep(0.05)
     raise AssertionError(f"child made no progress: {lines}")
 
@@ -228,7 +232,8 @@ def test_sigkill_mid_epoch_keeps_everything_flushed(tmp_path):
     try:
         # Kill in the middle of epoch 2, right after its 6th batch.
         lines = _wait_lines(progress, proc, lambda ls: sum(ln.startswith("epoch") for ln in ls)
-                            >= 2 and ls[-1].startswith("mid"), timeout=240)
+                            >= 2 and ls[-1].startswith("mid"), timeout=240,
+                            err=tmp_path / "child.err")
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(30) == -signal.SIGKILL
     finally:
