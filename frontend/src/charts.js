@@ -137,7 +137,7 @@ export function chart(parent, spec) {
       side: 1,
       grid: { show: false },
       values: (u, splits) => splits.map((v) => (spec.y2.format || tick)(v)),
-      size: 40,
+      size: 46,
       label: spec.y2.label,
       labelSize: spec.y2.label ? 14 : 0,
     });
