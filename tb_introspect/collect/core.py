@@ -379,6 +379,7 @@ class Collector:
         replicas = ctx.num_replicas_in_sync if ctx is not None else 1
         if replicas > 1:
             gathered = ctx.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
+            gathered = tf.reshape(gathered, [replicas, len(views), layout.n, sum(layout.sizes)])
         blocks = []
         for vi, view in enumerate(views):
             if replicas > 1:
