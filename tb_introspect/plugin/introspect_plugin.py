@@ -117,6 +117,8 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._listings: dict[tuple[str, str], _Listing] = {}
         self._all_listings: dict[str, tuple[dict, dict, float]] = {}
         self._listings_lock = threading.Lock()
+        # One refresh per key at a time: concurrent misses would each pay a full listing.
+        self._refresh_locks: dict[object, threading.Lock] = {}
         # Rendered documents per run, valid while the run's fingerprint holds.
         mib = 2**20
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
@@ -164,6 +166,22 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             hit = self._listings.get(key)
         if hit is not None and now - hit.at < self.listing_ttl_s:
             return hit
+        with self._refresh_lock(key):
+            with self._listings_lock:
+                hit = self._listings.get(key)
+            if hit is not None and time.monotonic() - hit.at < self.listing_ttl_s:
+                return hit  # another request refreshed it while this one waited
+            return self._refresh_run(request, key, run, now)
+
+    def _refresh_lock(self, key: object) -> threading.Lock:
+        with self._listings_lock:
+            if len(self._refresh_locks) > 256:
+                self._refresh_locks = {k: v for k, v in self._refresh_locks.items() if v.locked()}
+            return self._refresh_locks.setdefault(key, threading.Lock())
+
+    def _refresh_run(
+        self, request: wrappers.Request, key: tuple[str, str], run: str, now: float
+    ) -> _Listing:
         infos, bad = reader.list_tags(
             self._provider, key[0], ctx=plugin_util.context(request.environ), runs=[run]
         )
@@ -190,6 +208,16 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             hit = self._all_listings.get(eid)
         if hit is not None and now - hit[2] < self.listing_ttl_s:
             return hit[0], hit[1]
+        with self._refresh_lock(eid):
+            with self._listings_lock:
+                hit = self._all_listings.get(eid)
+            if hit is not None and time.monotonic() - hit[2] < self.listing_ttl_s:
+                return hit[0], hit[1]
+            return self._refresh_all(request, eid, now)
+
+    def _refresh_all(
+        self, request: wrappers.Request, eid: str, now: float
+    ) -> tuple[dict[str, dict[str, reader.TagInfo]], dict[str, list[tuple[str, str]]]]:
         infos, bad = reader.list_tags(
             self._provider, eid, ctx=plugin_util.context(request.environ)
         )
