@@ -333,9 +333,7 @@ def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
     def sampled(m):  # m: number of positions (int32 scalar or Python int)
         i = tf.cast(tf.range(m), _F64)
         stride = n_f / tf.cast(m, _F64)
-        # float32 offsets (half the random bits of float64): 2**-24 resolution in a slice.
-        u = tf.random.stateless_uniform(tf.reshape(m, [1]), seed=seed + [1, 0])
-        pos = tf.cast(tf.floor((i + tf.cast(u, _F64)) * stride), tf.int64)
+        pos = tf.cast(tf.floor((i + _uniform(tf.reshape(m, [1]), seed, 1)) * stride), tf.int64)
         vals = tf.gather(flat, tf.clip_by_value(pos, 0, tf.maximum(n - 1, 0)))
         hit = tf.math.is_finite(vals) & tf.not_equal(vals, 0)
         if not xla:  # the selection's passes then only see the hits
