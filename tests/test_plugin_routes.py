@@ -360,3 +360,18 @@ def test_loader_defaults_samples_but_keeps_users_value() -> None:
     assert plugin.frontend_metadata().tab_name == "Introspect"
     assert set(plugin.get_plugin_apps()) == {"/runs", "/run", "/series", "/overview",
                                              "/index.js", "/static/*"}
+
+
+def test_series_from_the_cached_full_read_equals_a_provider_read(env) -> None:
+    root, written, _ = env
+    app = App(root)  # fresh caches
+    tag = "introspect/output/dense_1"
+    tags = f"tag={tag}&tag=introspect/metric/loss"
+    before = app.get(f"series?run=exp/a&{tags}")
+    app.get("overview?run=exp/a")  # the full read that later series requests reuse
+    after = app.get(f"series?run=exp/a&{tags}&field=rms&field=value")
+    assert after["series"][tag]["values"]["rms"] == before["series"][tag]["values"]["rms"]
+    assert after["series"][tag]["steps"] == written.stats[tag][0].tolist()
+    few = app.get(f"series?run=exp/a&tag={tag}&downsample=7")["series"][tag]
+    assert len(few["steps"]) == 7 and few["steps"][0] == 0 and few["steps"][-1] == 39
+    assert set(few["steps"]) <= set(before["series"][tag]["steps"])

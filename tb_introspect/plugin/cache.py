@@ -73,6 +73,12 @@ class FingerprintCache:
                     self._key_locks.pop(gone, None)
             return value
 
+    def peek(self, key: Hashable, fingerprint: Hashable) -> Any | None:
+        """The cached value for ``key`` if its fingerprint matches, else None (never computes)."""
+        with self._lock:
+            hit = self._entries.get(key)
+            return hit[1] if hit is not None and hit[0] == fingerprint else None
+
     def clear(self) -> None:
         """Drop every entry."""
         with self._lock:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 from tensorboard import errors as tb_errors
 from tensorboard import plugin_util
 from tensorboard.plugins import base_plugin
@@ -124,6 +125,8 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
         self._overviews = FingerprintCache(8, 64 * mib)
         self._series = FingerprintCache(256, 64 * mib)
+        # Full reads of runs: ./series answers from them instead of asking the provider again.
+        self._full_runs = FingerprintCache(4, 512 * mib, _run_nbytes)
 
     def is_active(self) -> bool:
         """Always ``False``: TensorBoard activates the tab from ``data_plugin_names``."""
@@ -241,12 +244,19 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         )
         return reader.assemble_run(run, infos, series, bad + unreadable)
 
+    def _full_run(self, request: wrappers.Request, run: str, listing: _Listing) -> reader.RunSeries:
+        key = (plugin_util.experiment_id(request.environ), run)
+        return self._full_runs.get(
+            key, listing.fingerprint,
+            lambda: self._read_run(request, run, listing.infos, listing.bad),
+        )
+
     def _documents_of(self, request: wrappers.Request, run: str) -> _Documents:
         """The run's ``./run`` and default ``./overview`` bodies, from one full read."""
         listing = self._list_run(request, run)
 
         def render() -> _Documents:
-            rs = self._read_run(request, run, listing.infos, listing.bad)
+            rs = self._full_run(request, run, listing)
             return _Documents(
                 run=gzip_bytes(encode(_run_document(rs))),
                 overview=gzip_bytes(encode(overview.compute_overview(rs))),
@@ -303,10 +313,16 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def render() -> bytes:
-            series, unreadable = reader.read_series(
-                self._provider, eid, run, [infos[t] for t in tags if t in infos],
-                ctx=plugin_util.context(request.environ), downsample=downsample,
-            )
+            full = self._full_runs.peek((eid, run), listing.fingerprint)
+            if full is not None:
+                have = full.all_series()
+                series = {t: _downsample(have[t], downsample) for t in tags if t in have}
+                unreadable = [(t, r) for t, r in full.skipped if t in tags and t not in dict(bad)]
+            else:
+                series, unreadable = reader.read_series(
+                    self._provider, eid, run, [infos[t] for t in tags if t in infos],
+                    ctx=plugin_util.context(request.environ), downsample=downsample,
+                )
             return gzip_bytes(encode({
                 "run": run,
                 "series": {t: _series_json(series[t], fields) for t in tags if t in series},
@@ -327,7 +343,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         listing = self._list_run(request, run)
 
         def render() -> bytes:
-            rs = self._read_run(request, run, listing.infos, listing.bad)
+            rs = self._full_run(request, run, listing)
             return gzip_bytes(encode(overview.compute_overview(rs, max_points)))
 
         key = (plugin_util.experiment_id(request.environ), run, max_points)
@@ -394,6 +410,18 @@ def _metric_entry(
         "num_epochs": len(per_epoch) if per_epoch is not None
         else len({e for e in int_list(step.epochs) if e is not None}),
     }
+
+
+def _run_nbytes(rs: reader.RunSeries) -> int:
+    return sum(s.values.nbytes + s.steps.nbytes for s in rs.all_series().values())
+
+
+def _downsample(s: reader.Series, k: int) -> reader.Series:
+    """At most ``k`` evenly spaced points of ``s``, first and last kept (0 = all)."""
+    if k <= 0 or len(s) <= k:
+        return s
+    idx = np.unique(np.linspace(0, len(s) - 1, k).round().astype(np.int64))
+    return reader.Series(s.info, s.steps[idx], s.wall_times[idx], s.values[idx])
 
 
 def _series_json(s: reader.Series, fields: list[str]) -> dict[str, Any]:
