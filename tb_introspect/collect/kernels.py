@@ -118,6 +118,35 @@ def matrix_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     return state
 
 
+#: Tensors up to this size get a sample of this size (all their values: exact
+#: percentiles) instead of ``k`` slots: sorting ``k`` slots per tensor is the
+#: main cost of finalizing many small tensors (biases, norms). Two classes keep
+#: the number of traced finalize functions small.
+SMALL_TENSOR = 1024
+
+
+def sample_bound(size: int | None, k: int) -> int:
+    """The percentile sample size used for a tensor of ``size`` elements."""
+    if size is not None and size <= SMALL_TENSOR < k:
+        return SMALL_TENSOR
+    return k
+
+
+def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float, ...],
+                 k: int, seeds: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Statistics vectors of variables or gradients, batched by sample size."""
+    groups: dict[int, list[int]] = {}
+    for n, t in enumerate(tensors):
+        groups.setdefault(sample_bound(t.shape.num_elements(), k), []).append(n)
+    out: list[tf.Tensor | None] = [None] * len(tensors)
+    for kk, members in sorted(groups.items()):
+        states = [matrix_state(tensors[n], kk, seeds[n]) for n in members]
+        block = finalize_many(states, view, quantiles, kk)
+        for r, n in enumerate(members):
+            out[n] = block[r]
+    return out
+
+
 @functools.cache
 def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
     """``(x[canonical], seed) -> state`` of one layer output (``lean.parts``)."""
