@@ -243,7 +243,7 @@ def test_demo_serve_starts_tensorboard(tmp_path: Path) -> None:
         assert [r["run"] for r in runs] == ["4_vanishing_sigmoid_mlp"]
         assert runs[0]["views"]["gradient"] == 18
         proc.send_signal(signal.SIGINT)  # what Ctrl+C does
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=240) == 0  # a loaded CI machine tears TF down slowly
         # TensorBoard went with it: the port is free again.
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
