@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -236,6 +237,8 @@ def test_demo_serve_starts_tensorboard(tmp_path: Path) -> None:
                 url = line.split(" at ", 1)[1].split()[0]
                 break
         assert url == f"http://127.0.0.1:{port}/#introspect", "".join(lines)
+        # Keep reading: the CLI forwards TensorBoard's output, and a full pipe would block it.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         with urllib.request.urlopen(
             f"http://127.0.0.1:{port}/data/plugin/introspect/runs", timeout=60
         ) as resp:
