@@ -187,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         r = run(every.strip(), args, timers)
         results.append(r)
         target = TARGETS.get(r["every"])
+        goal = f"<= {target:.2f}x" if target else "-"
         cadence = "per epoch" if r["every"] == "epoch" else f"every {r['every']} steps"
         print(f"| all four | {cadence} | {r['plain_s']:.2f} | {r['inst_s']:.2f} |"
               f" {r['ratio']:.3f}x | {r['cpu_ratio']:.3f}x |"
-              f" {'<= %.2fx' % target if target else '-'} |"
+              f" {goal} |"
               f" {r['acc_mb']:.1f} |", flush=True)
     print(f"\nPeak RSS: {results[0]['rss_plain']:.0f} MiB after the plain warm-up,"
           f" {max(r['rss_inst'] for r in results):.0f} MiB after instrumented ones"

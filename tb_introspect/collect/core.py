@@ -3,19 +3,26 @@
 Split of the work (why it is split this way):
 
 * **In the training step** (traced into the user's compiled step, XLA-safe, no
-  summary ops): gradients are added to per-replica accumulators, layer outputs
-  and output gradients are folded into fixed-size mergeable states
-  (``stats.update_state``), and a step counter advances. With ``every=N`` this
-  happens only on sampled steps, inside a ``tf.cond``.
-* **At logging time** (a separate ``tf.function`` the host calls when a point is
-  due): the accumulators are reduced over replicas (gradient sums by a SUM
-  read, output states by one ``all_gather``), turned into packed statistics
-  vectors, the ``epoch`` / ``update_ratio`` / ``cos_prev`` slots are filled,
-  summaries are written (by the chief only) and the accumulators are reset.
+  summary ops): gradients are added to per-replica accumulators; layer outputs
+  and output gradients (a random subset of whole rows, up to ``output_budget``
+  elements per tensor) are turned into ``stats`` states by ``lean.parts`` and
+  folded, all tensors at once, into one stacked state per view; a step counter
+  advances. With ``every=N`` this happens only on sampled steps (``tf.cond``).
+* **At logging time** (the host calls ``log`` when a point is due): gradient
+  sums are read with a SUM over replicas, output states are gathered from all
+  replicas (one ``all_gather``) and merged, everything is finalized with
+  ``stats.finalize`` (vectorised over tensors), the ``epoch`` /
+  ``update_ratio`` / ``cos_prev`` slots are filled, summaries are written (by
+  the chief only) and the accumulators are reset.
 
-Per-epoch cadence therefore gives exactly DESIGN.md's aggregation: variables
-at the epoch's end, gradients summed over every step of the epoch, outputs and
-output gradients merged over every batch of the epoch, on every replica.
+Per-epoch cadence therefore gives DESIGN.md's aggregation: variables at the
+epoch's end, gradients summed over every step of the epoch, outputs and output
+gradients merged over every batch of the epoch, on every replica.
+
+Memory: three copies of the trainable variables (gradient accumulator,
+previous gradient for ``cos_prev``, previous weights for ``update_ratio``)
+plus ``[tensors, ~2 * step_sample_size + channels + positions]`` float64 per
+output view.
 """
 
 from __future__ import annotations
@@ -219,7 +226,6 @@ class Collector:
                 int(initial_step), dtype=tf.int64, trainable=False, name="step",
                 synchronization=_ON_READ, aggregation=_AGG.ONLY_FIRST_REPLICA,
             )
-            use_vars = self.want("variable") or self.want("gradient")
             self.grad_acc, self.grad_prev, self.w_prev = [], [], []
             if self.want("gradient"):
                 for v in self.variables:
@@ -238,7 +244,6 @@ class Collector:
                     self.w_prev.append(tf.Variable(
                         tf.convert_to_tensor(_value(v)), trainable=False, name="w_prev"
                     ))
-            del use_vars
             self.layout = BatchLayout([sp.shape for sp in self.out_specs], self.step_sample_size)
             self.out_vars: dict[str, tf.Variable] = {}
             for view in ("output", "output_gradient"):
