@@ -239,10 +239,16 @@ def test_demo_serve_starts_tensorboard(tmp_path: Path) -> None:
         assert url == f"http://127.0.0.1:{port}/#introspect", "".join(lines)
         # Keep reading: the CLI forwards TensorBoard's output, and a full pipe would block it.
         threading.Thread(target=proc.stdout.read, daemon=True).start()
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/data/plugin/introspect/runs", timeout=60
-        ) as resp:
-            runs = json.load(resp)["runs"]
+        # TensorBoard answers before it has loaded the logdir: wait for the run's tags.
+        deadline = time.monotonic() + 180
+        while True:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/data/plugin/introspect/runs", timeout=60
+            ) as resp:
+                runs = json.load(resp)["runs"]
+            if (runs and runs[0]["views"]["gradient"] == 18) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert [r["run"] for r in runs] == ["4_vanishing_sigmoid_mlp"]
         assert runs[0]["views"]["gradient"] == 18
         proc.send_signal(signal.SIGINT)  # what Ctrl+C does
