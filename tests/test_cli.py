@@ -222,6 +222,9 @@ def test_demo_serve_starts_tensorboard(tmp_path: Path) -> None:
         [CLI, "demo", "--serve", "--host", "127.0.0.1", "--port", str(port), "--logdir",
          str(logdir), "--epochs", "2", "--scenario", "vanishing_sigmoid_mlp", "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=REPO,
+        # A CI runner may start us with SIGINT ignored, which children inherit; Python then
+        # installs no KeyboardInterrupt handler and the Ctrl+C below would do nothing.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         url = None
