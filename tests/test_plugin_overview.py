@@ -14,8 +14,8 @@ from tb_introspect.plugin import overview
 
 
 def stack_reference(column: list[float]) -> list[float]:
-    """DESIGN.md recipe, one step, written out plainly."""
-    logs = {i: math.log10(r) for i, r in enumerate(column) if math.isfinite(r) and r > 0}
+    """The toolkit's ``_log_normalize`` (natural log), one step, written out plainly."""
+    logs = {i: math.log(r) for i, r in enumerate(column) if math.isfinite(r) and r > 0}
     if not logs:
         return [0.0] * len(column)
     low = min(logs.values())
@@ -44,9 +44,35 @@ def test_stack_fractions_match_reference(rms: np.ndarray) -> None:
 
 
 def test_stack_fractions_smallest_layer_gets_one_unit() -> None:
-    # rms 1e-3, 1e-1, 1: logs -3, -1, 0 -> shifted 1, 3, 4 -> fractions 1/8, 3/8, 4/8.
-    got = overview.stack_fractions(np.array([[1e-3], [1e-1], [1.0]]))
+    # rms e^-3, e^-1, 1: logs -3, -1, 0 -> shifted 1, 3, 4 -> fractions 1/8, 3/8, 4/8.
+    got = overview.stack_fractions(np.array([[math.exp(-3)], [math.exp(-1)], [1.0]]))
     np.testing.assert_allclose(got[:, 0], [1 / 8, 3 / 8, 4 / 8])
+
+
+def test_stack_fractions_have_the_toolkits_contrast() -> None:
+    # Five layers, RMS 1e-4 .. 1: ln gives 1 .. 1 + ln(1e4) = 10.21 (log10 would give 1 .. 5).
+    got = overview.stack_fractions(np.logspace(-4, 0, 5)[:, None])[:, 0]
+    assert got[-1] / got[0] == pytest.approx(1 + math.log(1e4))
+    assert got[-1] / got[0] > 10.2
+
+
+def test_stack_rows_pick_each_layers_largest_tensor_in_depth_order() -> None:
+    from tb_introspect.plugin.reader import Series, TagInfo
+
+    def tensor(name: str, layer: str, depth: int, count: float) -> Series:
+        info = TagInfo(tag=f"introspect/variable/{name}", kind="tensor_stats", version=1,
+                       name=name, fields=("count", "rms"), view="variable", layer=layer,
+                       depth=depth)
+        return Series(info, np.arange(2), np.zeros(2), np.array([[count, 1.0]] * 2))
+
+    series = [
+        tensor("bn/beta", "bn", 1, 16), tensor("bn/gamma", "bn", 1, 16),
+        tensor("conv/bias", "conv", 0, 16), tensor("conv/kernel", "conv", 0, 432),
+        tensor("out/bias", "out", 2, 10), tensor("out/kernel", "out", 2, 160),
+    ]
+    rows = overview.stack_rows(series)
+    # One band per layer; a tie (beta, gamma) keeps the first, as the toolkit's strict ">" does.
+    assert [series[i].info.name for i in rows] == ["conv/kernel", "bn/beta", "out/kernel"]
 
 
 @settings(max_examples=40, deadline=None)

@@ -26,6 +26,9 @@ from tb_introspect.plugin import assets, introspect_plugin
 
 PREFIX = "/data/plugin/introspect/"
 VARIABLE_ORDER = ["dense/bias", "dense/kernel", "dense_1/kernel", "out/kernel"]
+# Each layer's largest tensor; the fixture's tensors all have 100 elements, and on a tie
+# the first in depth and name order is kept.
+STACK_ORDER = ["dense/bias", "dense_1/kernel", "out/kernel"]
 
 
 class App:
@@ -264,8 +267,10 @@ def test_overview_matches_reference(env) -> None:
         got = [row[step] for row in var["rms_bands"]]
         np.testing.assert_allclose(got, np.percentile(rms, var["rms_quantiles"]))
         logs = [math.log10(r) if r > 0 else None for r in rms]
-        low = min(v for v in logs if v is not None)
-        shifted = [0.0 if v is None else v - low + 1 for v in logs]
+        # The stack has one band per layer (its largest tensor), natural log, smallest = 1.
+        per_layer = [rms[VARIABLE_ORDER.index(n)] for n in STACK_ORDER]
+        ln = [math.log(r) for r in per_layer if r > 0]
+        shifted = [math.log(r) - min(ln) + 1 if r > 0 else 0.0 for r in per_layer]
         expected = [x / sum(shifted) for x in shifted]
         np.testing.assert_allclose([row[step] for row in var["stack"]], expected, atol=1e-5)
         for i, v in enumerate(logs):
@@ -277,6 +282,9 @@ def test_overview_matches_reference(env) -> None:
         assert act["worst"][step] == dead.index(max(dead))
     # step 0: the zero-initialised bias has RMS 0 -> no log, stack share 0
     assert var["stack"][0][0] == 0.0 and var["log10_rms"][0][0] is None
+    assert [b["tag"] for b in var["stack_layers"]] == [
+        metadata.stats_tag("variable", n) for n in STACK_ORDER]
+    assert [var["tensors"][b["tensor"]]["name"] for b in var["stack_layers"]] == STACK_ORDER
     assert var["activity"]["spatial_dead_rate"]["max"] == [None] * 40
     assert var["nonfinite"] == [0] * 40 and var["first_nonfinite"] is None
     loss = doc["metrics"]["loss"]

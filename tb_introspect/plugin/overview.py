@@ -59,15 +59,44 @@ def field_matrix(series: Sequence[Series], name: str, steps: np.ndarray) -> np.n
     return field_matrices(series, [name], steps)[name]
 
 
-def stack_fractions(rms: np.ndarray) -> np.ndarray:
-    """Layer-scale stack fractions of a (tensors x steps) RMS matrix (DESIGN.md).
+def stack_rows(series: Sequence[Series]) -> list[int]:
+    """One row per layer for the layer-scale stack plot, in depth order.
 
-    Per step: ``l = log10(rms)`` over tensors with a finite positive RMS,
-    ``s = l - (min(l) - 1)`` (the smallest becomes 1), fraction ``s / sum(s)``.
-    Tensors without a finite positive RMS get 0; a step with none is all 0.
+    The layer's largest tensor (most elements; the first one on a tie), as the
+    training-instrumentation toolkit's ``_pick_layer_data_from_variables``
+    does: a kernel rather than its bias or a norm layer's beta, and for the
+    output views the layer's output itself.
+    """
+    best: dict[str, tuple[int, float]] = {}
+    for i, s in enumerate(series):
+        size = _tensor_size(s)
+        if s.info.layer not in best or size > best[s.info.layer][1]:
+            best[s.info.layer] = (i, size)
+    rows = [i for i, _ in best.values()]
+    return sorted(rows, key=lambda i: (series[i].info.depth, i))
+
+
+def _tensor_size(s: Series) -> float:
+    # The logged element count is exact for weights; an output's varies with the batch,
+    # but a layer has one output, so any count ranks it.
+    count = s.field("count") if len(s) else np.empty(0)
+    if np.isfinite(count).any():
+        return float(np.nanmax(count))
+    return float(np.prod([d for d in s.info.shape if d and d > 0]))
+
+
+def stack_fractions(rms: np.ndarray) -> np.ndarray:
+    """Layer-scale stack fractions of a (layers x steps) RMS matrix.
+
+    The toolkit's ``_log_normalize``, per step: ``l = ln(rms)`` over layers
+    with a finite positive RMS, ``s = l - (min(l) - 1)`` (the smallest becomes
+    1), fraction ``s / sum(s)``. The natural log (not log10) is what gives the
+    toolkit's contrast: RMS 1e-4 .. 1 over five layers gives a top/bottom band
+    ratio of 10.2 (5.0 with log10). Layers without a finite positive RMS get
+    0; a step with none is all 0.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        logs = np.where(np.isfinite(rms) & (rms > 0), np.log10(rms), np.nan)
+        logs = np.where(np.isfinite(rms) & (rms > 0), np.log(rms), np.nan)
     low = np.fmin.reduce(logs, axis=0, initial=np.inf)
     shifted = np.nan_to_num(logs - (low - 1.0), nan=0.0, posinf=0.0, neginf=0.0)
     total = shifted.sum(axis=0)
@@ -140,6 +169,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
 
     cols = column_subset(len(steps), max_points)
     rms_c = rms[:, cols]
+    stack = stack_rows(series)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_rms = np.where(np.isfinite(rms_c) & (rms_c > 0), np.log10(rms_c), np.nan)
     activity = {}
@@ -159,7 +189,11 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
         "rms_quantiles": list(RMS_QUANTILES),
         "rms_bands": num_list(band_over_rows(rms_c, RMS_QUANTILES)),
         "log10_rms": num_list(log_rms, decimals=4),
-        "stack": num_list(stack_fractions(rms_c), decimals=5),
+        "stack_layers": [
+            {"layer": series[i].info.layer, "tag": series[i].info.tag, "tensor": i}
+            for i in stack
+        ],
+        "stack": num_list(stack_fractions(rms_c[stack]), decimals=5),
         "activity": activity,
         "nonfinite": int_list(nonfinite_m.sum(axis=0)[cols]),
         "first_nonfinite": first_nonfinite,
