@@ -334,10 +334,31 @@ export function percentileBands(quantiles, rows, color, labelFn = (q) => `p${q}`
   return { series, bands };
 }
 
+// Sequential ramp for the stack bands, input (light green) to output (indigo):
+// neighbouring layers get neighbouring colours, so depth reads off the colour,
+// and it stays legible on the light and the dark theme. The hover colour
+// (orange) is outside the ramp.
+const DEPTH_RAMP = ["#b8e186", "#5ab4ac", "#3b82c4", "#4a4fa8"];
+
+/** `n` colours along the depth ramp, first = nearest the input. */
+export function depthColors(n) {
+  const rgb = DEPTH_RAMP.map((c) => [1, 3, 5].map((k) => parseInt(c.slice(k, k + 2), 16)));
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const p = n > 1 ? (i / (n - 1)) * (rgb.length - 1) : 0;
+    const k = Math.min(Math.floor(p), rgb.length - 2);
+    const f = p - k;
+    const c = rgb[k].map((a, j) => Math.round(a + (rgb[k + 1][j] - a) * f));
+    out.push(`#${c.map((v) => v.toString(16).padStart(2, "0")).join("")}`);
+  }
+  return out;
+}
+
 /**
- * Stack plot of per-layer fractions, first row at the bottom, alternating
- * colours (the article's layer-scale stack plot). Drawn in a uPlot draw hook
- * so axes, zoom and cursor behave like every other chart.
+ * Stack plot of per-layer fractions, first row at the bottom, one colour per
+ * band (the article's layer-scale stack plot). Drawn in a uPlot draw hook so
+ * axes, zoom and cursor behave like every other chart. colors: {bands: one
+ * colour per row (cycled when shorter), highlight, separator}.
  */
 export function stackDrawer(x, rows, { colors, highlight }) {
   const n = x.length;
@@ -378,9 +399,21 @@ export function stackDrawer(x, rows, { colors, highlight }) {
       for (let j = 1; j < n; j++) ctx.lineTo(px[j], yPos(upper[j]));
       for (let j = n - 1; j >= 0; j--) ctx.lineTo(px[j], yPos(lower ? lower[j] : 0));
       ctx.closePath();
-      ctx.fillStyle = i === state.hover || i === state.focus ? colors.highlight : colors.bands[i % 2];
+      ctx.fillStyle = i === state.hover || i === state.focus
+        ? colors.highlight : colors.bands[i % colors.bands.length];
       ctx.fill();
       lower = upper;
+    }
+    // A hairline between bands: neighbours on the ramp are close in colour.
+    if (colors.separator && cum.length > 1) {
+      ctx.strokeStyle = colors.separator;
+      ctx.lineWidth = Math.max(1, (window.devicePixelRatio || 1) * 0.6);
+      for (let i = 0; i < cum.length - 1; i++) {
+        ctx.beginPath();
+        ctx.moveTo(px[0], yPos(cum[i][0]));
+        for (let j = 1; j < n; j++) ctx.lineTo(px[j], yPos(cum[i][j]));
+        ctx.stroke();
+      }
     }
     ctx.restore();
   }

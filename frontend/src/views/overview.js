@@ -2,7 +2,7 @@
 // bands, the findings panel, and per view a row of three charts (distribution
 // of per-layer RMS, layer-scale stack plot, activation/dead rates).
 
-import { chart, percentileBands, readoutLine, stackDrawer } from "../charts.js";
+import { chart, depthColors, percentileBands, readoutLine, stackDrawer } from "../charts.js";
 import { VIEW_HELP, VIEW_LABELS, VIEWS, emptyNote, joinParts, pointLabel, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { fmt, pct } from "../format.js";
@@ -168,28 +168,40 @@ function rmsBandsChart(cell, view, v, x, xLabel, log) {
   });
 }
 
+/** Legend of the stack: every layer when they fit, else the two ends of the ramp. */
+const STACK_LEGEND_MAX = 8;
+
 function stackChart(cell, view, v, x, xLabel, ctx) {
   const t = theme();
-  const tensors = v.tensors;
-  const focusIdx = tensors.findIndex((tt) => tt.tag === ctx.state.focus);
+  const bands = v.stack_layers || [];
+  const colors = depthColors(bands.length);
+  // A focused tensor (e.g. a bias) highlights its layer's band.
+  const focused = v.tensors.find((tt) => tt.tag === ctx.state.focus);
+  const focusIdx = focused ? bands.findIndex((b) => b.layer === focused.layer) : -1;
   const drawer = stackDrawer(x, v.stack, {
-    colors: { bands: t.stack, highlight: t.stackHighlight },
+    colors: { bands: colors, highlight: t.stackHighlight, separator: t.bg },
     highlight: focusIdx,
   });
   const hovered = (u, idx) => {
     if (idx == null || u.cursor.top == null || u.cursor.top < 0) return -1;
     return drawer.layerAt(idx, u.posToVal(u.cursor.top, "y"));
   };
+  const n = bands.length;
+  const legend = n <= STACK_LEGEND_MAX
+    ? bands.map((b, i) => [b.layer, colors[i]])
+    : [[`${bands[0].layer} (bottom)`, colors[0]], [`${bands[n - 1].layer} (top)`, colors[n - 1]]];
   let lastHover = -1;
   return chart(cell, {
     title: "Layer scale (stacked log RMS)",
-    subtitle: "first layer at the bottom; thick = large scale, jagged = oscillation; click a band to open its layer",
+    subtitle: `one band per layer (${n}), first layer at the bottom; thick = large scale,`
+      + " jagged = oscillation; click a band to open its layer",
     name: `${view}-stack`,
     x,
     xLabel,
     series: [{ label: "", values: x.map(() => null) }],
     y: { range: [0, 1], format: () => "", size: 8 },
     draw: drawer.draw,
+    legend,
     onHover: (u, idx) => {
       const i = hovered(u, idx);
       if (i !== lastHover) {
@@ -205,7 +217,7 @@ function stackChart(cell, view, v, x, xLabel, ctx) {
     },
     onClick: (u, idx) => {
       const i = hovered(u, idx);
-      if (i >= 0) ctx.openLayer(view, tensors[i].tag);
+      if (i >= 0) ctx.openLayer(view, bands[i].tag);
     },
     readout: (idx) => stackReadout(v, lastHover, idx),
   });
@@ -214,8 +226,9 @@ function stackChart(cell, view, v, x, xLabel, ctx) {
 function stackReadout(v, i, idx) {
   if (idx == null) return "";
   if (i < 0) return readoutLine(pointLabel(v.steps[idx], v.epochs[idx]), [["", "hover a band to name its layer"]]);
-  const tt = v.tensors[i];
-  const l = v.log10_rms[i][idx];
+  const band = v.stack_layers[i];
+  const tt = v.tensors[band.tensor];
+  const l = v.log10_rms[band.tensor][idx];
   const line = readoutLine(pointLabel(v.steps[idx], v.epochs[idx]), [
     ["RMS", l == null ? null : 10 ** l],
     ["share", pct(v.stack[i][idx])],
