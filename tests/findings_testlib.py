@@ -54,8 +54,13 @@ def train_logged(
     seed: int = 0,
     data: Any = None,
     metrics: bool = True,
+    validation: bool = False,
 ) -> Trained:
-    """Train ``build(total_steps) -> (model, optimizer)`` on the digits; log into ``logdir``."""
+    """Train ``build(total_steps) -> (model, optimizer)`` on the digits; log into ``logdir``.
+
+    ``validation`` logs ``val_loss`` after each epoch (inference mode, on the validation
+    split), as the ``Introspect`` callback logs Keras's ``val_*`` values.
+    """
     import keras
     import tensorflow as tf
 
@@ -84,7 +89,10 @@ def train_logged(
         with tf.GradientTape() as tape:
             outs = monitor(x, training=True)
             loss = loss_fn(y, outs[0])
-        grads = tape.gradient(loss, variables + list(outs[1:]))
+        # Zeros, not None, for what the loss does not reach (stop_gradient, unused outputs):
+        # what an optimizer sees as "no gradient".
+        grads = tape.gradient(loss, variables + list(outs[1:]),
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
         optimizer.apply(grads[:nv], variables)
         return loss, grads[:nv], outs[1:], grads[nv:]
 
@@ -170,6 +178,9 @@ def train_logged(
                 )
             if metrics:
                 writer.add_metric_epoch("loss", epoch_losses, step, epoch=epoch)
+            if validation:
+                pred = model(tf.constant(data.x_val), training=False)
+                writer.add_metric("val_loss", float(loss_fn(data.y_val, pred)), step, epoch=epoch)
     keras.backend.clear_session()
     return Trained(logdir=logdir, steps_per_epoch=steps_per_epoch, losses=np.array(losses))
 

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from tb_introspect.diagnose import activity, gradients, loss, nonfinite, updates  # noqa: F401
+from tb_introspect.diagnose import (  # noqa: F401
+    activity,
+    flow,
+    gradients,
+    loss,
+    nonfinite,
+    overfitting,
+    updates,
+)
 from tb_introspect.diagnose.core import (
     DEFAULT_THRESHOLDS,
     RULES,

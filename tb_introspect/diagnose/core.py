@@ -86,7 +86,22 @@ class Thresholds:
     sustain_max_points: int = 10
 
     # vanishing: orders of magnitude between the last and the first layer's gradient RMS
+    # (warning); from vanishing_info_orders (10x) up to it, an info finding
     vanishing_orders: float = 2.0
+    vanishing_info_orders: float = 1.0
+    # gradient activation rate (share of non-zero gradient entries of a kernel): a drop
+    # below this, by at least grad_active_drop from its own start
+    grad_active_low: float = 0.5
+    grad_active_drop: float = 0.25
+    # zero gradients: share of a kernel's gradient entries exactly zero; a cause is named
+    # when it accounts for at least zero_cause_share of that
+    zero_grad_share: float = 0.5
+    zero_cause_share: float = 0.5
+    # overfitting: validation loss this much above its best while the training loss is
+    # this much below its value at that epoch
+    overfit_val_rise: float = 0.1
+    overfit_val_rise_warning: float = 0.5
+    overfit_train_drop: float = 0.05
     # exploding: per-step gradient RMS (lower bound) of the median layer, and growth in orders
     exploding_rms: float = 1.0
     exploding_growth_orders: float = 2.0

@@ -47,10 +47,16 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
     # Layers whose gradient is exactly zero are the dead-units rule's business.
     gap = logs[-1] - logs[0]
     t = rv.t
-    mask = np.isfinite(gap) & (gap >= t.vanishing_orders)
     if np.isfinite(gap).sum() < t.min_points:
         return []
-    j0 = first_sustained(mask, rv.sustain_points(int(np.isfinite(gap).sum())))
+    k = rv.sustain_points(int(np.isfinite(gap).sum()))
+    severity, threshold = "warning", t.vanishing_orders
+    j0 = first_sustained(np.isfinite(gap) & (gap >= t.vanishing_orders), k)
+    if j0 is None:
+        # The article: the first layer's gradient scale should not be smaller than the last
+        # layer's. 10-99x is worth a look, not yet the starvation of >= 100x.
+        severity, threshold = "info", t.vanishing_info_orders
+        j0 = first_sustained(np.isfinite(gap) & (gap >= t.vanishing_info_orders), k)
     if j0 is None:
         return []
     last = int(np.flatnonzero(np.isfinite(gap))[-1])
@@ -62,8 +68,9 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
     worst = float(np.nanmax(gap))
     return [Finding(
         kind="vanishing_gradients",
-        severity="warning",
-        title=(f"Vanishing gradients: '{first_layer}' gets {fmt_orders(-gap[j0])} of the"
+        severity=severity,
+        title=(f"{'Vanishing' if severity == 'warning' else 'Weakening'} gradients:"
+               f" '{first_layer}' gets {fmt_orders(-gap[j0])} of the"
                f" gradient RMS of '{last_layer}'"),
         first_step=step, first_epoch=epoch,
         layers=a.layers(starved or [0]),
@@ -76,7 +83,7 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
             "orders_below_last_at_end": float(gap[last]),
             "worst_orders": worst,
             "layers_compared": int(logs.shape[0]),
-            "threshold_orders": t.vanishing_orders,
+            "threshold_orders": threshold,
         },
         explanation=(
             "Backpropagation multiplies the error signal by each layer's local derivative on"
@@ -84,6 +91,10 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
             " initialisation, very deep plain stacks), the layers nearest the input receive a"
             f" gradient {fmt_orders(gap[j0])} times smaller than the output layer's and barely"
             " learn, while the top layers do all the fitting."
+            + ("" if severity == "warning" else
+               " Here the gap is 10-99x: the first layers still learn, more slowly. The"
+               " first layer's gradient scale should not be smaller than the last layer's;"
+               " watch whether the gap grows (thinning bottom bands in the gradient stack).")
         ),
         suggestion=(
             "Use ReLU-family activations (or GELU/SiLU) instead of sigmoid/tanh in hidden layers;"
