@@ -29,7 +29,7 @@ export function pct(v, digits = 1) {
 
 /** Compact axis tick: 1e-4, 0.01, 250, 1.5k. */
 export function tick(v) {
-  if (v == null) return "";
+  if (v == null || !Number.isFinite(v)) return "";
   if (v === 0) return "0";
   const a = Math.abs(v);
   if (a >= 1e-2 && a < 1e4) return String(+v.toPrecision(3));

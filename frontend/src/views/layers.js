@@ -365,7 +365,8 @@ export function magnitudeRows(qs, logRows, zf) {
   let minLog = Infinity;
   for (const r of logRows) for (const v of r) if (v != null && v < minLog) minLog = v;
   const anyZeros = !!zf && zf.some((z) => z != null && z > 0);
-  const floor = anyZeros && Number.isFinite(minLog) ? 10 ** (Math.floor(minLog) - 1) : null;
+  // Kept above 0 (a log axis cannot show 0), also for magnitudes near the double's limit.
+  const floor = anyZeros && Number.isFinite(minLog) ? Math.max(10 ** (Math.floor(minLog) - 1), 1e-300) : null;
   const rows = qs.map(() => new Array(n).fill(null));
   for (let j = 0; j < n; j++) {
     const z = zf ? zf[j] ?? 0 : 0;
