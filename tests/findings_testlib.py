@@ -89,10 +89,10 @@ def train_logged(
         with tf.GradientTape() as tape:
             outs = monitor(x, training=True)
             loss = loss_fn(y, outs[0])
-        # Zeros, not None, for what the loss does not reach (stop_gradient, unused outputs):
-        # what an optimizer sees as "no gradient".
-        grads = tape.gradient(loss, variables + list(outs[1:]),
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = tape.gradient(loss, variables + list(outs[1:]))
+        # Zeros, not None, for what the loss does not reach (stop_gradient, unused outputs).
+        grads = [g if g is not None else tf.zeros_like(v) if i >= nv else tf.zeros(v.shape, v.dtype)
+                 for i, (g, v) in enumerate(zip(grads, variables + list(outs[1:]), strict=True))]
         optimizer.apply(grads[:nv], variables)
         return loss, grads[:nv], outs[1:], grads[nv:]
 
