@@ -1,7 +1,9 @@
 """The ``tb-introspect`` command: ``demo`` (train the demo, optionally serve it) and ``diagnose``.
 
 Only ``demo`` imports TensorFlow, and only once it starts training: ``--help`` and
-``diagnose`` run on a machine (or in an environment) without TensorFlow.
+``diagnose`` run on a machine (or in an environment) without TensorFlow. ``diagnose`` reads
+runs with ``plugin.reader`` and prints what the findings engine (``tb_introspect.diagnose``)
+finds, the same findings the Overview tab shows (docs/design.md).
 
 Exit codes: 0 success; 1 a run-time failure (training or TensorBoard failed, no tb-introspect
 data found); 2 bad usage (unknown option, missing log directory, port in use); 130 interrupted.
@@ -12,7 +14,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import math
 import os
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import types
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from tb_introspect import __version__
 
@@ -131,14 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     diag = sub.add_parser(
         "diagnose",
-        help="print findings (or a summary) for every run of a logdir",
+        help="print the findings for every run of a logdir",
         description="Read the tb-introspect data of every run under LOGDIR and print, per run,"
-        " the findings of the rules (vanishing gradients, dead units, ...) when they are"
-        " installed, and a summary: layers, final RMS per view, first/last layer gradient"
-        " ratio, worst dead rate, loss trend. Does not need TensorFlow.",
+        " the findings of the rules (vanishing gradients, dead units, loss not decreasing,"
+        " ...), most severe first: the findings of the Overview tab. Does not need"
+        " TensorFlow.",
     )
     diag.add_argument("logdir", metavar="LOGDIR", help="TensorBoard log directory")
     diag.add_argument("--json", action="store_true", help="print JSON instead of text")
+    diag.add_argument("-v", "--verbose", action="store_true",
+                      help="with each finding, its evidence, explanation and what to try")
     diag.add_argument("--run", action="append", metavar="RUN",
                       help="only this run (relative path under LOGDIR; repeatable)")
     diag.set_defaults(func=cmd_diagnose)
@@ -310,14 +313,14 @@ def _read_without_tensorflow() -> None:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    """Print findings and a summary per run of ``args.logdir``."""
+    """Print the findings of every run of ``args.logdir`` (text or ``--json``)."""
     logdir = args.logdir
     if not os.path.exists(logdir):
         raise CliError(f"log directory {logdir!r} does not exist")
     if not os.path.isdir(logdir):
         raise CliError(f"{logdir!r} is not a directory")
     _read_without_tensorflow()
-    from tb_introspect.plugin.overview import find_issues_hook
+    from tb_introspect import diagnose
     from tb_introspect.plugin.reader import read_logdir
 
     runs = read_logdir(logdir, runs=args.run)
@@ -328,234 +331,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             " files holding Introspect summaries; train with tb_introspect.keras.Introspect"
             " or run `tb-introspect demo` first)", EXIT_FAILURE,
         )
-    report = []
-    for name, run in runs.items():
-        findings, error = find_issues_hook(run)
-        entry: dict[str, Any] = {"run": name, "summary": summarize_run(run),
-                                 "findings": findings}
-        if error is not None:
-            entry["findings_error"] = error
-        report.append(entry)
+    by_run = {name: diagnose.find_issues(run) for name, run in runs.items()}
     if args.json:
-        json.dump({"logdir": logdir, "runs": report}, sys.stdout, indent=2,
-                  default=_json_default, allow_nan=False)
+        doc = {"logdir": logdir,
+               "runs": [{"run": name, "findings": diagnose.findings_json(found)}
+                        for name, found in by_run.items()]}
+        json.dump(doc, sys.stdout, indent=2, allow_nan=False)
         print()
     else:
-        print_report(logdir, report, sys.stdout)
+        print(f"tb-introspect diagnose {logdir}: {len(by_run)} run(s)\n")
+        sys.stdout.write(diagnose.format_findings(by_run, verbose=args.verbose))
     return EXIT_OK
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if x is not None and math.isfinite(x) else None
-
-
-def summarize_run(run: Any) -> dict[str, Any]:
-    """Per-run numbers the overview shows, from a :class:`~tb_introspect.plugin.reader.RunSeries`.
-
-    All values are plain Python (JSON-ready; ``None`` where there is no data).
-    """
-    import numpy as np
-
-    layers: dict[str, int] = {}
-    last_step = -1
-    for view in run.tensors.values():
-        for s in view:
-            layers.setdefault(s.info.layer, s.info.depth)
-            if len(s):
-                last_step = max(last_step, int(s.steps[-1]))
-    epochs = [float(s.epochs[-1]) for v in run.tensors.values() for s in v if len(s)]
-    epochs += [float(s.epochs[-1]) for s in run.metrics.values() if len(s)]
-    finite_epochs = [e for e in epochs if math.isfinite(e)]
-
-    views: dict[str, Any] = {}
-    nonfinite = 0
-    for view, series in run.tensors.items():
-        finals = [s.field("rms")[-1] for s in series if len(s)]
-        finals = [x for x in finals if math.isfinite(x)]
-        nonfinite += sum(
-            int(np.nansum(s.field(f))) for s in series
-            for f in ("nan_count", "posinf_count", "neginf_count")
-        )
-        views[view] = {
-            "tensors": len(series),
-            "final_rms_min": _finite(min(finals)) if finals else None,
-            "final_rms_median": _finite(float(np.median(finals))) if finals else None,
-            "final_rms_max": _finite(max(finals)) if finals else None,
-        }
-    return {
-        "layers": len(layers),
-        "last_step": last_step if last_step >= 0 else None,
-        "epochs": int(max(finite_epochs)) + 1 if finite_epochs else None,
-        "views": views,
-        "gradient_first_last": _gradient_first_last(run),
-        "dead": _worst_dead(run),
-        "loss": _loss_trend(run),
-        "nonfinite_values": nonfinite,
-    }
-
-
-def _layer_rms(series: Sequence[Any]) -> dict[str, tuple[int, float]]:
-    """Final RMS per layer over all of the layer's tensors: sqrt(Σ l2² / Σ count)."""
-    sums: dict[str, list[float]] = {}
-    for s in series:
-        if not len(s):
-            continue
-        l2, count = s.field("l2")[-1], s.field("count")[-1]
-        if not (math.isfinite(l2) and math.isfinite(count)) or count <= 0:
-            continue
-        acc = sums.setdefault(s.info.layer, [s.info.depth, 0.0, 0.0])
-        acc[1] += l2 * l2
-        acc[2] += count
-    return {layer: (int(d), math.sqrt(sq / n)) for layer, (d, sq, n) in sums.items() if n > 0}
-
-
-def _gradient_first_last(run: Any) -> dict[str, Any] | None:
-    per_layer = _layer_rms(run.tensors.get("gradient", []))
-    if len(per_layer) < 2:
-        return None
-    ordered = sorted(per_layer.items(), key=lambda kv: kv[1][0])
-    (first, (_, rms_first)), (last, (_, rms_last)) = ordered[0], ordered[-1]
-    return {
-        "first_layer": first, "last_layer": last,
-        "first_rms": _finite(rms_first), "last_rms": _finite(rms_last),
-        "ratio": _finite(rms_first / rms_last) if rms_last > 0 else None,
-    }
-
-
-def _worst_dead(run: Any) -> dict[str, Any] | None:
-    """The hidden layer with the highest final dead rate of its outputs.
-
-    Only layers with trainable variables count, and not the deepest one: a pooling or
-    flatten layer repeats its input's dead channels, and a softmax output that is exactly 0
-    for most classes is a confident prediction, not a dead unit.
-    """
-    import numpy as np
-
-    depth = {s.info.layer: s.info.depth
-             for v in ("variable", "gradient") for s in run.tensors.get(v, [])}
-    hidden = set(depth) - {max(depth, key=lambda k: depth[k])} if depth else None
-    best: dict[str, Any] | None = None
-    for s in run.tensors.get("output", []):
-        if hidden is not None and s.info.layer not in hidden:
-            continue
-        dead = s.field("dead_rate")
-        if not len(s) or not np.isfinite(dead).any():
-            continue
-        final = float(dead[-1]) if math.isfinite(dead[-1]) else float("nan")
-        peak = float(np.nanmax(dead))
-        if best is None or (math.isfinite(final) and final > (best["final"] or -1.0)):
-            best = {"layer": s.info.layer, "final": _finite(final), "peak": _finite(peak),
-                    "first": _finite(float(dead[0]))}
-    return best
-
-
-def _loss_trend(run: Any) -> dict[str, Any] | None:
-    """Per-epoch median loss: first, best, last, and a one-word trend."""
-    import numpy as np
-
-    band = run.metric_epochs.get("loss")
-    if band is not None and len(band):
-        medians, epochs = band.field("p50"), band.epochs
-    else:
-        step = run.metrics.get("loss")
-        if step is None or not len(step):
-            return None
-        values, epochs_all = step.field("value"), step.epochs
-        epochs = np.unique(epochs_all[np.isfinite(epochs_all)])
-        medians = np.array([np.nanmedian(values[epochs_all == e]) for e in epochs])
-    keep = np.isfinite(medians)
-    medians, epochs = medians[keep], epochs[keep]
-    if not len(medians):
-        return None
-    first, last = float(medians[0]), float(medians[-1])
-    i_best = int(np.argmin(medians))
-    best = float(medians[i_best])
-    if len(medians) < 3:
-        trend = "too short to tell"
-    elif last > 2.0 * best + 0.02 and i_best < len(medians) - 1:
-        trend = f"worse since epoch {int(epochs[i_best])}"
-    elif last < 0.7 * first:
-        trend = "falling"
-    elif last > 1.1 * first:
-        trend = "rising"
-    else:
-        trend = "flat"
-    return {"first": first, "best": best, "best_epoch": int(epochs[i_best]), "last": last,
-            "trend": trend}
-
-
-def _fmt(x: float | None, spec: str = ".2e") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def print_report(logdir: str, report: Sequence[dict[str, Any]], out: TextIO) -> None:
-    """The text form of ``diagnose``."""
-    print(f"tb-introspect diagnose {logdir}: {len(report)} run(s)", file=out)
-    for entry in report:
-        s = entry["summary"]
-        print(f"\n== {entry['run']}  ({s['layers']} layers, {s['epochs'] or '?'} epochs,"
-              f" last step {s['last_step'] if s['last_step'] is not None else '?'})", file=out)
-        findings = entry.get("findings") or []
-        if entry.get("findings_error"):
-            print(f"  findings: {entry['findings_error']}", file=out)
-        elif findings:
-            print(f"  findings ({len(findings)}):", file=out)
-            for f in findings:
-                print(_format_finding(f), file=out)
-        loss = s["loss"]
-        if loss:
-            print(f"  loss (epoch median): first {loss['first']:.3f}, best {loss['best']:.3f}"
-                  f" at epoch {loss['best_epoch']}, last {loss['last']:.3f} -> {loss['trend']}",
-                  file=out)
-        for view, v in s["views"].items():
-            print(f"  {view:<16} {v['tensors']:>3} tensors, final RMS {_fmt(v['final_rms_min'])}"
-                  f" .. {_fmt(v['final_rms_max'])} (median {_fmt(v['final_rms_median'])})",
-                  file=out)
-        g = s["gradient_first_last"]
-        if g:
-            ratio = _fmt(g["ratio"])
-            if g["ratio"] is None and g["first_rms"] == 0 and g["last_rms"] == 0:
-                ratio = "n/a, all zero: no gradient reaches the weights"
-            print(f"  gradient RMS first/last layer: {ratio}"
-                  f" ({g['first_layer']} {_fmt(g['first_rms'])} / {g['last_layer']}"
-                  f" {_fmt(g['last_rms'])})", file=out)
-        d = s["dead"]
-        if d:
-            print(f"  worst dead rate (hidden layers): {d['layer']} {_pct(d['final'])} at the end"
-                  f" (start {_pct(d['first'])}, peak {_pct(d['peak'])})", file=out)
-        if s["nonfinite_values"]:
-            print(f"  non-finite values (NaN/Inf) logged: {s['nonfinite_values']}", file=out)
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.0f}%"
-
-
-def _format_finding(f: Any) -> str:
-    """One finding (a dict from the rules) as indented text; tolerant of missing keys."""
-    if not isinstance(f, dict):
-        return f"    - {f}"
-    severity = str(f.get("severity", "info")).upper()
-    title = f.get("title") or f.get("summary") or f.get("message") or f.get("kind", "finding")
-    where = []
-    for key, label in (("first_epoch", "epoch"), ("first_step", "step")):
-        if f.get(key) is not None:
-            where.append(f"{label} {f[key]}")
-    layers = f.get("layers")
-    if layers:
-        shown = ", ".join(map(str, layers[:4])) + (" ..." if len(layers) > 4 else "")
-        where.append(f"layers {shown}")
-    lines = [f"    [{severity}] {title}" + (f"  ({'; '.join(where)})" if where else "")]
-    for key, label in (("explanation", ""), ("what_to_try", "try: "), ("suggestion", "try: ")):
-        if f.get(key):
-            lines.append(f"        {label}{f[key]}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

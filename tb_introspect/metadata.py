@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect.proto import plugin_data_pb2
@@ -51,6 +52,9 @@ BASE_FIELDS: tuple[str, ...] = (
     "spatial_dead_rate",
 )
 
+#: The slots counting a tensor's non-finite values (NaN, +Inf, -Inf).
+NONFINITE_FIELDS: tuple[str, ...] = ("nan_count", "posinf_count", "neginf_count")
+
 #: Extra slots appended per view, after the quantile slots.
 VIEW_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     # ||w_t - w_prev|| / ||w_t|| between two logged points.
@@ -65,6 +69,19 @@ METRIC_FIELDS: tuple[str, ...] = ("epoch", "value")
 METRIC_EPOCH_FIELDS: tuple[str, ...] = (
     "epoch", "min", "p25", "p50", "p75", "max", "mean", "count",
 )
+
+
+def metric_epoch_band(values, epoch: float = 0) -> np.ndarray:
+    """The METRIC_EPOCH vector ``[epoch, min, p25, p50, p75, max, mean, count]`` of ``values``.
+
+    Over the finite values only, percentiles with numpy's linear interpolation (exact: the
+    values of one epoch are few); NaN with ``count`` 0 when none is finite. The writers and
+    the overview (a band computed from per-step values) all use this one definition.
+    """
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    band = [*np.percentile(v, [0, 25, 50, 75, 100]), v.mean()] if v.size else [np.nan] * 6
+    return np.array([epoch, *band, v.size], dtype=np.float64)
 
 
 def quantile_field(q: float, log: bool = False) -> str:

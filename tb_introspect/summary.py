@@ -111,24 +111,15 @@ def metric_summary(name: str, value, step=None, *, epoch=0) -> tf.Tensor:
 def metric_epoch_band(values, epoch=0) -> tf.Tensor:
     """``[epoch, min, p25, p50, p75, max, mean, count]`` over the finite ``values``.
 
-    Percentiles are exact with numpy's linear interpolation (the values of one
-    epoch are few); NaN when there is no finite value, ``count`` is then 0.
+    ``metadata.metric_epoch_band`` run as a numpy function (eagerly or in a ``tf.function``,
+    not under XLA, where ``tf.summary`` cannot run either).
     """
     v = tf.convert_to_tensor(values, dtype_hint=tf.float64)  # Python floats stay float64
     v = tf.cast(tf.reshape(v, [-1]), tf.float64)
-    v = tf.sort(tf.boolean_mask(v, tf.math.is_finite(v)))
-    n = tf.cast(tf.size(v), tf.float64)
-
-    def band():
-        r = tf.constant([0.0, 0.25, 0.5, 0.75, 1.0], tf.float64) * (n - 1.0)
-        lo = tf.floor(r)
-        hi = tf.math.ceil(r)
-        a = tf.gather(v, tf.cast(lo, tf.int32))
-        b = tf.gather(v, tf.cast(hi, tf.int32))
-        return tf.concat([a + (b - a) * (r - lo), [tf.reduce_mean(v)]], axis=0)
-
-    body = tf.cond(n > 0, band, lambda: tf.fill([6], tf.constant(float("nan"), tf.float64)))
-    return tf.concat([[tf.cast(epoch, tf.float64)], body, [n]], axis=0)
+    band = tf.numpy_function(
+        metadata.metric_epoch_band, [v, tf.cast(epoch, tf.float64)], tf.float64, stateful=False
+    )
+    return tf.ensure_shape(band, [len(metadata.METRIC_EPOCH_FIELDS)])
 
 
 def metric_epoch_summary(name: str, values, step=None, *, epoch=0) -> tf.Tensor:

@@ -54,17 +54,11 @@ def metric_pb(name: str, value: float, epoch: int = 0) -> summary_pb2.Summary:
 
 
 def metric_epoch_pb(name: str, values: Sequence[float], epoch: int) -> summary_pb2.Summary:
-    """A Summary holding the per-epoch band (min, quartiles, max, mean, count) of ``values``."""
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    v = v[np.isfinite(v)]
-    if v.size:
-        band = [*np.percentile(v, [0, 25, 50, 75, 100]), v.mean()]
-    else:
-        band = [np.nan] * 6
+    """A Summary holding the per-epoch band (``metadata.metric_epoch_band``) of ``values``."""
     return _summary(
         metadata.metric_tag(name, per_epoch=True),
         metadata.create_metric_metadata(name, per_epoch=True),
-        [epoch, *band, v.size],
+        metadata.metric_epoch_band(values, epoch),
     )
 
 

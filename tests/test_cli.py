@@ -129,10 +129,16 @@ def test_diagnose_text(small_logdir: Path) -> None:
     r = cli("diagnose", str(small_logdir), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
-    assert "== 3_dying_relu_mlp" in out and "== 4_vanishing_sigmoid_mlp" in out
-    for text in ("loss (epoch median)", "gradient RMS first/last layer", "worst dead rate",
-                 "gradient ", "output "):
-        assert text in out
+    # The findings engine's own report (diagnose.format_findings), one block per run.
+    assert "run 3_dying_relu_mlp:" in out and "run 4_vanishing_sigmoid_mlp:" in out
+    vanishing = next(line for line in out.splitlines() if "vanishing_gradients:" in line)
+    assert "WARNING" in vanishing and "'dense1'" in vanishing and "'classifier'" in vanishing
+    assert "loss_not_decreasing:" in out
+    r = cli("diagnose", str(small_logdir), "--verbose", "--run", "4_vanishing_sigmoid_mlp",
+            timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for text in ("evidence: first_layer_rms=", "why: ", "try: "):
+        assert text in r.stdout
 
 
 def test_diagnose_json_reports_the_vanishing_gradients(small_logdir: Path) -> None:
@@ -141,14 +147,16 @@ def test_diagnose_json_reports_the_vanishing_gradients(small_logdir: Path) -> No
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert [e["run"] for e in doc["runs"]] == ["4_vanishing_sigmoid_mlp"]
-    summary = doc["runs"][0]["summary"]
-    assert summary["layers"] == 10  # flatten, 8 sigmoid layers, classifier
-    assert set(summary["views"]) == {"variable", "gradient", "output", "output_gradient"}
-    g = summary["gradient_first_last"]
-    assert (g["first_layer"], g["last_layer"]) == ("dense1", "classifier")
-    assert g["ratio"] < 1e-2  # the first layer gets orders of magnitude less gradient
-    assert summary["loss"]["last"] > 2.0  # and the model does not learn
-    assert isinstance(doc["runs"][0]["findings"], list)
+    findings = {f["kind"]: f for f in doc["runs"][0]["findings"]}
+    g = findings["vanishing_gradients"]
+    assert g["severity"] == "warning" and g["layers"][0] == "dense1"
+    assert g["jump"] == {"tab": "overview", "view": "gradient", "chart": "stack"}
+    # the first layer gets orders of magnitude less gradient than the classifier
+    assert g["evidence"]["orders_below_last"] > 2
+    assert g["evidence"]["first_layer_rms"] < 1e-2 * g["evidence"]["last_layer_rms"]
+    # and the model does not learn
+    loss = findings["loss_not_decreasing"]
+    assert loss["evidence"]["median_at_end"] > 2.0
 
 
 def test_diagnose_unknown_run(small_logdir: Path) -> None:

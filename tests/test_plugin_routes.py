@@ -6,9 +6,7 @@ import gzip
 import json
 import math
 import os
-import sys
 import time
-import types
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from werkzeug.test import Client
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import diagnose, metadata, summary_pb
 from tb_introspect.plugin import assets, introspect_plugin
 
 PREFIX = "/data/plugin/introspect/"
@@ -328,23 +326,23 @@ def test_findings_hook(env, monkeypatch) -> None:
         seen.append(run_series)
         layer = run_series.tensors["output"][0].info.layer
         # numpy numbers and NaN, as rules computing evidence with numpy return them
-        return [{"kind": "dead_units", "layers": (layer,),
-                 "evidence": {"dead_rate": np.float32(0.5), "ratio": float("nan"),
-                              "steps": np.arange(2)}}]
+        return [diagnose.Finding(kind="dead_units", severity="warning", title="t",
+                                 layers=(layer,),
+                                 evidence={"dead_rate": np.float32(0.5), "ratio": float("nan"),
+                                           "steps": np.arange(2)})]
 
-    fake = types.ModuleType("tb_introspect.diagnose")
-    fake.find_issues = find_issues
-    monkeypatch.setitem(sys.modules, "tb_introspect.diagnose", fake)
+    monkeypatch.setattr(diagnose, "find_issues", find_issues)
     app = App(root)  # fresh caches
     doc = app.get("overview?run=exp/a")
-    assert doc["findings"] == [{"kind": "dead_units", "layers": ["dense"], "evidence": {
-        "dead_rate": 0.5, "ratio": None, "steps": [0, 1]}}]
+    assert [{k: f[k] for k in ("kind", "layers", "evidence")} for f in doc["findings"]] == [
+        {"kind": "dead_units", "layers": ["dense"], "evidence": {
+            "dead_rate": 0.5, "ratio": None, "steps": [0, 1]}}]
     assert seen[0].run == "exp/a" and "findings_error" not in doc
 
     def broken(run_series):
         raise RuntimeError("rule exploded")
 
-    fake.find_issues = broken
+    monkeypatch.setattr(diagnose, "find_issues", broken)
     doc = App(root).get("overview?run=exp/a")
     assert doc["findings"] == [] and "rule exploded" in doc["findings_error"]
     assert doc["views"]["output"]["steps"]

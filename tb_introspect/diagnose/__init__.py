@@ -1,13 +1,15 @@
 """Automatic findings: training pathologies detected from a run's logged statistics.
 
-Entry points (numpy only, no TensorFlow):
+Entry points (numpy only, no TensorFlow, no plugin import):
 
-* :func:`find_issues` ``(run_series) -> list[Finding]``, most severe first; the
-  plugin's overview calls it and serves ``[f.to_json() for f in ...]``;
-* :func:`diagnose_logdir` ``(logdir) -> {run: [Finding]}`` for offline tools;
-* :func:`format_findings` - plain-text report (``tb-introspect diagnose``).
+* :func:`find_issues` ``(run_series) -> list[Finding]``, most severe first, from a
+  :class:`~tb_introspect.rundata.RunSeries`; the plugin's overview and
+  ``tb-introspect diagnose`` both call it;
+* :func:`findings_json` - the JSON form both of them serve;
+* :func:`format_findings` - the plain-text report ``tb-introspect diagnose`` prints.
 
-Rules and thresholds are documented in ``docs/findings.md``.
+Rules and thresholds are documented in ``docs/findings.md``; where the findings sit
+between the training step and the chart in ``docs/design.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tb_introspect.diagnose.core import (
     RunView,
     Thresholds,
 )
-from tb_introspect.plugin.reader import RunSeries
+from tb_introspect.rundata import RunSeries
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -40,7 +42,6 @@ __all__ = [
     "Finding",
     "Rule",
     "Thresholds",
-    "diagnose_logdir",
     "find_issues",
     "findings_json",
     "format_findings",
@@ -109,17 +110,6 @@ def _insufficient(rules: list[str], have: int, need: int) -> Finding:
 def findings_json(findings: Iterable[Finding]) -> list[dict]:
     """JSON-ready dicts of ``findings`` (the overview's ``findings`` array)."""
     return [f.to_json() for f in findings]
-
-
-def diagnose_logdir(
-    logdir: str,
-    runs: Sequence[str] | None = None,
-    thresholds: Thresholds = DEFAULT_THRESHOLDS,
-) -> dict[str, list[Finding]]:
-    """``{run: findings}`` for every run of ``logdir`` with tb-introspect data."""
-    from tb_introspect.plugin.reader import read_logdir
-
-    return {name: find_issues(rs, thresholds) for name, rs in read_logdir(logdir, runs).items()}
 
 
 _MARK = {"critical": "CRITICAL", "warning": "WARNING ", "info": "info    "}

@@ -1,27 +1,29 @@
 """The ``Finding`` type, the thresholds, the rule registry and the shared numpy helpers.
 
-Plugin side: numpy only, never TensorFlow. Rules read a
-:class:`~tb_introspect.plugin.reader.RunSeries` through :class:`RunView`,
-which aligns each view's tensors on one step axis and knows how many training
-steps each logged point spans (needed to compare per-epoch aggregates with
-per-step rules of thumb).
+Numpy only, never TensorFlow. Rules read a :class:`~tb_introspect.rundata.RunSeries`
+through :class:`RunView`, which aligns each view's tensors on one step axis
+(:func:`tb_introspect.rundata.align`) and knows how many training steps each
+logged point spans (needed to compare per-epoch aggregates with per-step rules
+of thumb). Where the rules sit in the whole: ``docs/design.md``.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tb_introspect import metadata
-from tb_introspect.plugin.reader import RunSeries, Series
+from tb_introspect.json_values import jsonable
+from tb_introspect.rundata import Aligned, RunSeries, align
+from tb_introspect.rundata import point_spans as point_spans  # re-exported for the rules
+from tb_introspect.rundata import unique as unique
 
 SEVERITIES = ("critical", "warning", "info")
-NONFINITE_FIELDS = ("nan_count", "posinf_count", "neginf_count")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
@@ -49,30 +51,8 @@ class Finding:
             raise ValueError(f"unknown severity {self.severity!r}; expected one of {SEVERITIES}")
 
     def to_json(self) -> dict[str, Any]:
-        """A dict of JSON types only (non-finite numbers become ``None``)."""
-        return _json_safe(asdict(self))
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        return round_sig(v) if math.isfinite(v) else None
-    return value
-
-
-def round_sig(x: float, digits: int = 4) -> float:
-    """``x`` rounded to ``digits`` significant digits (evidence stays readable)."""
-    if x == 0 or not math.isfinite(x):
-        return x
-    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+        """A dict of JSON types only (non-finite numbers become ``None``, 4 significant digits)."""
+        return jsonable(asdict(self), digits=4)
 
 
 @dataclass(frozen=True)
@@ -141,106 +121,6 @@ DEFAULT_THRESHOLDS = Thresholds()
 # ---------------------------------------------------------------- aligned views
 
 
-@dataclass
-class Aligned:
-    """Tensors of one view as (tensor x step) matrices on the union of their steps."""
-
-    view: str
-    series: list[Series]
-    steps: np.ndarray
-    epochs: np.ndarray
-    #: training steps each logged point spans (>= 1), per column
-    span: np.ndarray
-    cadence: str
-    _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    _cols: list[np.ndarray] = field(default_factory=list, repr=False)
-
-    def field(self, name: str, finite_only: bool = True) -> np.ndarray:
-        """``m[i, j]`` = field ``name`` of tensor ``i`` at step ``steps[j]`` (NaN if absent).
-
-        With ``finite_only``, points where the tensor held NaN/Inf are NaN too:
-        statistics of a broken tensor (a dead rate of 1 because nothing is
-        finite) are not evidence of anything but the NaN itself.
-        """
-        m = self._raw(name).copy()
-        if finite_only and name not in NONFINITE_FIELDS:
-            m[self.nonfinite_mask()] = np.nan
-        return m
-
-    def _raw(self, name: str) -> np.ndarray:
-        if name not in self._cache:
-            if not self._cols:
-                self._cols.extend(np.searchsorted(self.steps, s.steps) for s in self.series)
-            m = np.full((len(self.series), len(self.steps)), np.nan)
-            for i, s in enumerate(self.series):
-                if len(s) and s.has(name):
-                    m[i, self._cols[i]] = s.field(name)
-            self._cache[name] = m
-        return self._cache[name]
-
-    def nonfinite_mask(self) -> np.ndarray:
-        """``True`` where a tensor's statistics count NaN or Inf values."""
-        if "__bad__" not in self._cache:
-            total = sum(np.nan_to_num(self._raw(f), nan=0.0) for f in NONFINITE_FIELDS)
-            self._cache["__bad__"] = np.asarray(total > 0)
-        return self._cache["__bad__"]
-
-    def subset(self, rows: Sequence[int]) -> Aligned:
-        """The same view restricted to tensors ``rows`` (same step axis)."""
-        return Aligned(self.view, [self.series[i] for i in rows], self.steps, self.epochs,
-                       self.span, self.cadence)
-
-    @property
-    def n_points(self) -> int:
-        return len(self.steps)
-
-    def tags(self, rows: Iterable[int] | None = None) -> list[str]:
-        idx = range(len(self.series)) if rows is None else rows
-        return [self.series[i].info.tag for i in idx]
-
-    def layers(self, rows: Iterable[int] | None = None) -> list[str]:
-        idx = range(len(self.series)) if rows is None else rows
-        return unique([self.series[i].info.layer for i in idx])
-
-
-def unique(items: Iterable[str]) -> list[str]:
-    """``items`` without repeats, first occurrence order."""
-    return list(dict.fromkeys(items))
-
-
-def point_spans(steps: np.ndarray) -> np.ndarray:
-    """Training steps covered by each logged point.
-
-    The first point spans as many steps as the typical later gap (a run that
-    resumed at step 10000 must not count 10000 steps), never more than its own
-    step number.
-    """
-    steps = np.asarray(steps, dtype=np.float64)
-    if steps.size == 0:
-        return steps
-    gaps = np.diff(steps)
-    first = float(np.median(gaps)) if gaps.size else float(steps[0])
-    if steps[0] > 0:
-        first = min(first, float(steps[0]))
-    return np.maximum(np.concatenate([[first], gaps]), 1.0)
-
-
-def align(view: str, series: Sequence[Series]) -> Aligned | None:
-    """Align ``series`` of ``view``; ``None`` when there is no point at all."""
-    series = [s for s in series if len(s)]
-    if not series:
-        return None
-    steps = np.unique(np.concatenate([s.steps for s in series]))
-    epochs = np.full(len(steps), np.nan)
-    for s in series:
-        e = s.epochs
-        idx = np.searchsorted(steps, s.steps)
-        epochs[idx] = np.fmax(epochs[idx], e)
-    cadences = {s.info.cadence for s in series}
-    cadence = "epoch" if cadences == {"epoch"} else "step"
-    return Aligned(view, list(series), steps, epochs, point_spans(steps), cadence)
-
-
 class RunView:
     """What the rules see of a run: aligned views and loss series, built lazily."""
 
@@ -254,7 +134,8 @@ class RunView:
     def view(self, name: str) -> Aligned | None:
         """The aligned tensors of view ``name``, or ``None`` when it was not logged."""
         if name not in self._aligned:
-            self._aligned[name] = align(name, self.run.tensors.get(name, []))
+            series = [s for s in self.run.tensors.get(name, []) if len(s)]
+            self._aligned[name] = align(name, series) if series else None
         return self._aligned[name]
 
     def loss_name(self) -> str | None:

@@ -1,62 +1,31 @@
-"""The run overview, computed from a :class:`~tb_introspect.plugin.reader.RunSeries`.
+"""The run overview, computed from a :class:`~tb_introspect.rundata.RunSeries`.
 
-Everything is vectorised over a (tensors x steps) matrix per view, so a run with
-hundreds of tensors and thousands of steps takes milliseconds. The JSON shape
-is documented in ``docs/http_api.md`` (route ``./overview``).
+Everything is vectorised over the (tensors x steps) matrices of
+:func:`tb_introspect.rundata.align`, so a run with hundreds of tensors and
+thousands of steps takes milliseconds; the findings come from
+``tb_introspect.diagnose``. The JSON shape is documented in
+``docs/http_api.md`` (route ``./overview``); the whole path from the training
+step to the chart in ``docs/design.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from tb_introspect import metadata
-from tb_introspect.plugin.http_io import int_list, jsonable, num_list
-from tb_introspect.plugin.reader import RunSeries, Series
+from tb_introspect import diagnose, metadata
+from tb_introspect.json_values import int_list, num_list
+from tb_introspect.rundata import RunSeries, Series, align
 
 logger = logging.getLogger(__name__)
 
 #: Percentiles (over tensors) of the per-tensor RMS drawn as model-level bands.
 RMS_QUANTILES: tuple[float, ...] = metadata.DEFAULT_QUANTILES
 ACTIVITY_FIELDS = ("activation_rate", "dead_rate", "spatial_dead_rate")
-NONFINITE_FIELDS = ("nan_count", "posinf_count", "neginf_count")
 DEFAULT_MAX_POINTS = 2000
-
-
-def union_steps(series: Sequence[Series]) -> np.ndarray:
-    """Sorted union of the steps of ``series``."""
-    if not series:
-        return np.empty(0, dtype=np.int64)
-    return np.unique(np.concatenate([s.steps for s in series]))
-
-
-def field_matrices(
-    series: Sequence[Series], names: Sequence[str], steps: np.ndarray
-) -> dict[str, np.ndarray]:
-    """``{name: m}`` with ``m[i, j]`` = field ``name`` of ``series[i]`` at ``steps[j]``.
-
-    NaN where a series has no point at a step or its layout lacks the field.
-    """
-    out = {name: np.full((len(series), len(steps)), np.nan) for name in names}
-    for i, s in enumerate(series):
-        if not len(s):
-            continue
-        aligned = len(s) == len(steps) and np.array_equal(s.steps, steps)
-        cols = slice(None) if aligned else np.searchsorted(steps, s.steps)
-        for name in names:
-            if s.has(name):
-                out[name][i, cols] = s.field(name)
-    return out
-
-
-def field_matrix(series: Sequence[Series], name: str, steps: np.ndarray) -> np.ndarray:
-    """One field of :func:`field_matrices`."""
-    return field_matrices(series, [name], steps)[name]
 
 
 def stack_rows(series: Sequence[Series]) -> list[int]:
@@ -153,14 +122,9 @@ def column_subset(n: int, max_points: int) -> np.ndarray:
 
 def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
-    steps = union_steps(series)
-    fields = field_matrices(
-        series, ("rms", "epoch", *ACTIVITY_FIELDS, *NONFINITE_FIELDS), steps
-    )
-    rms = fields["rms"]
-    epochs = np.fmax.reduce(fields["epoch"], axis=0, initial=-np.inf)
-    epochs[np.isneginf(epochs)] = np.nan
-    nonfinite_m = sum(np.nan_to_num(fields[f], nan=0.0) for f in NONFINITE_FIELDS)
+    a = align("", series)
+    steps, epochs, rms = a.steps, a.epochs, a.raw("rms")
+    nonfinite_m = a.nonfinite_counts()
     first_nonfinite = None
     hits = np.argwhere(nonfinite_m.T > 0)  # (step column, tensor) in step-major order
     if hits.size:
@@ -174,7 +138,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
         log_rms = np.where(np.isfinite(rms_c) & (rms_c > 0), np.log10(rms_c), np.nan)
     activity = {}
     for name in ACTIVITY_FIELDS:
-        summary = summarise_rows(fields[name][:, cols])
+        summary = summarise_rows(a.raw(name)[:, cols])
         entry = {k: num_list(summary[k]) for k in ("mean", "min", "max")}
         if name != "activation_rate":
             entry["worst"] = [None if w < 0 else w for w in summary["worst"].tolist()]
@@ -201,23 +165,19 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
 
 
 def epoch_band_from_steps(values: np.ndarray, epochs: np.ndarray, steps: np.ndarray) -> dict:
-    """Per-epoch min/quartiles/max/mean/count of finite per-step values, grouped by epoch."""
+    """Per-epoch ``metadata.metric_epoch_band`` of per-step values, grouped by epoch."""
     keep = np.isfinite(epochs)
     epochs, values, steps = epochs[keep], values[keep], steps[keep]
-    out: dict[str, list] = {k: [] for k in ("steps", "epochs", "min", "p25", "p50", "p75",
-                                           "max", "mean", "count")}
-    for e in np.unique(epochs):
-        in_epoch = epochs == e
-        v = values[in_epoch]
-        v = v[np.isfinite(v)]
-        out["steps"].append(int(steps[in_epoch].max()))
-        out["epochs"].append(int(e))
-        band = np.percentile(v, [0, 25, 50, 75, 100]) if v.size else np.full(5, np.nan)
-        for key, b in zip(("min", "p25", "p50", "p75", "max"), band, strict=True):
-            out[key].append(float(b))
-        out["mean"].append(float(v.mean()) if v.size else np.nan)
-        out["count"].append(int(v.size))
-    return {k: (v if k in ("steps", "epochs", "count") else num_list(v)) for k, v in out.items()}
+    groups = np.unique(epochs)
+    bands = np.array([metadata.metric_epoch_band(values[epochs == e], e) for e in groups])
+    bands = bands.reshape(len(groups), len(metadata.METRIC_EPOCH_FIELDS))
+    out: dict[str, list] = {
+        "steps": [int(steps[epochs == e].max()) for e in groups],
+        "epochs": int_list(groups),
+    }
+    for i, key in enumerate(metadata.METRIC_EPOCH_FIELDS[1:], start=1):
+        out[key] = int_list(bands[:, i]) if key == "count" else num_list(bands[:, i])
+    return out
 
 
 def metric_overview(step: Series | None, per_epoch: Series | None) -> dict[str, Any]:
@@ -245,44 +205,22 @@ def metric_overview(step: Series | None, per_epoch: Series | None) -> dict[str, 
     return entry
 
 
-def find_issues_hook(run: RunSeries) -> tuple[list, str | None]:
-    """Findings from ``tb_introspect.diagnose.find_issues`` when that module exists.
+def findings_of(run: RunSeries) -> tuple[list[dict], str | None]:
+    """``(findings as JSON, error)``: a failing rule is reported, never raised.
 
-    Returns ``(findings, error)``. Findings may be dicts, dataclasses or objects
-    with ``to_json()``; a failure of the rules is reported, never raised.
+    The rest of the overview is still worth serving when a rule breaks on an odd run.
     """
     try:
-        diagnose = importlib.import_module("tb_introspect.diagnose")
-    except ModuleNotFoundError as e:
-        if e.name == "tb_introspect.diagnose":  # not written/installed: no findings
-            return [], None
-        logger.exception("tb-introspect: importing the findings rules failed")
-        return [], f"findings unavailable: {e}"
-    except Exception as e:  # a broken rules module must not take the overview down
-        logger.exception("tb-introspect: importing the findings rules failed")
-        return [], f"findings unavailable: {e}"
-    find = getattr(diagnose, "find_issues", None)
-    if find is None:
-        return [], None
-    try:
-        return [jsonable(_finding_json(f)) for f in find(run)], None
-    except Exception as e:  # same reason
+        return diagnose.findings_json(diagnose.find_issues(run)), None
+    except Exception as e:
         logger.exception("tb-introspect: findings rules failed on run %s", run.run)
         return [], f"findings failed: {e}"
-
-
-def _finding_json(finding: Any) -> Any:
-    if hasattr(finding, "to_json"):
-        return finding.to_json()
-    if dataclasses.is_dataclass(finding) and not isinstance(finding, type):
-        return dataclasses.asdict(finding)
-    return finding
 
 
 def compute_overview(run: RunSeries, max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The whole ``./overview`` document of a run (JSON-ready)."""
     names = sorted(set(run.metrics) | set(run.metric_epochs))
-    findings, error = find_issues_hook(run)
+    findings, error = findings_of(run)
     doc: dict[str, Any] = {
         "run": run.run,
         "views": {v: view_overview(s, max_points) for v, s in run.tensors.items() if s},

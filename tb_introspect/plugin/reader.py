@@ -1,9 +1,9 @@
 """Read tb-introspect summaries from a TensorBoard data provider into numpy series.
 
 This is the plugin side's only way to the data, and it is independent of HTTP:
-the routes, the overview, the findings rules (``tb_introspect.diagnose``) and
-``tb-introspect diagnose`` all use :func:`read_run` or :func:`read_logdir`.
-No TensorFlow is imported here.
+the routes, the overview and ``tb-introspect diagnose`` all use :func:`read_run`
+or :func:`read_logdir`, which return the run data model of
+:mod:`tb_introspect.rundata` (``RunSeries``). No TensorFlow is imported here.
 """
 
 from __future__ import annotations
@@ -11,13 +11,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 from tensorboard import context as tb_context
 from tensorboard.data import provider as tb_provider
 
 from tb_introspect import metadata
+from tb_introspect.rundata import RunSeries, Series, TagInfo
+
+__all__ = [
+    "ALL_POINTS", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_TENSOR_STATS", "RunSeries",
+    "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
+    "parse_tag_info", "read_logdir", "read_run", "read_series",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,90 +41,6 @@ _KIND_NAMES = {
     metadata.METRIC: KIND_METRIC,
     metadata.METRIC_EPOCH: KIND_METRIC_EPOCH,
 }
-
-
-@dataclass(frozen=True)
-class TagInfo:
-    """What a tag's summary metadata says about it (no data points)."""
-
-    tag: str
-    kind: str
-    version: int
-    name: str
-    fields: tuple[str, ...]
-    view: str = ""
-    layer: str = ""
-    depth: int = 0
-    shape: tuple[int, ...] = ()
-    dtype: str = ""
-    cadence: str = "step"
-    quantiles: tuple[float, ...] = ()
-    max_step: int = -1
-    max_wall_time: float = 0.0
-
-    def sort_key(self) -> tuple[int, str, str]:
-        """Depth order: nearest the input first, then by layer and tensor name."""
-        return (self.depth, self.layer, self.name)
-
-
-@dataclass
-class Series:
-    """All points of one tag: ``values[i, j]`` is field ``info.fields[j]`` at ``steps[i]``."""
-
-    info: TagInfo
-    steps: np.ndarray
-    wall_times: np.ndarray
-    values: np.ndarray
-    _index: dict[str, int] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        self._index = {name: i for i, name in enumerate(self.info.fields)}
-
-    def has(self, name: str) -> bool:
-        """Whether the tag's layout has field ``name``."""
-        return name in self._index
-
-    def field(self, name: str) -> np.ndarray:
-        """Column of field ``name`` (float64); all-NaN when the layout lacks it."""
-        i = self._index.get(name)
-        if i is None:
-            return np.full(len(self.steps), np.nan)
-        return self.values[:, i]
-
-    @property
-    def epochs(self) -> np.ndarray:
-        """The ``epoch`` slot of every point (float64, NaN where absent)."""
-        return self.field("epoch")
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-
-@dataclass
-class RunSeries:
-    """Everything tb-introspect logged for one run, as numpy series.
-
-    - ``tensors[view]``: the view's tensor statistics in depth order (views
-      with no data are absent);
-    - ``metrics[name]``: per-step values (field ``value``);
-    - ``metric_epochs[name]``: per-epoch bands (fields ``min, p25, p50, p75,
-      max, mean, count``);
-    - ``skipped``: ``(tag, reason)`` of tags that could not be read.
-    """
-
-    run: str
-    tensors: dict[str, list[Series]] = field(default_factory=dict)
-    metrics: dict[str, Series] = field(default_factory=dict)
-    metric_epochs: dict[str, Series] = field(default_factory=dict)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    format_version: int = 0
-
-    def all_series(self) -> dict[str, Series]:
-        """Every readable series of the run by tag."""
-        out = {s.info.tag: s for view in self.tensors.values() for s in view}
-        out.update({s.info.tag: s for s in self.metrics.values()})
-        out.update({s.info.tag: s for s in self.metric_epochs.values()})
-        return out
 
 
 def parse_tag_info(

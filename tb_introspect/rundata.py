@@ -1,0 +1,222 @@
+"""The run data model: what tb-introspect logged for a run, as numpy series (no TensorFlow).
+
+``plugin.reader`` reads a run's summaries into a :class:`RunSeries`: per view, one
+:class:`Series` per tensor (a row of packed statistics per logged step, the layout of
+``docs/format.md``), and the loss and metrics. :func:`align` puts the tensors of one view on
+one step axis as :class:`Aligned` (tensor x step) matrices; the run overview
+(``plugin.overview``), the findings rules (``diagnose``) and ``tb-introspect diagnose`` all
+compute on those. How a statistic gets here from the training step: ``docs/design.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from tb_introspect import metadata
+
+
+@dataclass(frozen=True)
+class TagInfo:
+    """What a tag's summary metadata says about it (no data points)."""
+
+    tag: str
+    kind: str
+    version: int
+    name: str
+    fields: tuple[str, ...]
+    view: str = ""
+    layer: str = ""
+    depth: int = 0
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    cadence: str = "step"
+    quantiles: tuple[float, ...] = ()
+    max_step: int = -1
+    max_wall_time: float = 0.0
+
+    def sort_key(self) -> tuple[int, str, str]:
+        """Depth order: nearest the input first, then by layer and tensor name."""
+        return (self.depth, self.layer, self.name)
+
+
+@dataclass
+class Series:
+    """All points of one tag: ``values[i, j]`` is field ``info.fields[j]`` at ``steps[i]``."""
+
+    info: TagInfo
+    steps: np.ndarray
+    wall_times: np.ndarray
+    values: np.ndarray
+    _index: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index = {name: i for i, name in enumerate(self.info.fields)}
+
+    def has(self, name: str) -> bool:
+        """Whether the tag's layout has field ``name``."""
+        return name in self._index
+
+    def field(self, name: str) -> np.ndarray:
+        """Column of field ``name`` (float64); all-NaN when the layout lacks it."""
+        i = self._index.get(name)
+        if i is None:
+            return np.full(len(self.steps), np.nan)
+        return self.values[:, i]
+
+    @property
+    def epochs(self) -> np.ndarray:
+        """The ``epoch`` slot of every point (float64, NaN where absent)."""
+        return self.field("epoch")
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass
+class RunSeries:
+    """Everything tb-introspect logged for one run, as numpy series.
+
+    - ``tensors[view]``: the view's tensor statistics in depth order (views
+      with no data are absent);
+    - ``metrics[name]``: per-step values (field ``value``);
+    - ``metric_epochs[name]``: per-epoch bands (fields ``min, p25, p50, p75,
+      max, mean, count``);
+    - ``skipped``: ``(tag, reason)`` of tags that could not be read.
+    """
+
+    run: str
+    tensors: dict[str, list[Series]] = field(default_factory=dict)
+    metrics: dict[str, Series] = field(default_factory=dict)
+    metric_epochs: dict[str, Series] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    format_version: int = 0
+
+    def all_series(self) -> dict[str, Series]:
+        """Every readable series of the run by tag."""
+        out = {s.info.tag: s for view in self.tensors.values() for s in view}
+        out.update({s.info.tag: s for s in self.metrics.values()})
+        out.update({s.info.tag: s for s in self.metric_epochs.values()})
+        return out
+
+
+@dataclass
+class Aligned:
+    """The tensors of one view as (tensor x step) matrices on the union of their steps.
+
+    Row ``i`` is ``series[i]``, column ``j`` is step ``steps[j]``; a tensor without a
+    point at a step is NaN there. Matrices are built per field on first use and cached.
+    """
+
+    view: str
+    series: list[Series]
+    steps: np.ndarray
+    #: per column, the largest ``epoch`` slot of the tensors logged there (NaN if none)
+    epochs: np.ndarray
+    #: ``epoch`` when every tensor was aggregated per epoch, else ``step``
+    cadence: str = "step"
+    _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _cols: list = field(default_factory=list, repr=False)
+
+    def raw(self, name: str) -> np.ndarray:
+        """``m[i, j]`` = field ``name`` of tensor ``i`` at ``steps[j]``; shared, do not modify."""
+        if name not in self._cache:
+            if not self._cols:
+                self._cols.extend(_columns(s, self.steps) for s in self.series)
+            m = np.full((len(self.series), len(self.steps)), np.nan)
+            for i, s in enumerate(self.series):
+                if len(s) and s.has(name):
+                    m[i, self._cols[i]] = s.field(name)
+            self._cache[name] = m
+        return self._cache[name]
+
+    def field(self, name: str, finite_only: bool = True) -> np.ndarray:
+        """A copy of :meth:`raw`; with ``finite_only``, NaN where the tensor held NaN/Inf.
+
+        Statistics of a broken tensor (a dead rate of 1 because nothing is finite) are
+        evidence of nothing but the NaN itself.
+        """
+        m = self.raw(name).copy()
+        if finite_only and name not in metadata.NONFINITE_FIELDS:
+            m[self.nonfinite_mask()] = np.nan
+        return m
+
+    def nonfinite_counts(self) -> np.ndarray:
+        """NaN + Inf values each tensor held at each step (0 where not logged)."""
+        if "__nonfinite__" not in self._cache:
+            self._cache["__nonfinite__"] = sum(
+                np.nan_to_num(self.raw(f), nan=0.0) for f in metadata.NONFINITE_FIELDS
+            )
+        return self._cache["__nonfinite__"]
+
+    def nonfinite_mask(self) -> np.ndarray:
+        """``True`` where a tensor's statistics count NaN or Inf values."""
+        return np.asarray(self.nonfinite_counts() > 0)
+
+    def subset(self, rows: Sequence[int]) -> Aligned:
+        """The same view restricted to tensors ``rows`` (same step axis)."""
+        return Aligned(self.view, [self.series[i] for i in rows], self.steps, self.epochs,
+                       self.cadence)
+
+    @property
+    def n_points(self) -> int:
+        return len(self.steps)
+
+    @cached_property
+    def span(self) -> np.ndarray:
+        """Training steps each logged point spans (>= 1), per column."""
+        return point_spans(self.steps)
+
+    def tags(self, rows: Iterable[int] | None = None) -> list[str]:
+        idx = range(len(self.series)) if rows is None else rows
+        return [self.series[i].info.tag for i in idx]
+
+    def layers(self, rows: Iterable[int] | None = None) -> list[str]:
+        idx = range(len(self.series)) if rows is None else rows
+        return unique([self.series[i].info.layer for i in idx])
+
+
+def _columns(s: Series, steps: np.ndarray) -> slice | np.ndarray:
+    # Most tensors of a view are logged at every step: skip the search for those.
+    if len(s) == len(steps) and np.array_equal(s.steps, steps):
+        return slice(None)
+    return np.searchsorted(steps, s.steps)
+
+
+def align(view: str, series: Sequence[Series]) -> Aligned:
+    """``series`` of ``view`` (empty ones too, as all-NaN rows) on the union of their steps."""
+    series = list(series)
+    parts = [s.steps for s in series if len(s)]
+    steps = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+    epochs = np.full(len(steps), np.nan)
+    for s in series:
+        if len(s):
+            idx = np.searchsorted(steps, s.steps)
+            epochs[idx] = np.fmax(epochs[idx], s.epochs)
+    cadence = "epoch" if {s.info.cadence for s in series} == {"epoch"} else "step"
+    return Aligned(view, series, steps, epochs, cadence)
+
+
+def point_spans(steps: np.ndarray) -> np.ndarray:
+    """Training steps covered by each logged point.
+
+    The first point spans as many steps as the typical later gap (a run that
+    resumed at step 10000 must not count 10000 steps), never more than its own
+    step number.
+    """
+    steps = np.asarray(steps, dtype=np.float64)
+    if steps.size == 0:
+        return steps
+    gaps = np.diff(steps)
+    first = float(np.median(gaps)) if gaps.size else float(steps[0])
+    if steps[0] > 0:
+        first = min(first, float(steps[0]))
+    return np.maximum(np.concatenate([[first], gaps]), 1.0)
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    """``items`` without repeats, first occurrence order."""
+    return list(dict.fromkeys(items))
