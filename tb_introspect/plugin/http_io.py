@@ -6,9 +6,12 @@ import gzip
 import json
 from typing import Any
 
-import numpy as np
 from tensorboard.backend import http_util
 from werkzeug import wrappers
+
+# One NaN -> null conversion for the routes, the findings and the CLI.
+from tb_introspect.json_values import int_list as int_list
+from tb_introspect.json_values import num_list as num_list
 
 JSON = "application/json"
 
@@ -24,50 +27,6 @@ class RequestError(Exception):
 def not_found(message: str) -> RequestError:
     """A 404 error for an unknown run, tag or file."""
     return RequestError(message, 404)
-
-
-def num_list(values: Any, decimals: int | None = None) -> list:
-    """A (nested) list of floats with NaN and ±Inf as ``None`` (JSON ``null``)."""
-    a = np.asarray(values, dtype=np.float64)
-    if decimals is not None:
-        a = np.round(a, decimals)
-    finite = np.isfinite(a)
-    if finite.all():
-        return a.tolist()
-    out = a.astype(object)
-    out[~finite] = None
-    return out.tolist()
-
-
-def int_list(values: Any) -> list:
-    """A list of Python ints, ``None`` where the input is not finite."""
-    a = np.asarray(values, dtype=np.float64)
-    finite = np.isfinite(a)
-    out = np.where(finite, a, 0).astype(np.int64).astype(object)
-    out[~finite] = None
-    return out.tolist()
-
-
-def jsonable(obj: Any) -> Any:
-    """A copy of ``obj`` that ``encode`` accepts: numpy values become Python ones,
-    non-finite floats ``None``, tuples and sets lists, other objects their ``str``.
-
-    For data from other modules (findings); the routes' own arrays go through
-    :func:`num_list` directly, which is much faster.
-    """
-    if obj is None or isinstance(obj, (bool, str, int)):
-        return obj
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, np.generic):
-        return jsonable(obj.item())
-    if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [jsonable(v) for v in obj]
-    return str(obj)
 
 
 def encode(obj: Any) -> bytes:
