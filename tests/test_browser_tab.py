@@ -374,6 +374,35 @@ def test_state_in_url_survives_reload(session):
     assert counts and min(counts) > 100, counts
 
 
+def test_layer_modes_buttons_fields_and_url_follow_one_table(session):
+    run = "p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.01"
+    all_panels = '.segmented[aria-label="mode of all panels"] button'
+    f = session.open(run + "&p.introspect.view=variable")
+    # A view's own slot mode is offered in that view only.
+    assert f.locator(all_panels).all_text_contents() == [
+        "default", "values", "|x| log", "RMS", "Δw/w"]
+    assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"values"}
+    session.click(all_panels + '[data-mode="update"]')
+    session.wait_url("p.introspect.lmode=update")
+    f.wait_for_function("document.querySelectorAll('.panel[data-drawn=\"update\"] .chart')"
+                        ".length === document.querySelectorAll('.panel').length")
+    chart = f.locator('.panel[data-drawn="update"] .chart').first
+    session.hover(chart, 0.5)
+    assert readout_pairs(chart)["‖Δw‖/‖w‖"] == "0.001"
+    session.page.goto("about:blank")  # a hash-only change would not load the page again
+    f = session.open(run + "&p.introspect.view=gradient&p.introspect.lmode=cos")
+    assert f.locator(all_panels).all_text_contents() == [
+        "default", "values", "|x| log", "RMS", "cos"]
+    assert "on" in f.locator(all_panels + '[data-mode="cos"]').get_attribute("class")
+    assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"cos"}
+    # A mode the table does not know falls back to the view's default (magnitudes).
+    session.page.goto("about:blank")
+    f = session.open(run + "&p.introspect.view=gradient&p.introspect.lmode=bogus")
+    assert "on" in f.locator(all_panels + '[data-mode=""]').get_attribute("class")
+    assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {
+        "magnitude"}
+
+
 def test_log_linear_toggle_redraws(session):
     f = session.open("p.introspect.run=exp1%2Flr_0.1")
     sel = '.chart[data-chart="gradient-rms-bands"]'

@@ -5,6 +5,8 @@
 // history.replaceState (no history entries, no navigation) and fire a
 // hashchange so TensorBoard's tf_storage re-reads the hash.
 
+import { MODE_IDS } from "./modes.js";
+
 export const PLUGIN = "introspect";
 
 export const DEFAULTS = {
@@ -46,7 +48,7 @@ export function parseState(data) {
   if (!TABS.includes(s.tab)) s.tab = DEFAULTS.tab;
   if (!VIEWS.includes(s.view)) s.view = DEFAULTS.view;
   if (!VIEWS.includes(s.aview)) s.aview = DEFAULTS.aview;
-  if (!["", "values", "magnitude", "rms", "update", "cos"].includes(s.lmode)) s.lmode = DEFAULTS.lmode;
+  if (s.lmode !== "" && !MODE_IDS.includes(s.lmode)) s.lmode = DEFAULTS.lmode;
   if (!["step", "epoch"].includes(s.x)) s.x = DEFAULTS.x;
   if (!["log", "linear"].includes(s.y)) s.y = DEFAULTS.y;
   if (!["auto", "light", "dark"].includes(s.theme)) s.theme = DEFAULTS.theme;

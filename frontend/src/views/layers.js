@@ -1,39 +1,17 @@
 // Layers: every monitored tensor of one view in a compact grid, first layer
-// first. Per panel a mode switch: value percentiles (linear axis), magnitude
-// percentiles (log10 axis, sign balance on a second axis), or RMS.
+// first. Per panel a mode switch (the table in ../modes.js): value percentiles
+// (linear axis), magnitude percentiles (log10 axis, sign balance on a second
+// axis), RMS, or a view's own slot (update ratio, gradient cosine).
 
 import { afterPaint, chart, percentileBands, readoutLine } from "../charts.js";
-import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues } from "../common.js";
+import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, sampleBudget, sampleNote, shapeText, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
 import { LazyDrawer } from "../lazy.js";
+import { defaultMode, fieldsFor, mode as modeInfo, modesFor, modesOfView, quantileField as qField } from "../modes.js";
 import { overviewEpochMap } from "./shared.js";
 
-export const MODES = {
-  values: "values",
-  magnitude: "|x| log",
-  rms: "RMS",
-  // Only where the writer logged the slot: variables and gradients.
-  update: "Δw/w",
-  cos: "cos",
-};
-const MODE_HELP = {
-  values: "percentiles of the values (linear axis)",
-  magnitude: "percentiles of |x| on a log axis (zeros at the bottom); orange: sign balance −100%…+100%",
-  rms: "RMS = L2 norm / √size, comparable across layers",
-  update: "update-to-weight ratio ‖Δw‖/‖w‖ between logged points (log axis; ~1e-3 per step is the usual rule of thumb)",
-  cos: "cosine between consecutive gradient aggregates (−1…1; persistently negative = oscillation)",
-};
-const MODE_FIELD = { update: "update_ratio", cos: "cos_prev" };
-
-/** The modes a tensor supports: the extra ones need their slot in the layout. */
-export function modesFor(tensor) {
-  const fields = tensor.fields || [];
-  return Object.keys(MODES).filter((m) => !MODE_FIELD[m] || fields.includes(MODE_FIELD[m]));
-}
-// The article's advice: weights and outputs read best as values, gradients as magnitudes.
-const DEFAULT_MODE = { variable: "values", gradient: "magnitude", output: "values", output_gradient: "magnitude" };
 const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
 // Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
 // closes each after one response): split the tensors into at most that many
@@ -44,16 +22,7 @@ const chunkSize = (n) => Math.max(10, Math.ceil(n / PARALLEL));
 export function modeOf(state, view, tensor) {
   const ok = modesFor(tensor);
   for (const m of [state.modes[tensor.tag], state.lmode]) if (m && ok.includes(m)) return m;
-  return DEFAULT_MODE[view];
-}
-
-function qField(q, log) {
-  // Matches metadata.quantile_field: Python's f"{q:g}" for the quantile.
-  return `${log ? "logq" : "q"}${formatG(q)}`;
-}
-
-function formatG(q) {
-  return String(Number(q.toPrecision(6)));
+  return defaultMode(view);
 }
 
 /**
@@ -62,12 +31,8 @@ function formatG(q) {
  * tensors and steps): on a healthy run they are all zero and would only add
  * three columns to every request.
  */
-export function fieldsFor(mode, quantiles, withNonfinite = true) {
-  const extra = withNonfinite ? NONFINITE : [];
-  if (mode === "values") return [...quantiles.map((q) => qField(q, false)), ...extra];
-  if (mode === "magnitude") return [...quantiles.map((q) => qField(q, true)), "zero_fraction", "sign_balance", ...extra];
-  if (MODE_FIELD[mode]) return [MODE_FIELD[mode], ...extra];
-  return ["rms", ...extra];
+function panelFields(mode, quantiles, withNonfinite) {
+  return fieldsFor(mode, quantiles, withNonfinite ? NONFINITE : []);
 }
 
 /**
@@ -147,8 +112,8 @@ async function loadAndDraw(L, part) {
   // Group by (mode, quantile layout): one request per group.
   const groups = new Map();
   for (const p of part) {
-    const fields = fieldsFor(p.mode, p.tensor.quantiles || [], L.nonfinite);
-    const downsample = (p.tensor.num_points || 0) > L.budget ? L.budget : 0;
+    const fields = panelFields(p.mode, p.tensor.quantiles || [], L.nonfinite);
+    const downsample = sampleBudget(p.tensor, L.budget);
     const key = `${fields.join(",")}|${downsample}`;
     if (!groups.has(key)) groups.set(key, { fields, downsample, panels: [] });
     groups.get(key).panels.push(p);
@@ -171,21 +136,20 @@ function modeAllSwitch(ctx, view) {
   const btn = (mode, label) => h(`button.seg${current === mode ? ".on" : ""}`, {
     dataset: { mode },
     type: "button",
-    title: mode ? `Show every panel as ${MODE_HELP[mode]}` : "Each view's default: values for weights/outputs, magnitudes for gradients",
+    title: mode ? `Show every panel as ${modeInfo(mode).help}` : "Each view's default: values for weights/outputs, magnitudes for gradients",
     on: { click: () => ctx.setState({ lmode: mode, modes: {} }) },
   }, label);
   return h("div.segmented", { role: "group", "aria-label": "mode of all panels" },
-    h("span.seg-label", "all panels:"), btn("", "default"), btn("values", "values"), btn("magnitude", "|x| log"), btn("rms", "RMS"),
-    view === "variable" ? btn("update", MODES.update) : null, view === "gradient" ? btn("cos", MODES.cos) : null);
+    h("span.seg-label", "all panels:"), btn("", "default"), modesOfView(view).map((m) => btn(m, modeInfo(m).label)));
 }
 
 function panel(L, t) {
   const { ctx, view } = L;
   const mode = modeOf(ctx.state, view, t);
   const switcher = h("div.segmented.small", { role: "group", "aria-label": "chart mode" },
-    modesFor(t).map((m) => [m, MODES[m]]).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
+    modesFor(t).map((m) => [m, modeInfo(m).label]).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
       type: "button",
-      title: MODE_HELP[m],
+      title: modeInfo(m).help,
       dataset: { mode: m },
       on: { click: () => switchMode(L, p, m) },
     }, label)));
@@ -219,14 +183,14 @@ async function switchMode(L, p, mode) {
 }
 
 function panelDownsample(L, p) {
-  return (p.tensor.num_points || 0) > L.budget ? L.budget : 0;
+  return sampleBudget(p.tensor, L.budget);
 }
 
 /** Fetches and redraws one panel (mode switch, or full resolution after a zoom). */
 async function reload(L, p, downsample, xRange) {
   const { ctx } = L;
   const mode = p.mode;
-  const fields = fieldsFor(mode, p.tensor.quantiles || [], L.nonfinite);
+  const fields = panelFields(mode, p.tensor.quantiles || [], L.nonfinite);
   const series = await ctx.api.series(ctx.state.run, [p.tensor.tag], fields, { downsample });
   if (!ctx.alive() || p.mode !== mode) return;
   if (p.chart) p.chart.destroy();
@@ -252,13 +216,12 @@ function drawPanel(L, p, s) {
   const { ctx, view, width, epochMap } = L;
   // Which mode is on screen (the switch flips before the data arrives).
   p.el.dataset.drawn = p.mode;
-  const total = p.tensor.num_points || s.steps.length;
-  p.sampled = s.steps.length < total;
   if (!p.sampleNote) {
     p.sampleNote = h("div.sampled");
     p.el.append(p.sampleNote);
   }
-  p.sampleNote.textContent = p.sampled ? `${s.steps.length} of ${total} points shown; drag to zoom for all` : "";
+  p.sampleNote.textContent = sampleNote(s, p.tensor);
+  p.sampled = !!p.sampleNote.textContent;
   const t = theme();
   const color = t.views[view];
   const mode = p.mode;
@@ -275,21 +238,20 @@ function drawPanel(L, p, s) {
     } : null,
   };
   const title = "";
-  if (MODE_FIELD[mode]) {
-    const field = MODE_FIELD[mode];
-    const v = s.values[field];
-    const isCos = mode === "cos";
+  const slot = modeInfo(mode) && modeInfo(mode).slot;
+  if (slot) {
+    const v = s.values[slot.field];
     // A dashed reference: the ~1e-3 rule of thumb, or zero cosine.
-    const ref = x.map(() => (isCos ? 0 : 1e-3));
+    const ref = x.map(() => slot.ref);
     p.chart = chart(p.plot, {
       ...common,
       title,
       series: [
-        { label: MODES[mode], values: v, color, width: 1.5 },
-        { label: isCos ? "0" : "1e-3", values: ref, color: t.muted, width: 1, dash: [4, 4] },
+        { label: modeInfo(mode).label, values: v, color, width: 1.5 },
+        { label: slot.refLabel, values: ref, color: t.muted, width: 1, dash: [4, 4] },
       ],
-      y: isCos ? { range: [-1, 1] } : { log: true },
-      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[isCos ? "cos to previous" : "‖Δw‖/‖w‖", v[idx]]], nonfiniteText(s, idx)),
+      y: slot.range ? { range: slot.range } : { log: !!slot.log },
+      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[slot.readout, v[idx]]], nonfiniteText(s, idx)),
     });
     return;
   }
