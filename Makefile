@@ -7,7 +7,15 @@ STAMP := $(VENV)/.installed
 LOGDIR ?= logs/demo
 PORT ?= 6006
 
-.PHONY: venv frontend demo serve test lint chromium bench clean
+.PHONY: venv frontend demo serve test test-oldest lint chromium bench clean
+
+# The oldest TensorFlow, Keras and TensorBoard that setup.py's ranges allow (keep in step).
+OLDEST_VENV := .venv-oldest
+OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0
+# Collection and plugin tests (not the slow or browser ones): a few minutes.
+OLDEST_TESTS := tests/test_keras_callback.py tests/test_introspector.py tests/test_summary.py \
+  tests/test_format.py tests/test_plugin_reader.py tests/test_plugin_overview.py \
+  tests/test_plugin_routes.py tests/test_plugin_tensorboard.py tests/test_plugin_no_tensorflow.py
 
 venv: $(STAMP)
 
@@ -29,7 +37,8 @@ demo: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
-	  apt-get update -qq && apt-get install -y -qq chromium fonts-dejavu-core; }
+	  apt-get update -qq && \
+	  apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -38,6 +47,16 @@ test: $(STAMP) chromium lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
 
+# The collection and plugin tests on the oldest dependencies the ranges allow, in a second
+# virtual environment (it reuses the frontend bundle when one is built).
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/pip install -q --upgrade pip
+	TB_INTROSPECT_SKIP_FRONTEND=1 $(OLDEST_VENV)/bin/pip install -q $(OLDEST_PINS) -e '.[test]'
+	$(OLDEST_VENV)/bin/python -m pip check
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not slow and not browser' \
+	  $(OLDEST_TESTS)
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/stats_bench.py
 	$(BIN)/python benchmarks/overhead.py
@@ -45,4 +64,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/frontend_bench.py
 
 clean:
-	rm -rf $(VENV) frontend/node_modules tb_introspect/static build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) frontend/node_modules tb_introspect/static build *.egg-info

@@ -5,6 +5,7 @@ with npm when Node.js is present; a wheel ships the bundle.
 """
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -15,11 +16,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FRONTEND = os.path.join(HERE, "frontend")
 
 
+def read_version() -> str:
+    """``__version__`` of ``tb_introspect/__init__.py``, the one place the version is written."""
+    with open(os.path.join(HERE, "tb_introspect", "__init__.py"), encoding="utf-8") as f:
+        match = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
+    if match is None:
+        raise RuntimeError("tb_introspect/__init__.py does not define __version__")
+    return match.group(1)
+
+
 class BuildWithFrontend(build_py):
     """Runs the npm build of the frontend before collecting package files."""
 
     def run(self):
-        if os.path.exists(os.path.join(FRONTEND, "package.json")):
+        # A second environment over the same checkout (make test-oldest) reuses the bundle.
+        skip = os.environ.get("TB_INTROSPECT_SKIP_FRONTEND") == "1" and os.path.exists(
+            os.path.join(HERE, "tb_introspect", "static", "index.js"))
+        if not skip and os.path.exists(os.path.join(FRONTEND, "package.json")):
             npm = shutil.which("npm")
             if npm is None:
                 if not os.path.exists(os.path.join(HERE, "tb_introspect", "static", "index.js")):
@@ -36,7 +49,7 @@ class BuildWithFrontend(build_py):
 
 setup(
     name="tb-introspect",
-    version="0.1.0",
+    version=read_version(),
     description="TensorBoard plugin: see inside a neural network while it trains",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -46,17 +59,18 @@ setup(
     packages=find_namespace_packages(include=["tb_introspect", "tb_introspect.*"]),
     package_data={"tb_introspect.static": ["*"], "tb_introspect.proto": ["*.proto"]},
     include_package_data=True,
+    # The checked-in protobuf gencode needs protobuf >= 6.31.1, which TensorFlow allows from
+    # 2.20 on; TensorFlow 2.20 needs Keras >= 3.10. `make test-oldest` tests the lower ends.
     install_requires=[
-        "tensorboard>=2.16,<2.22",
+        "tensorboard>=2.20,<2.22",
         "numpy>=1.24,<3",
         "protobuf>=6.31.1,<8",
-        "tqdm>=4.66,<5",
     ],
     extras_require={
         # The writer side. TensorBoard itself runs the plugin without TensorFlow.
-        "tf": ["tensorflow>=2.16,<2.22"],
-        "tf-cpu": ["tensorflow-cpu>=2.16,<2.22"],
-        "demo": ["scikit-learn>=1.3,<2"],
+        "tf": ["tensorflow>=2.20,<2.22", "keras>=3.10,<3.16"],
+        "tf-cpu": ["tensorflow-cpu>=2.20,<2.22", "keras>=3.10,<3.16"],
+        "demo": ["scikit-learn>=1.3,<2", "tqdm>=4.66,<5"],
         "test": [
             "pytest>=8,<10",
             "hypothesis>=6.100,<7",

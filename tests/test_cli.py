@@ -94,6 +94,19 @@ def test_usage_errors_exit_2() -> None:
     assert r.returncode == 0 and r.stdout.startswith("tb-introspect ")
 
 
+def test_version_is_written_once() -> None:
+    """``--version``, the installed distribution's metadata and ``__version__`` agree."""
+    from importlib.metadata import version
+
+    import tb_introspect
+
+    r = cli("--version", timeout=60)
+    assert r.stdout.strip() == f"tb-introspect {tb_introspect.__version__}"
+    assert version("tb-introspect") == tb_introspect.__version__
+    files = [REPO / "setup.py", REPO / "frontend" / "package.json"]
+    assert not any(tb_introspect.__version__ in f.read_text() for f in files)
+
+
 def test_run_demo_script_from_checkout() -> None:
     r = subprocess.run([sys.executable, str(REPO / "demo" / "run_demo.py"), "--help"],
                        capture_output=True, text=True, timeout=60, env=ENV)
@@ -167,6 +180,8 @@ def test_diagnose_unknown_run(small_logdir: Path) -> None:
 def test_diagnose_does_not_import_tensorflow(small_logdir: Path) -> None:
     code = (
         "import sys\n"
+        # tqdm and Keras are the demo's and the writer's: diagnose runs without them.
+        "sys.modules.update(tqdm=None, keras=None)\n"
         "from tb_introspect.cli import main\n"
         f"rc = main(['diagnose', {str(small_logdir)!r}, '--json'])\n"
         "tf = [m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')]\n"
