@@ -66,3 +66,14 @@ def test_failed_computation_is_not_cached() -> None:
         with pytest.raises(RuntimeError):
             cache.get(object(), 0, boom)
     assert cache.get("k", 0, lambda: 5) == 5
+
+
+def test_ttl_expires_values_and_put_stores_one() -> None:
+    cache = FingerprintCache(ttl_s=0.2)
+    assert cache.get("all", None, lambda: 1) == 1
+    cache.put("run", None, "listed with all")
+    assert cache.get("all", None, lambda: 2) == 1
+    assert cache.peek("run", None) == "listed with all"
+    time.sleep(0.25)
+    assert cache.peek("run", None) is None
+    assert cache.get("all", None, lambda: 3) == 3

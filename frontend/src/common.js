@@ -118,3 +118,23 @@ export function joinParts(parts) {
   });
   return { x, ys };
 }
+
+/**
+ * The downsample a grid panel asks for: its point budget when the tensor
+ * holds more points, or when the count is unknown (num_points null: the
+ * server read a sample of a long run); 0 (every point) otherwise.
+ */
+export function sampleBudget(tensor, budget) {
+  const n = tensor.num_points;
+  return n == null || n > budget ? budget : 0;
+}
+
+/** The note under a sampled panel ("" when every point is shown). */
+export function sampleNote(series, tensor) {
+  const shown = series.steps.length;
+  const total = tensor.num_points;
+  if (!(series.sampled || (total != null && shown < total))) return "";
+  return total != null
+    ? `${shown} of ${total} points shown; drag to zoom for all`
+    : `${shown} points shown (a sample); drag to zoom for all`;
+}

@@ -1,15 +1,18 @@
-"""Per-run cache of read series and rendered overviews.
+"""The plugin's one cache: read series, rendered documents and tag listings.
 
-Entries are keyed by (experiment, run) and tagged with the run's fingerprint:
-every tag's last step and wall time as the data provider lists them. New
-points change the fingerprint, so a reload shows them; unchanged runs are
-served without reading or recomputing anything.
+Entries are keyed by (experiment, run) and tagged with a fingerprint, for
+data the run's: every tag's last step and wall time as the data provider
+lists them. New points change the fingerprint, so a reload shows them;
+unchanged runs are served without reading or recomputing anything. Tag
+listings, which the fingerprint is made from, instead expire after a few
+seconds (``ttl_s``).
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -17,20 +20,26 @@ T = TypeVar("T")
 
 
 class FingerprintCache:
-    """A small thread-safe LRU of values that are valid for one fingerprint."""
+    """A small thread-safe LRU of values that are valid for one fingerprint (and ``ttl_s``)."""
 
     def __init__(
         self,
         max_entries: int = 32,
         max_bytes: int | None = None,
         weigh: Callable[[Any], int] = len,
+        ttl_s: float | None = None,
     ) -> None:
-        """At most ``max_entries`` values and, if given, ``max_bytes`` by ``weigh``."""
+        """At most ``max_entries`` values and, if given, ``max_bytes`` by ``weigh``.
+
+        ``ttl_s``: values also expire this many seconds after they were stored.
+        """
         self._max = max_entries
         self._max_bytes = max_bytes
         self._weigh = weigh
+        self.ttl_s = ttl_s
         self._bytes = 0
-        self._entries: collections.OrderedDict[Hashable, tuple[Hashable, Any, int]] = (
+        # key -> (fingerprint, value, weight, time stored)
+        self._entries: collections.OrderedDict[Hashable, tuple[Hashable, Any, int, float]] = (
             collections.OrderedDict()
         )
         self._lock = threading.Lock()
@@ -52,32 +61,41 @@ class FingerprintCache:
         with key_lock:
             with self._lock:
                 hit = self._entries.get(key)
-                if hit is not None and hit[0] == fingerprint:
+                if self._valid(hit, fingerprint):
                     self._entries.move_to_end(key)
                     return hit[1]
             value = compute()
-            weight = self._weigh(value) if self._max_bytes is not None else 0
-            with self._lock:
-                old = self._entries.pop(key, None)
-                if old is not None:
-                    self._bytes -= old[2]
-                self._entries[key] = (fingerprint, value, weight)
-                self._bytes += weight
-                # The newest entry stays even when it alone exceeds the budget.
-                while len(self._entries) > 1 and (
-                    len(self._entries) > self._max
-                    or (self._max_bytes is not None and self._bytes > self._max_bytes)
-                ):
-                    gone, (_, _, w) = self._entries.popitem(last=False)
-                    self._bytes -= w
-                    self._key_locks.pop(gone, None)
+            self.put(key, fingerprint, value)
             return value
 
+    def put(self, key: Hashable, fingerprint: Hashable, value: Any) -> None:
+        """Stores ``value`` for ``key`` (e.g. a listing of one run found in a listing of all)."""
+        weight = self._weigh(value) if self._max_bytes is not None else 0
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._entries[key] = (fingerprint, value, weight, time.monotonic())
+            self._bytes += weight
+            # The newest entry stays even when it alone exceeds the budget.
+            while len(self._entries) > 1 and (
+                len(self._entries) > self._max
+                or (self._max_bytes is not None and self._bytes > self._max_bytes)
+            ):
+                gone, (_, _, w, _) = self._entries.popitem(last=False)
+                self._bytes -= w
+                self._key_locks.pop(gone, None)
+
     def peek(self, key: Hashable, fingerprint: Hashable) -> Any | None:
-        """The cached value for ``key`` if its fingerprint matches, else None (never computes)."""
+        """The cached value for ``key`` if it is valid, else None (never computes)."""
         with self._lock:
             hit = self._entries.get(key)
-            return hit[1] if hit is not None and hit[0] == fingerprint else None
+            return hit[1] if self._valid(hit, fingerprint) else None
+
+    def _valid(self, hit: tuple | None, fingerprint: Hashable) -> bool:
+        return hit is not None and hit[0] == fingerprint and (
+            self.ttl_s is None or time.monotonic() - hit[3] < self.ttl_s
+        )
 
     def clear(self) -> None:
         """Drop every entry."""

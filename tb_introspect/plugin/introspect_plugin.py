@@ -1,26 +1,26 @@
 """The Introspect TensorBoard plugin: loader, routes and registration.
 
 Routes and their JSON are documented in ``docs/http_api.md``. All data comes
-from ``context.data_provider`` (works with ``--load_fast`` true and false).
+from ``context.data_provider`` (works with ``--load_fast`` true and false),
+in calls of bounded size (:mod:`tb_introspect.plugin.bounded`): ``./run``,
+``./overview`` and the grids read a sample of about one point per pixel
+column of every tag; full resolution is read one tag at a time.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import numpy as np
 from tensorboard import errors as tb_errors
 from tensorboard import plugin_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_introspect import metadata
-from tb_introspect.plugin import assets, overview, reader
+from tb_introspect.plugin import assets, bounded, overview, reader
 from tb_introspect.plugin.cache import FingerprintCache
 from tb_introspect.plugin.http_io import (
     RequestError,
@@ -44,13 +44,26 @@ PLUGIN_NAME = metadata.PLUGIN_NAME
 
 #: Seconds a run's tag listing is reused across requests (see ``_list_run``).
 LISTING_TTL_S = 1.0
+#: Points per tag read for ``./run``, ``./overview`` and the grids: about one per
+#: pixel column of a wide chart. Bounds the first read of a run of any length.
+SAMPLED_POINTS = 1000
 
 
 class _Listing(NamedTuple):
     infos: dict[str, reader.TagInfo]
     bad: list[tuple[str, str]]
-    at: float
     fingerprint: tuple
+
+
+def _listing(infos: dict[str, reader.TagInfo], bad: list[tuple[str, str]]) -> _Listing:
+    return _Listing(infos, bad, reader.fingerprint(infos))
+
+
+class _Sampled(NamedTuple):
+    """A run read at ``SAMPLED_POINTS`` per tag; ``sampled``: tags with more points."""
+
+    rs: reader.RunSeries
+    sampled: frozenset[str]
 
 
 class _Documents(NamedTuple):
@@ -114,19 +127,26 @@ class IntrospectPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         """Keeps the data provider; nothing is read until a route is called."""
         self._provider = context.data_provider
-        self.listing_ttl_s = LISTING_TTL_S
-        self._listings: dict[tuple[str, str], _Listing] = {}
-        self._all_listings: dict[str, tuple[dict, dict, float]] = {}
-        self._listings_lock = threading.Lock()
-        # One refresh per key at a time: concurrent misses would each pay a full listing.
-        self._refresh_locks: dict[object, threading.Lock] = {}
+        # Tag listings ("run", eid, run) and ("all", eid), reused for a second:
+        # one refresh per key at a time, as for every entry of the cache.
+        self._listings = FingerprintCache(1024, ttl_s=LISTING_TTL_S)
         # Rendered documents per run, valid while the run's fingerprint holds.
         mib = 2**20
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
         self._overviews = FingerprintCache(8, 64 * mib)
         self._series = FingerprintCache(256, 64 * mib)
-        # Full reads of runs: ./series answers from them instead of asking the provider again.
-        self._full_runs = FingerprintCache(4, 512 * mib, _run_nbytes)
+        # Sampled reads of runs: ./series answers from them when the sample is enough.
+        self._sampled = FingerprintCache(8, 256 * mib, lambda d: bounded.nbytes(
+            d.rs.all_series().values()))
+
+    @property
+    def listing_ttl_s(self) -> float:
+        """Seconds a tag listing is reused across requests."""
+        return self._listings.ttl_s
+
+    @listing_ttl_s.setter
+    def listing_ttl_s(self, value: float) -> None:
+        self._listings.ttl_s = value
 
     def is_active(self) -> bool:
         """Always ``False``: TensorBoard activates the tab from ``data_plugin_names``."""
@@ -153,9 +173,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         if self._provider is None:
             raise RequestError("TensorBoard has no data provider; cannot read data", 503)
 
-    def _list_run(
-        self, request: wrappers.Request, run: str
-    ) -> _Listing:
+    def _list_run(self, request: wrappers.Request, run: str) -> _Listing:
         """Tags, skipped tags and fingerprint of one run; 404 when it has no data.
 
         A listing is reused for ``LISTING_TTL_S``: the frontend sends bursts of
@@ -163,42 +181,17 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         40 ms to the Rust data server). TensorBoard itself reloads far less often.
         """
         self._check_provider()
-        key = (plugin_util.experiment_id(request.environ), run)
-        now = time.monotonic()
-        with self._listings_lock:
-            hit = self._listings.get(key)
-        if hit is not None and now - hit.at < self.listing_ttl_s:
-            return hit
-        with self._refresh_lock(key):
-            with self._listings_lock:
-                hit = self._listings.get(key)
-            if hit is not None and time.monotonic() - hit.at < self.listing_ttl_s:
-                return hit  # another request refreshed it while this one waited
-            return self._refresh_run(request, key, run, now)
+        eid = plugin_util.experiment_id(request.environ)
 
-    def _refresh_lock(self, key: object) -> threading.Lock:
-        with self._listings_lock:
-            if len(self._refresh_locks) > 256:
-                self._refresh_locks = {k: v for k, v in self._refresh_locks.items() if v.locked()}
-            return self._refresh_locks.setdefault(key, threading.Lock())
+        def refresh() -> _Listing:
+            infos, bad = reader.list_tags(
+                self._provider, eid, ctx=plugin_util.context(request.environ), runs=[run]
+            )
+            if run not in infos and run not in bad:
+                raise not_found(f"run {run!r} not found or has no tb-introspect data")
+            return _listing(infos.get(run, {}), bad.get(run, []))
 
-    def _refresh_run(
-        self, request: wrappers.Request, key: tuple[str, str], run: str, now: float
-    ) -> _Listing:
-        infos, bad = reader.list_tags(
-            self._provider, key[0], ctx=plugin_util.context(request.environ), runs=[run]
-        )
-        if run not in infos and run not in bad:
-            with self._listings_lock:
-                self._listings.pop(key, None)
-            raise not_found(f"run {run!r} not found or has no tb-introspect data")
-        run_infos = infos.get(run, {})
-        listing = _Listing(run_infos, bad.get(run, []), now, reader.fingerprint(run_infos))
-        with self._listings_lock:
-            if len(self._listings) > 256:  # runs come and go; keep the table small
-                self._listings.clear()
-            self._listings[key] = listing
-        return listing
+        return self._listings.get(("run", eid, run), None, refresh)
 
     def _list_all(
         self, request: wrappers.Request
@@ -206,60 +199,42 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         """Every run's tags (one provider call); also refreshes the per-run listings."""
         self._check_provider()
         eid = plugin_util.experiment_id(request.environ)
-        now = time.monotonic()
-        with self._listings_lock:
-            hit = self._all_listings.get(eid)
-        if hit is not None and now - hit[2] < self.listing_ttl_s:
-            return hit[0], hit[1]
-        with self._refresh_lock(eid):
-            with self._listings_lock:
-                hit = self._all_listings.get(eid)
-            if hit is not None and time.monotonic() - hit[2] < self.listing_ttl_s:
-                return hit[0], hit[1]
-            return self._refresh_all(request, eid, now)
 
-    def _refresh_all(
-        self, request: wrappers.Request, eid: str, now: float
-    ) -> tuple[dict[str, dict[str, reader.TagInfo]], dict[str, list[tuple[str, str]]]]:
-        infos, bad = reader.list_tags(
-            self._provider, eid, ctx=plugin_util.context(request.environ)
-        )
-        with self._listings_lock:
-            if len(self._listings) > 256:  # runs come and go; keep the table small
-                self._listings.clear()
+        def refresh():
+            infos, bad = reader.list_tags(
+                self._provider, eid, ctx=plugin_util.context(request.environ)
+            )
             for run in set(infos) | set(bad):
-                run_infos = infos.get(run, {})
-                self._listings[(eid, run)] = _Listing(
-                    run_infos, bad.get(run, []), now, reader.fingerprint(run_infos)
+                self._listings.put(
+                    ("run", eid, run), None, _listing(infos.get(run, {}), bad.get(run, []))
                 )
-            self._all_listings[eid] = (infos, bad, now)
-        return infos, bad
+            return infos, bad
 
-    def _read_run(
-        self, request: wrappers.Request, run: str, infos: dict, bad: list
-    ) -> reader.RunSeries:
-        series, unreadable = reader.read_series(
-            self._provider, plugin_util.experiment_id(request.environ), run, infos.values(),
-            ctx=plugin_util.context(request.environ),
-        )
-        return reader.assemble_run(run, infos, series, bad + unreadable)
+        return self._listings.get(("all", eid), None, refresh)
 
-    def _full_run(self, request: wrappers.Request, run: str, listing: _Listing) -> reader.RunSeries:
-        key = (plugin_util.experiment_id(request.environ), run)
-        return self._full_runs.get(
-            key, listing.fingerprint,
-            lambda: self._read_run(request, run, listing.infos, listing.bad),
-        )
+    def _sampled_run(self, request: wrappers.Request, run: str, listing: _Listing) -> _Sampled:
+        """The run at ``SAMPLED_POINTS`` per tag, in bounded provider calls, cached."""
+        eid = plugin_util.experiment_id(request.environ)
+
+        def read() -> _Sampled:
+            series, sampled, unreadable = bounded.read(
+                self._provider, eid, run, list(listing.infos.values()),
+                ctx=plugin_util.context(request.environ), points=SAMPLED_POINTS,
+            )
+            rs = reader.assemble_run(run, listing.infos, series, listing.bad + unreadable)
+            return _Sampled(rs, frozenset(sampled))
+
+        return self._sampled.get((eid, run), listing.fingerprint, read)
 
     def _documents_of(self, request: wrappers.Request, run: str) -> _Documents:
-        """The run's ``./run`` and default ``./overview`` bodies, from one full read."""
+        """The run's ``./run`` and default ``./overview`` bodies, from one sampled read."""
         listing = self._list_run(request, run)
 
         def render() -> _Documents:
-            rs = self._full_run(request, run, listing)
+            d = self._sampled_run(request, run, listing)
             return _Documents(
-                run=gzip_bytes(encode(_run_document(rs))),
-                overview=gzip_bytes(encode(overview.compute_overview(rs))),
+                run=gzip_bytes(encode(_run_document(d.rs, d.sampled))),
+                overview=gzip_bytes(encode(overview.compute_overview(d.rs))),
             )
 
         key = (plugin_util.experiment_id(request.environ), run)
@@ -313,19 +288,28 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def render() -> bytes:
-            full = self._full_runs.peek((eid, run), listing.fingerprint)
-            if full is not None:
-                have = full.all_series()
-                series = {t: _downsample(have[t], downsample) for t in tags if t in have}
-                unreadable = [(t, r) for t, r in full.skipped if t in tags and t not in dict(bad)]
+            have = self._sampled.peek((eid, run), listing.fingerprint)
+            if have is not None and 0 < downsample <= SAMPLED_POINTS:
+                # The sample behind ./run holds enough points: no provider call.
+                held = have.rs.all_series()
+                series, sampled = {}, set()
+                for t in tags:
+                    if t in held:
+                        series[t], cut = bounded.sample_of(held[t], t in have.sampled, downsample)
+                        if cut:
+                            sampled.add(t)
+                listed_bad = dict(bad)
+                unreadable = [(t, r) for t, r in have.rs.skipped
+                              if t in tags and t not in listed_bad]
             else:
-                series, unreadable = reader.read_series(
+                series, sampled, unreadable = bounded.read(
                     self._provider, eid, run, [infos[t] for t in tags if t in infos],
-                    ctx=plugin_util.context(request.environ), downsample=downsample,
+                    ctx=plugin_util.context(request.environ), points=downsample,
                 )
             return gzip_bytes(encode({
                 "run": run,
-                "series": {t: _series_json(series[t], fields) for t in tags if t in series},
+                "series": {t: _series_json(series[t], fields, t in sampled)
+                           for t in tags if t in series},
                 "skipped": [{"tag": t, "reason": r} for t, r in bad + unreadable],
             }))
 
@@ -343,7 +327,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         listing = self._list_run(request, run)
 
         def render() -> bytes:
-            rs = self._full_run(request, run, listing)
+            rs = self._sampled_run(request, run, listing).rs
             return gzip_bytes(encode(overview.compute_overview(rs, max_points)))
 
         key = (plugin_util.experiment_id(request.environ), run, max_points)
@@ -365,30 +349,32 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         return assets.respond_file(request, path[i + len(marker):])
 
 
-def _run_document(rs: reader.RunSeries) -> dict[str, Any]:
-    """The ``./run`` JSON of a run (see docs/http_api.md)."""
+def _run_document(rs: reader.RunSeries, sampled: frozenset[str]) -> dict[str, Any]:
+    """The ``./run`` JSON of a run (see docs/http_api.md); ``sampled``: tags read in part."""
     views: dict[str, list] = {v: [] for v in metadata.VIEWS}
     for view, series in rs.tensors.items():
-        views[view] = [_tensor_entry(s) for s in series]
+        views[view] = [_tensor_entry(s, s.info.tag in sampled) for s in series]
     names = sorted(set(rs.metrics) | set(rs.metric_epochs))
     return {
         "run": rs.run,
         "format_version": rs.format_version,
         "reader_version": metadata.PROTO_VERSION,
         "views": views,
-        "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n)) for n in names],
+        "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n), sampled)
+                    for n in names],
         "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
     }
 
 
-def _tensor_entry(s: reader.Series) -> dict[str, Any]:
+def _tensor_entry(s: reader.Series, sampled: bool) -> dict[str, Any]:
     i = s.info
     epochs = s.epochs
     return {
         "tag": i.tag, "name": i.name, "layer": i.layer, "depth": i.depth,
         "shape": list(i.shape), "dtype": i.dtype, "cadence": i.cadence,
         "fields": list(i.fields), "quantiles": num_list(i.quantiles),
-        "num_points": len(s),
+        # Unknown without reading every point: null when the tag holds more than the sample.
+        "num_points": None if sampled else len(s),
         "first_step": int(s.steps[0]) if len(s) else None,
         "last_step": int(s.steps[-1]) if len(s) else None,
         "first_epoch": int_list(epochs[:1])[0] if len(s) else None,
@@ -397,14 +383,16 @@ def _tensor_entry(s: reader.Series) -> dict[str, Any]:
 
 
 def _metric_entry(
-    name: str, step: reader.Series | None, per_epoch: reader.Series | None
+    name: str, step: reader.Series | None, per_epoch: reader.Series | None,
+    sampled: frozenset[str],
 ) -> dict[str, Any]:
     main = step if step is not None else per_epoch
+    cut = step is not None and step.info.tag in sampled
     return {
         "name": name,
         "tag": step.info.tag if step is not None else None,
         "epoch_tag": per_epoch.info.tag if per_epoch is not None else None,
-        "num_points": len(step) if step is not None else 0,
+        "num_points": None if cut else len(step) if step is not None else 0,
         "first_step": int(main.steps[0]) if len(main) else None,
         "last_step": int(main.steps[-1]) if len(main) else None,
         "num_epochs": len(per_epoch) if per_epoch is not None
@@ -412,21 +400,9 @@ def _metric_entry(
     }
 
 
-def _run_nbytes(rs: reader.RunSeries) -> int:
-    return sum(s.values.nbytes + s.steps.nbytes for s in rs.all_series().values())
-
-
-def _downsample(s: reader.Series, k: int) -> reader.Series:
-    """At most ``k`` evenly spaced points of ``s``, first and last kept (0 = all)."""
-    if k <= 0 or len(s) <= k:
-        return s
-    idx = np.unique(np.linspace(0, len(s) - 1, k).round().astype(np.int64))
-    return reader.Series(s.info, s.steps[idx], s.wall_times[idx], s.values[idx])
-
-
-def _series_json(s: reader.Series, fields: list[str]) -> dict[str, Any]:
+def _series_json(s: reader.Series, fields: list[str], sampled: bool = False) -> dict[str, Any]:
     i = s.info
-    out: dict[str, Any] = {"kind": i.kind, "name": i.name}
+    out: dict[str, Any] = {"kind": i.kind, "name": i.name, "sampled": sampled}
     if i.kind == reader.KIND_TENSOR_STATS:
         out.update({
             "view": i.view, "layer": i.layer, "depth": i.depth, "shape": list(i.shape),

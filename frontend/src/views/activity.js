@@ -3,7 +3,7 @@
 // a model-level summary (mean activation with min–max band, worst dead rate).
 
 import { afterPaint, chart, readoutLine } from "../charts.js";
-import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, shapeText, xValues } from "../common.js";
+import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, sampleBudget, shapeText, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
@@ -84,7 +84,7 @@ export async function renderActivity(ctx) {
   const size = chunkSize(panels.length);
   for (let i = 0; i < panels.length; i += size) {
     const part = panels.slice(i, i + size);
-    const downsample = part.some((p) => (p.tensor.num_points || 0) > budget) ? budget : 0;
+    const downsample = part.some((p) => sampleBudget(p.tensor, budget)) ? budget : 0;
     jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS, { downsample, chunk: size }).then((series) => {
       if (!ctx.alive()) return;
       for (const p of part) {

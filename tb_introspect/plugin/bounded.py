@@ -1,0 +1,107 @@
+"""Data provider reads whose size is bounded, however long the run.
+
+TensorBoard's Rust data server answers ``read_tensors`` in one gRPC message,
+and gRPC refuses messages over 256 MiB: a run of about 870,000 points read
+in one call made every route answer 500 (issue 13). The Python loader has no
+such limit, but the time and memory of one call grow the same way. Here every
+call is planned from the tags' layouts before it is made:
+
+- a call reads at most :data:`CALL_BYTES` (64 MiB) by the estimate of
+  :func:`point_bytes`, whatever the run's length: sampled reads group tags
+  (``tags x points per tag`` stays under the bound), and a full-resolution
+  read asks for one tag at a time, at most :func:`full_points` of its points;
+- the data provider keeps the last point and samples the others uniformly
+  (the same indices for tags of equal length, so the tags of a view stay
+  aligned).
+
+Every point stays on disk and in the provider (``samples_per_plugin`` stays
+``all``); only what one request carries is bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tb_introspect.plugin import reader
+from tb_introspect.plugin.overview import column_subset
+
+#: The most bytes one ``read_tensors`` call may carry (estimated, see point_bytes).
+CALL_BYTES = 64 * 2**20
+#: Bytes of one point on the wire besides its values: step, wall time, dtype, shape.
+POINT_OVERHEAD = 64
+
+
+def point_bytes(info: reader.TagInfo) -> int:
+    """Upper estimate of one point of ``info``'s tag in a provider response (float64 values)."""
+    return 8 * len(info.fields) + POINT_OVERHEAD
+
+
+def full_points(info: reader.TagInfo) -> int:
+    """The most points of one tag a single full-resolution call asks for."""
+    return max(1, CALL_BYTES // point_bytes(info))
+
+
+def plan(infos: Iterable[reader.TagInfo], points: int) -> list[list[reader.TagInfo]]:
+    """Groups of tags, in order, each readable at ``points`` per tag within CALL_BYTES."""
+    groups: list[list[reader.TagInfo]] = []
+    size = 0
+    for info in infos:
+        cost = points * point_bytes(info)
+        if not groups or size + cost > CALL_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(info)
+        size += cost
+    return groups
+
+
+def subsample(s: reader.Series, k: int) -> reader.Series:
+    """At most ``k`` evenly strided points of ``s``, the first and last kept (0 = all)."""
+    if k <= 0 or len(s) <= k:
+        return s
+    # One copy of the striding for the whole plugin: the overview's column choice.
+    idx = column_subset(len(s), k)
+    return reader.Series(s.info, s.steps[idx], s.wall_times[idx], s.values[idx])
+
+
+def read(
+    provider, experiment_id: str, run: str, infos: Sequence[reader.TagInfo], *,
+    ctx=None, points: int = 0,
+) -> tuple[dict[str, reader.Series], set[str], list[tuple[str, str]]]:
+    """Read ``infos``' tags of ``run`` in bounded calls.
+
+    ``points``: at most this many points per tag (0 = full resolution, up to
+    :func:`full_points` per tag). Returns ``(series by tag, sampled tags,
+    skipped (tag, reason))``; a tag is *sampled* when it holds more points
+    than were returned.
+    """
+    series: dict[str, reader.Series] = {}
+    sampled: set[str] = set()
+    skipped: list[tuple[str, str]] = []
+    if points > 0:
+        calls = [(group, points) for group in plan(infos, points + 1)]
+    else:
+        calls = [([info], full_points(info)) for info in infos]
+    for group, limit in calls:
+        # One point more than wanted tells whether the tag holds more.
+        got, bad = reader.read_series(
+            provider, experiment_id, run, group, ctx=ctx, downsample=limit + 1
+        )
+        skipped += bad
+        for tag, s in got.items():
+            if len(s) > limit:
+                sampled.add(tag)
+                s = subsample(s, limit)
+            series[tag] = s
+    return series, sampled, skipped
+
+
+def sample_of(s: reader.Series, was_sampled: bool, k: int) -> tuple[reader.Series, bool]:
+    """``s`` cut to ``k`` points (0 = as is) and whether it now lacks points of the tag."""
+    out = subsample(s, k)
+    return out, was_sampled or len(out) < len(s)
+
+
+def nbytes(series: Iterable[reader.Series]) -> int:
+    """Memory held by the arrays of ``series``."""
+    return int(sum(s.values.nbytes + s.steps.nbytes + s.wall_times.nbytes for s in series))
