@@ -2,7 +2,7 @@
 
 ``train_logged`` trains a Keras model with a custom ``GradientTape`` loop and logs
 the four views with :class:`tb_introspect.writer.NumpyWriter`, following the
-aggregation the ``Introspect`` callback documents (DESIGN.md): per epoch,
+aggregation the ``Introspect`` callback documents (docs/design.md): per epoch,
 variables at the epoch's end, gradients summed over the epoch's steps, outputs
 and output gradients merged over every batch of the epoch (here by
 concatenation, so dead rates are exact); with ``every=N``, the statistics of

@@ -2,7 +2,7 @@
 
 Scales are per-layer gradient RMS (one representative tensor per layer, see
 :func:`~tb_introspect.diagnose.core.representative_rows`). A per-epoch
-gradient is the sum of the epoch's per-step gradients (DESIGN.md), so its
+gradient is the sum of the epoch's per-step gradients (docs/design.md), so its
 RMS is between sqrt(n) and n times a typical per-step RMS (n steps): "too
 large" tests divide by n (a lower bound of the per-step scale, by the
 triangle inequality), so they never fire on an aggregate alone.
