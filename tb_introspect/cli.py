@@ -50,36 +50,27 @@ class CliError(Exception):
 # --------------------------------------------------------------------------- arguments
 
 
-def _every(text: str) -> str | int:
-    if text == "epoch":
-        return text
+def _int_in(text: str, low: int, high: int | None, expected: str) -> int:
+    """``text`` as an integer in ``[low, high]``, else an argparse error naming ``expected``."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 'epoch' or a positive integer, got {text!r}")
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _every(text: str) -> str | int:
+    return text if text == "epoch" else _int_in(text, 1, None, "'epoch' or a positive integer")
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _int_in(text, 1, None, "a positive integer")
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 1-65535, got {text!r}")
-    return value
+    return _int_in(text, 1, 65535, "a port number 1-65535")
 
 
 def build_parser() -> argparse.ArgumentParser:
