@@ -123,15 +123,24 @@ class Aligned:
 
     def raw(self, name: str) -> np.ndarray:
         """``m[i, j]`` = field ``name`` of tensor ``i`` at ``steps[j]``; shared, do not modify."""
-        if name not in self._cache:
+        return self.raws((name,))[name]
+
+    def raws(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """:meth:`raw` of several fields, built together: one pass over each tensor's
+        points for all of them (a field at a time re-reads every tensor, much slower)."""
+        names = list(dict.fromkeys(names))
+        todo = {n: np.full((len(self.series), len(self.steps)), np.nan)
+                for n in names if n not in self._cache}
+        if todo:
             if not self._cols:
                 self._cols.extend(_columns(s, self.steps) for s in self.series)
-            m = np.full((len(self.series), len(self.steps)), np.nan)
             for i, s in enumerate(self.series):
-                if len(s) and s.has(name):
-                    m[i, self._cols[i]] = s.field(name)
-            self._cache[name] = m
-        return self._cache[name]
+                if len(s):
+                    for name, m in todo.items():
+                        if s.has(name):
+                            m[i, self._cols[i]] = s.field(name)
+            self._cache.update(todo)
+        return {n: self._cache[n] for n in names}
 
     def field(self, name: str, finite_only: bool = True) -> np.ndarray:
         """A copy of :meth:`raw`; with ``finite_only``, NaN where the tensor held NaN/Inf.
@@ -191,13 +200,12 @@ def align(view: str, series: Sequence[Series]) -> Aligned:
     series = list(series)
     parts = [s.steps for s in series if len(s)]
     steps = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
-    epochs = np.full(len(steps), np.nan)
-    for s in series:
-        if len(s):
-            idx = np.searchsorted(steps, s.steps)
-            epochs[idx] = np.fmax(epochs[idx], s.epochs)
     cadence = "epoch" if {s.info.cadence for s in series} == {"epoch"} else "step"
-    return Aligned(view, series, steps, epochs, cadence)
+    a = Aligned(view, series, steps, np.empty(0), cadence)
+    epochs = np.fmax.reduce(a.raw("epoch"), axis=0, initial=-np.inf)
+    epochs[np.isneginf(epochs)] = np.nan  # no tensor has an epoch there
+    a.epochs = epochs
+    return a
 
 
 def point_spans(steps: np.ndarray) -> np.ndarray:

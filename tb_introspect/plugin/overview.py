@@ -123,6 +123,7 @@ def column_subset(n: int, max_points: int) -> np.ndarray:
 def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
     a = align("", series)
+    a.raws(("rms", *ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS))  # in one pass
     steps, epochs, rms = a.steps, a.epochs, a.raw("rms")
     nonfinite_m = a.nonfinite_counts()
     first_nonfinite = None
