@@ -1,0 +1,47 @@
+"""The read side's layers import only what they are allowed to (docs/design.md).
+
+The run data model and the findings engine are numpy only: neither TensorFlow nor the
+TensorBoard plugin package, so the overview and ``tb-introspect diagnose`` can both use
+them and the findings engine does not depend on the plugin that calls it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import sys
+import {module}
+loaded = sorted(m for m in sys.modules
+                if m.split(".")[0] in ("tensorflow", "keras", "tb_introspect"))
+print("LOADED:" + ",".join(loaded))
+"""
+
+
+def loaded_by(module: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(module=module)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("LOADED:"), out
+    return [m for m in line[len("LOADED:"):].split(",") if m]
+
+
+def outside(loaded: list[str]) -> list[str]:
+    """TensorFlow, Keras and plugin modules among ``loaded``."""
+    return [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras")
+            or m.startswith("tb_introspect.plugin")]
+
+
+def test_run_data_model_and_findings_import_neither_tensorflow_nor_the_plugin() -> None:
+    for module in ("tb_introspect.rundata", "tb_introspect.json_values",
+                   "tb_introspect.diagnose"):
+        loaded = loaded_by(module)
+        assert module in loaded and outside(loaded) == [], (module, loaded)
+
+
+def test_the_overview_imports_the_findings_engine_itself() -> None:
+    # No lazy import "when the module exists": a broken engine fails at import, in tests.
+    loaded = loaded_by("tb_introspect.plugin.overview")
+    assert "tb_introspect.diagnose" in loaded and "tb_introspect.rundata" in loaded
+    assert [m for m in outside(loaded) if not m.startswith("tb_introspect.plugin")] == []
