@@ -9,9 +9,9 @@ PORT ?= 6006
 
 .PHONY: venv frontend demo serve test test-oldest lint chromium bench clean
 
-# The oldest TensorFlow, Keras and TensorBoard that setup.py's ranges allow (keep in step).
+# The oldest TensorFlow, Keras, TensorBoard and protobuf that setup.py's ranges allow (keep in step).
 OLDEST_VENV := .venv-oldest
-OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0
+OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf==6.31.1
 # Collection and plugin tests (not the slow or browser ones): a few minutes.
 OLDEST_TESTS := tests/test_keras_callback.py tests/test_introspector.py tests/test_summary.py \
   tests/test_format.py tests/test_plugin_reader.py tests/test_plugin_overview.py \
