@@ -10,7 +10,8 @@ serves them, and every run is opened in every view and mode. For each:
 - no console error or uncaught exception;
 - every chart and panel has data pixels drawn;
 - no long task over 200 ms on the tab's main thread (PerformanceObserver
-  ``longtask``): the page never freezes;
+  ``longtask``; stretched by the load average per core when the machine is
+  oversubscribed, see long_task_budget_ms): the page never freezes;
 - the time to the first drawn chart is recorded (``-s`` prints the table).
 
 A numpy-written run with magnitudes far below 1e-25 reproduces the freeze of
@@ -20,6 +21,9 @@ issue 13 (uPlot's log-axis splits looping) on every log chart.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,12 +37,30 @@ from tb_introspect.writer import NumpyWriter
 
 pytestmark = pytest.mark.browser
 
-#: The longest main-thread task allowed while a view renders (issue 13).
+#: The longest main-thread task allowed while a view renders (issue 13), on a
+#: machine with a core free for the browser.
 LONG_TASK_MS = 200.0
+
+
+def long_task_budget_ms() -> float:
+    """LONG_TASK_MS, stretched by the run queue when the machine is oversubscribed.
+
+    A task's wall time grows with the number of runnable processes per core
+    (2 cores at load 5: each gets ~40% of one), and the test suite shares its
+    machine. The stretch is measured, never assumed: 1 on a machine with room.
+    """
+    return LONG_TASK_MS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 # Every long task of the frame it runs in, with its start (performance.now()).
 LONGTASK_PROBE = """
 window.__longTasks = [];
+// The first chart after the frame's navigation start (later renders: WATCH_FIRST_DRAW_JS).
+window.__mark = 0;
+window.__firstDraw = null;
+(function look() {
+  if (document.querySelector('.chart canvas')) window.__firstDraw = performance.now();
+  else if (performance.now() < 120000) requestAnimationFrame(look);
+})();
 try {
   new PerformanceObserver((list) => {
     for (const e of list.getEntries()) window.__longTasks.push([e.startTime, e.duration]);
@@ -78,6 +100,53 @@ ALL_DRAWN_JS = """
 MIN_PIXELS = 30
 
 TIMINGS: list[tuple[str, str, float]] = []
+
+
+# -- real runs ------------------------------------------------------------------------------
+
+#: The keras.applications model of the fixture, and its training.
+APP_RUN = "mobilenetv2"
+APP_EPOCHS = 2
+APP_SAMPLES = 64
+
+
+def build_real_logdir(root: Path) -> Path:
+    """The quick demo runs (the real CLI) and a MobileNetV2 trained with ``Introspect``.
+
+    Both trainings run at once, each in its own process (TensorFlow only
+    there: the test process stays light), so two cores take the longer one.
+    """
+    cli = Path(sys.executable).with_name("tb-introspect")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    code = f"""
+import numpy as np, keras
+from tb_introspect.keras import Introspect
+keras.utils.set_random_seed(0)
+model = keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), classes=10)
+model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(),
+              metrics=["accuracy"])
+rng = np.random.default_rng(0)
+x = rng.normal(size=({APP_SAMPLES}, 32, 32, 3)).astype("float32")
+y = rng.integers(0, 10, {APP_SAMPLES})
+model.fit(x, y, batch_size=16, epochs={APP_EPOCHS}, verbose=0,
+          callbacks=[Introspect({str(root / APP_RUN)!r}, every=2)])
+"""
+    jobs = [
+        subprocess.Popen([str(cli), "demo", "--quick", "--no-progress", "--logdir", str(root)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env),
+    ]
+    for job in jobs:
+        _, err = job.communicate(timeout=1800)
+        assert job.returncode == 0, err[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
+def real_logdir(tmp_path_factory) -> Path:
+    """Real runs, trained once per test session (about 3 minutes on 2 cores)."""
+    return build_real_logdir(tmp_path_factory.mktemp("real") / "logs")
 
 
 # -- the freeze of issue 13, on data that holds it for sure -------------------------------
@@ -148,7 +217,6 @@ class Probe:
         from browser_support import plugin_frame
 
         self.s.frame = plugin_frame(self.s.page)
-        self.f.evaluate(WATCH_FIRST_DRAW_JS)
         self.settle()
 
     @property
@@ -163,7 +231,8 @@ class Probe:
 
     def settle(self) -> None:
         self.f.wait_for_selector("html[data-status=ready]", timeout=60_000)
-        self.f.wait_for_function(ALL_DRAWN_JS, timeout=60_000)
+        # Polled on a timer, not every frame: the probe must not load the page it measures.
+        self.f.wait_for_function(ALL_DRAWN_JS, timeout=60_000, polling=100)
         # One more frame: idle-time panels and the first-draw watcher ran.
         self.f.evaluate("() => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)))")
 
@@ -175,15 +244,17 @@ class Probe:
         """
         assert self.s.errors == [], f"{label}: {self.s.errors}"
         assert self.f.evaluate("document.documentElement.dataset.status") == "ready", label
+        # Read before counting pixels: that count is itself a long task of the page.
+        long = self.f.evaluate(LONG_TASKS_SINCE_MARK_JS)
+        first = self.f.evaluate("window.__firstDraw")
         counts = self.f.evaluate(COLOURED_PIXELS_JS, ".chart canvas")
         names = self.f.evaluate(
             "() => [...document.querySelectorAll('.chart')].map((c) => c.dataset.chart)")
         assert counts and len(counts) == len(names), f"{label}: {len(counts)} canvases"
         blank = [n for n, c in zip(names, counts, strict=True) if c < MIN_PIXELS and n not in skip]
         assert not blank, f"{label}: charts without data pixels: {blank}"
-        long = self.f.evaluate(LONG_TASKS_SINCE_MARK_JS)
-        assert max(long, default=0) <= LONG_TASK_MS, f"{label}: long tasks {long} ms"
-        first = self.f.evaluate("window.__firstDraw")
+        budget = long_task_budget_ms()
+        assert max(long, default=0) <= budget, f"{label}: long tasks {long} ms > {budget:.0f}"
         assert first is not None, f"{label}: no new chart was drawn"
         TIMINGS.append((run, label, first))
 
@@ -229,5 +300,41 @@ def test_tiny_magnitudes_never_freeze_a_log_axis(browser, tiny_tb):
                        skip=lambda name: any(f"-{z}-" in name for z in zero))
         p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
         p.check("activity", "tiny")
+    finally:
+        p.close()
+
+
+# -- every run, every view -----------------------------------------------------------------
+
+DEMO_RUNS = ("1_healthy_cnn", "2_lr_too_high_cnn", "3_dying_relu_mlp", "4_vanishing_sigmoid_mlp")
+
+
+@pytest.fixture(scope="module")
+def real_tb(real_logdir):
+    with tensorboard(real_logdir, wait_runs=len(DEMO_RUNS) + 1) as server:
+        yield server
+    if TIMINGS:
+        # Shown with -s, and kept beside the screenshots.
+        lines = [f"{run:28s} {label:32s} {ms:8.0f} ms" for run, label, ms in TIMINGS]
+        print("\ntime to the first drawn chart:\n" + "\n".join(lines))
+        out = Path(__file__).resolve().parent.parent / "artifacts"
+        out.mkdir(exist_ok=True)
+        (out / "real_runs_first_draw.txt").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("run", [*DEMO_RUNS, APP_RUN])
+def test_every_view_of_a_real_run(browser, real_tb, run):
+    listed = {r["run"]: r for r in real_tb.get_json("runs")["runs"]}[run]
+    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
+    assert views, listed
+    p = Probe(browser, real_tb)
+    try:
+        p.open(f"p.introspect.run={run}")
+        p.check("overview", run)
+        p.sweep_layers(run, views)
+        p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
+        p.check("activity", run)
+        p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
+        p.check("compare", run)
     finally:
         p.close()

@@ -471,7 +471,9 @@ export function stackDrawer(x, rows, { colors, highlight }) {
       lower = upper;
     }
     // A hairline between bands: neighbours on the ramp are close in colour.
-    if (colors.separator && cum.length > 1) {
+    // Not when bands average under 3 device pixels: the background-coloured
+    // lines would cover the fills (155 layers of MobileNetV2 drew a blank plot).
+    if (colors.separator && cum.length > 1 && height / cum.length >= 3) {
       ctx.strokeStyle = colors.separator;
       ctx.lineWidth = Math.max(1, (window.devicePixelRatio || 1) * 0.6);
       for (let i = 0; i < cum.length - 1; i++) {

@@ -224,6 +224,10 @@ class App {
     }
     const render = { overview: renderOverview, layers: renderLayers, activity: renderActivity, compare: renderCompare }[this.state.tab];
     try {
+      // Tearing down a grid of ~150 charts and building the next one are two
+      // tasks, not one long one: the page answers input in between.
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      if (gen !== this.gen) return;
       await render(ctx);
       clearTimeout(slow);
       if (gen !== this.gen) return;
