@@ -112,8 +112,16 @@ def test_routes_answer_from_bounded_reads(logdir, small_calls) -> None:
     assert part["steps"][-1] == STEPS - 1
 
 
+def test_sample_size_shrinks_with_the_number_of_tags() -> None:
+    sample = introspect_plugin.sample_points
+    assert sample(10) == introspect_plugin.SAMPLED_POINTS
+    assert sample(781) == introspect_plugin.RUN_SAMPLED_POINTS // 781 == 320
+    assert sample(100_000) == introspect_plugin.MIN_SAMPLED_POINTS
+
+
 def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
     monkeypatch.setattr(introspect_plugin, "SAMPLED_POINTS", 100)
+    monkeypatch.setattr(introspect_plugin, "MIN_SAMPLED_POINTS", 10)
     app = App(logdir)
     doc = app.get("run?run=long")
     tensors = [t for v in doc["views"].values() for t in v]
