@@ -5,8 +5,16 @@ TensorFlow), starts ``tensorboard`` with each loader (``--load_fast=false`` /
 ``true``), waits until every point is loaded, then times each route over HTTP:
 the first (cold) call and the median of warm repeats. Prints a Markdown table.
 
+Then, for the first opening of a run after a data change, it appends one
+point to the run (a new event file), waits until TensorBoard lists it, and
+times the routes of the tab's first screen in order (``./run``, which reads
+the run's sample in bounded calls, then ``./overview``, and one tag at full
+resolution, as after a drag-zoom); medians over --cold repeats. Reports the
+TensorBoard process tree's RSS against the event files' bytes.
+
     python benchmarks/plugin_bench.py                 # 200 tensors x 4 views x 1,000 steps
     python benchmarks/plugin_bench.py --tensors 20 --steps 100 --loaders true
+    python benchmarks/plugin_bench.py --preset 5m     # 195 x 4 x 6,400 = 5M points (issue 13)
 """
 
 from __future__ import annotations
@@ -29,8 +37,13 @@ from plugin_testlib import fetch, get_json, tensorboard, wait_for  # noqa: E402
 
 from tb_introspect import metadata, summary_pb  # noqa: E402
 from tb_introspect.plugin.introspect_plugin import LISTING_TTL_S  # noqa: E402
+from tb_introspect.writer import NumpyWriter  # noqa: E402
 
-TARGETS_MS = {"runs": 100, "series (1 tag)": 50, "overview": 300}
+TARGETS_MS = {"runs": 100, "series (1 tag)": 50, "overview": 300,
+              "after a data change: run + overview": 1500,
+              "after a data change: 1 tag, full resolution": 300}
+#: ResNet50's 781 tags over the four views, 6,400 points each (issue 13).
+PRESETS = {"5m": (195, 6400)}
 
 
 def _tensor(vec: np.ndarray) -> tensor_pb2.TensorProto:
@@ -144,6 +157,64 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
     return points
 
 
+def touch_run(run_dir: str, step: int) -> None:
+    """Append one loss point at ``step`` (a new event file): the run's fingerprint changes."""
+    writer = NumpyWriter(run_dir, filename_suffix=".touch")
+    writer.add_summary(summary_pb.metric_pb("loss", 0.5, 0), step, wall_time=1e9 + step)
+    writer.close()
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and its descendants (the Rust data server is a child)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def time_cold(tb, run_dir: str, steps: int, tag: str, repeats: int) -> list:
+    """Medians of the first-screen routes, each first call after a data change."""
+    times: dict[str, list[float]] = {"run": [], "overview": [], "full": []}
+    for _ in range(repeats):
+        step = max(steps, get_json(tb.url("runs"))["runs"][0]["max_step"] + 1)
+        touch_run(run_dir, step)
+        wait_for(lambda s=step: get_json(tb.url("runs"))["runs"][0]["max_step"] >= s,
+                 timeout=600, interval=0.2)
+        time.sleep(LISTING_TTL_S + 0.1)  # a listing from before the point is not reused
+        for key, route in (("run", "run?run=bench"), ("overview", "overview?run=bench"),
+                           ("full", f"series?run=bench&tag={tag}")):
+            t = time.perf_counter()
+            status, _, body = fetch(tb.url(route), gzip_ok=True, keep_compressed=True,
+                                    timeout=1800)
+            assert status == 200, (route, status, body[:200])
+            times[key].append((time.perf_counter() - t) * 1000)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    nan = float("nan")
+    return [
+        ("after a data change: run (bounded sampled read)", med["run"], nan, nan, 0),
+        ("after a data change: overview (from that read)", med["overview"], nan, nan, 0),
+        ("after a data change: run + overview", med["run"] + med["overview"], nan, nan, 0),
+        ("after a data change: 1 tag, full resolution", med["full"], nan, nan, 0),
+    ]
+
+
 def time_route(url: str, repeats: int, isolated: int) -> tuple[float, float, float, int]:
     """(first call, warm median, isolated median) in ms, and the gzip body size.
 
@@ -170,28 +241,32 @@ def time_route(url: str, repeats: int, isolated: int) -> tuple[float, float, flo
 
 
 def bench_loader(
-    logdir: str, load_fast: str, tensors: int, steps: int, repeats: int, isolated: int
+    logdir: str, load_fast: str, tensors: int, steps: int, repeats: int, isolated: int,
+    cold: int = 3,
 ) -> list:
     rows = []
     t0 = time.perf_counter()
+    run_dir = os.path.join(logdir, "bench")
     with tensorboard("--logdir", logdir, load_fast=load_fast, timeout=600) as tb:
         def loaded():
             runs = get_json(tb.url("runs"))["runs"]
-            return runs and runs[0]["max_step"] == steps - 1 and \
+            return runs and runs[0]["max_step"] >= steps - 1 and \
                 sum(runs[0]["views"].values()) == 4 * tensors
 
-        wait_for(loaded, timeout=1800, interval=2.0)
+        wait_for(loaded, timeout=3600, interval=2.0)
         # TensorBoard may still be ingesting the last points of some tags.
         read_ms: list[float] = []
 
         def complete():
-            # The first call reads the whole run (slow on a busy machine).
+            # Each call after new points reads the run's sample (slow on a busy machine).
             t = time.perf_counter()
             doc = get_json(tb.url("run?run=bench"), timeout=1800)
             read_ms.append((time.perf_counter() - t) * 1000)
-            return all(t["num_points"] == steps for v in doc["views"].values() for t in v)
+            # num_points is null past the sample's 1,000 points; the last step is exact.
+            return all(t["last_step"] == steps - 1 and t["num_points"] in (None, steps)
+                       for v in doc["views"].values() for t in v)
 
-        wait_for(complete, timeout=1800, interval=2.0)
+        wait_for(complete, timeout=3600, interval=2.0)
         load_s = time.perf_counter() - t0
         tag = metadata.stats_tag("gradient", "layer_100/kernel" if tensors > 100
                                  else "layer_000/kernel")
@@ -208,8 +283,15 @@ def bench_loader(
         for label, route in routes:
             rows.append((load_fast, label, *time_route(tb.url(route), repeats, isolated)))
         nan = float("nan")
-        rows.append((load_fast, "run, first full read of all points", read_ms[-1], nan, nan, 0))
+        rows.append((load_fast, "run, first read of the run's sample", read_ms[-1], nan, nan, 0))
         rows.append((load_fast, "overview, re-rendered from the cached read", *rerender))
+        if cold:
+            rows += [(load_fast, *r) for r in time_cold(tb, run_dir, steps, tag, cold)]
+        rss = tree_rss_bytes(tb.proc.pid)
+        files = sum(os.path.getsize(os.path.join(run_dir, f)) for f in os.listdir(run_dir))
+        rows.append((load_fast, f"TensorBoard RSS {rss / 2**30:.2f} GiB for "
+                     f"{files / 2**30:.2f} GiB of event files ({rss / files:.1f}x)",
+                     nan, nan, nan, 0))
         print(f"[load_fast={load_fast}] TensorBoard start + full load: {load_s:.1f} s",
               file=sys.stderr)
     return rows
@@ -223,8 +305,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--isolated", type=int, default=5,
                         help="repeats per route spaced past the listing reuse window")
     parser.add_argument("--loaders", default="false,true", help="--load_fast values to test")
+    parser.add_argument("--cold", type=int, default=3,
+                        help="repeats of the first-screen routes after a data change")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="5m: 195 tensors x 4 views x 6,400 steps (sets --tensors/--steps)")
     parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
     args = parser.parse_args(argv)
+    if args.preset:
+        args.tensors, args.steps = PRESETS[args.preset]
 
     logdir = args.logdir or tempfile.mkdtemp(prefix="introspect-bench-")
     run_dir = os.path.join(logdir, "bench")
@@ -238,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for load_fast in args.loaders.split(","):
             rows += bench_loader(logdir, load_fast, args.tensors, args.steps, args.repeats,
-                                 args.isolated)
+                                 args.isolated, args.cold)
     finally:
         if not args.logdir:
             shutil.rmtree(logdir, ignore_errors=True)
@@ -251,8 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     for load_fast, label, first, warm, spaced, size in rows:
         loader = "Rust" if load_fast == "true" else "Python"
         cells = [f"{v:.1f}" if v == v else "—" for v in (first, warm, spaced)]
+        kib = f"{size / 1024:,.0f} KiB" if size else "—"
         print(f"| {loader} | {label} | {' | '.join(cells)} | {TARGETS_MS.get(label, '')} |"
-              f" {size / 1024:,.0f} KiB |")
+              f" {kib} |")
 
 
 if __name__ == "__main__":
