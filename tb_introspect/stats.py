@@ -71,7 +71,7 @@ def _describe(x, name: str | None) -> str:
         return f"<tensor of shape {getattr(x, 'shape', '?')}>"
 
 
-def _to_float(x, name: str | None = None) -> tf.Tensor:
+def to_float(x, name: str | None = None) -> tf.Tensor:
     """``x`` as float32 (float16/bfloat16/float32/small ints/bool) or float64."""
     try:
         t = tf.convert_to_tensor(x)
@@ -145,7 +145,7 @@ def _where(cond, a, b) -> tf.Tensor:
     return tf.where(cond, a, b)
 
 
-def _in_xla_context() -> bool:
+def in_xla_context() -> bool:
     """Whether the op being built will be compiled by XLA (``jit_compile=True``)."""
     try:
         from tensorflow.python.framework import ops
@@ -182,19 +182,11 @@ def _batch_parts(
     x: tf.Tensor,
     k: int,
     seed,
-    keyed: bool,
-    salt: tf.Tensor | None = None,
-    q: np.ndarray | None = None,
+    q: np.ndarray,
 ) -> dict[str, tf.Tensor]:
-    """Exact counts/moments/extremes, dead-rate data and percentiles or a sample.
-
-    With ``keyed`` (accumulator) the result has per-channel / per-position
-    activity flags and a <= k sample carrying bottom-k random keys; otherwise
-    it has the two dead rates as scalars and the percentiles ``_vq``/``_lq``
-    (at the percentile points ``q``).
-    """
+    """Exact counts/moments/extremes, the two dead rates and the percentiles ``_vq``/``_lq``
+    (at the percentile points ``q``) of one whole tensor (``tensor_stats``)."""
     flat = tf.reshape(x, [-1])
-    n_static = flat.shape[0]
     n = tf.size(flat, out_type=tf.int64)
     count = tf.cast(n, _F64)
     zero = tf.constant(0.0, _F64)
@@ -247,42 +239,15 @@ def _batch_parts(
         "_exp": e,
     }
     channel, spatial = _activity_flags(tf.reshape(active, tf.shape(x)), x.shape)
-    if keyed:
-        out["channel_active"] = tf.cast(channel, _F64)
-        out["spatial_active"] = tf.cast(spatial, _F64)
+    rank = x.shape.rank
+    if rank <= 1:  # each element is its own channel
+        out["dead_rate"] = _where(count > 0, (count - nnz) / tf.maximum(count, 1.0), _NAN)
     else:
-        rank = x.shape.rank
-        if rank <= 1:  # each element is its own channel
-            out["dead_rate"] = _where(count > 0, (count - nnz) / tf.maximum(count, 1.0), _NAN)
-        else:
-            out["dead_rate"] = _dead_rate(tf.cast(channel, _F64), count)
-        out["spatial_dead_rate"] = _dead_rate(tf.cast(spatial, _F64), count)
-
-    if seed is None:
-        seed = _content_seed(count, mean, m2, *([salt] if salt is not None else []))
-    else:
-        seed = _seed_pair(seed)
-    if not keyed:
-        inf = tf.constant(_INF, flat.dtype)
-        out["min_abs"] = tf.cast(tf.reduce_min(_where(active, tf.abs(xf), inf)), _F64)
-        out["_vq"], out["_lq"] = _percentiles(flat, active, n, nnz, k, seed, out, q)
-        return out
-    if n_static == 0:
-        vals = tf.fill([k], tf.constant(_INF, _F64))
-        keys = tf.fill([k], tf.constant(_INF, _F64))
-        min_abs = tf.constant(_INF, _F64)
-    elif n_static is not None:
-        vals, keys, min_abs = _sample(flat, xf, active, n, nnz, k, seed)
-    else:
-        # Unknown size (e.g. a dynamic batch) may be 0: one padding element keeps
-        # every gather in range without a data-dependent branch (+inf: not a min |x|).
-        pad = lambda t, v: tf.concat([t, tf.reshape(tf.cast(v, t.dtype), [1])], 0)  # noqa: E731
-        vals, keys, min_abs = _sample(
-            pad(flat, _INF), pad(xf, 0), pad(active, False), n, nnz, k, seed
-        )
-    out["min_abs"] = min_abs
-    out["sample_values"] = vals
-    out["sample_keys"] = keys
+        out["dead_rate"] = _dead_rate(tf.cast(channel, _F64), count)
+    out["spatial_dead_rate"] = _dead_rate(tf.cast(spatial, _F64), count)
+    seed = _content_seed(count, mean, m2) if seed is None else _seed_pair(seed)
+    out["min_abs"] = tf.cast(tf.reduce_min(_where(active, tf.abs(xf), inf)), _F64)
+    out["_vq"], out["_lq"] = _percentiles(flat, active, n, nnz, k, seed, out, q)
     return out
 
 
@@ -341,7 +306,7 @@ def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
             hit = tf.ones_like(vals, tf.bool)
         return quantiles(vals, hit)
 
-    xla = _in_xla_context()
+    xla = in_xla_context()
     if xla:
         # Static shapes only: the selection runs over the whole tensor with the
         # activity mask (exact, a few fused passes), or over k positions when
@@ -364,68 +329,12 @@ def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
     )
 
 
-def _sample(flat, xf, active, n, nnz, k: int, seed):
-    """Up to ``k`` finite non-zero values of ``flat`` (+inf padded), their keys, min |x| != 0.
-
-    All of them, in order, when there are at most ``k``; otherwise ``k`` drawn
-    uniformly with replacement (accumulator path).
-    """
-    nnz_i = tf.cast(nnz, tf.int64)
-    exact = nnz_i <= k
-    u = _uniform([k], seed, 1)  # i.i.d.: positions must not correlate with the keys
-    drawn = tf.minimum(tf.cast(tf.floor(u * nnz), tf.int64), tf.maximum(nnz_i - 1, 0))
-    ranks = _where(exact, tf.range(k, dtype=tf.int64), drawn)
-    valid = ranks < nnz_i
-
-    # Each branch also gives the smallest non-zero |x| (for logq0), from data it has at hand.
-    def direct():  # every element is finite and non-zero: ranks are positions
-        picked = tf.gather(flat, tf.clip_by_value(ranks, 0, tf.maximum(n - 1, 0)))
-        return picked, tf.reduce_min(tf.abs(flat))
-
-    def compacted():
-        if _in_xla_context():
-            # XLA has no dynamic shapes (boolean_mask) and lowers searchsorted to a
-            # k x n comparison; a scatter to the running count compacts in O(n).
-            cs = tf.cumsum(tf.cast(active, tf.int64)) - 1
-            idx = _where(active, cs, n)
-            compact = tf.scatter_nd(idx[:, tf.newaxis], xf, tf.reshape(n + 1, [1]))
-            min_abs = tf.reduce_min(_where(active, tf.abs(xf), inf))
-        else:
-            compact = tf.boolean_mask(flat, active)
-            min_abs = tf.reduce_min(tf.abs(compact))
-        picked = tf.gather(compact, tf.clip_by_value(ranks, 0, tf.maximum(nnz_i - 1, 0)))
-        return picked, min_abs
-
-    def nothing():
-        return tf.zeros([k], flat.dtype), inf
-
-    inf = tf.constant(_INF, flat.dtype)
-    gathered, min_abs = tf.cond(
-        tf.equal(nnz_i, n),
-        direct,
-        lambda: tf.cond(nnz_i > 0, compacted, nothing),
-    )
-    vals = _where(valid, tf.cast(gathered, _F64), _INF)
-    # Bottom-k keys: with all values kept, i.i.d. uniform keys; with a draw, the k
-    # smallest of nnz uniform keys, made from exponential spacings S_i / S_(nnz+1)
-    # (S_(nnz+1) - S_k ~ Gamma(nnz - k + 1), Wilson-Hilferty approximation).
-    spacings = -tf.math.log1p(-_uniform([k], seed, 2))
-    s = tf.cumsum(spacings)
-    shape_param = tf.maximum(nnz - k + 1.0, 1.0)
-    z = _normal([], seed, 3)
-    gamma = shape_param * tf.pow(
-        tf.maximum(1.0 - 1.0 / (9.0 * shape_param) + z / (3.0 * tf.sqrt(shape_param)), 0.0), 3.0
-    )
-    drawn_keys = s / (s[-1] + gamma)
-    keys = _where(exact, _uniform([k], seed, 4), drawn_keys)
-    return vals, _where(valid, keys, _INF), tf.cast(min_abs, _F64)
-
-
 # --------------------------------------------------------------------------- quantiles
 
 
 def _sample_quantiles(
-    vals: tf.Tensor, valid: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray
+    vals: tf.Tensor, valid: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray,
+    select=None,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Value and log10-magnitude percentiles from a sample: the finite ``vals[valid]``.
 
@@ -434,7 +343,9 @@ def _sample_quantiles(
     mapped into the sample within its sign stratum, using the exact negative /
     zero / positive counts. This is exact when the sample holds every finite
     non-zero value, and never lets sampling noise move a value across zero.
-    The sample's order statistics come from ``_select`` (no sort).
+    The sample's order statistics come from ``select``: ``_select`` (no sort,
+    for whole tensors) by default, ``_select_sorted`` for the bounded samples of
+    accumulator states.
     """
     p = tf.constant(q / 100.0, _F64)
     n_neg, n_pos = parts["neg_count"], parts["pos_count"]
@@ -470,7 +381,7 @@ def _sample_quantiles(
     nv, nm = 2 * len(q), len(q)
     ranks = tf.cast(tf.concat([s_lo, s_hi, rm_lo, rm_hi], 0), tf.int32)
     groups = tf.constant([0] * (2 * nv) + [1] * (2 * nm), tf.int32)
-    picked = tf.cast(_select(vals, tf.abs(vals), valid, ranks, groups), _F64)
+    picked = tf.cast((select or _select)(vals, tf.abs(vals), valid, ranks, groups), _F64)
     a, b, la, lb = tf.split(picked, [nv, nv, nm, nm])
     v = _where(s_hi > s_lo, a + (b - a) * (s - s_lo), a)
     v = _where(is_neg, _where(m_neg > 0, v, vmin), _where(m_pos > 0, v, vmax))
@@ -534,7 +445,7 @@ def _select(vals, mags, valid, ranks, groups) -> tf.Tensor:
     """
     u, bits = _order_bits(tf.concat([vals, mags], 0))
     it = u.dtype
-    xla = _in_xla_context()
+    xla = in_xla_context()
     nq = ranks.shape[0]
     widths = [11, 11, 10] if bits == 32 else [11, 11, 11, 11, 10, 10]
     ones = tf.ones_like(valid, tf.int32)
@@ -568,6 +479,18 @@ def _select(vals, mags, valid, ranks, groups) -> tf.Tensor:
             slot_e = _where(slot_e >= 0, tf.gather(table, tf.maximum(slot_e * nb + digit, 0)), -1)
             n_groups = nq
     return _from_order_bits(key, bits)
+
+
+def _select_sorted(vals, mags, valid, ranks, groups) -> tf.Tensor:
+    """``_select`` by sorting: faster for small samples, and vectorisable (``vectorized_map``
+    has no batched form of ``_select``'s bincount, bitcast and scatter-max)."""
+    inf = tf.constant(_INF, vals.dtype)
+    by_value = tf.sort(_where(valid, vals, inf))
+    by_mag = tf.sort(_where(valid, mags, inf))
+    table = tf.stack([by_value, by_mag])
+    last = tf.shape(vals, out_type=tf.int32)[0] - 1
+    idx = tf.stack([groups, tf.clip_by_value(ranks, 0, tf.maximum(last, 0))], axis=1)
+    return tf.gather_nd(table, idx)
 
 
 def _log10(v):
@@ -604,7 +527,7 @@ def _assemble(
         vq, lq = parts["_vq"], parts["_lq"]
     else:
         vals = parts["sample_values"]
-        vq, lq = _sample_quantiles(vals, tf.math.is_finite(vals), parts, q)
+        vq, lq = _sample_quantiles(vals, tf.math.is_finite(vals), parts, q, _select_sorted)
     base = tf.stack([
         tf.constant(_NAN, _F64),  # epoch: filled by the caller
         count,
@@ -650,14 +573,14 @@ def tensor_stats(
     metadata.tensor_stats_fields(view, quantiles)  # validates the view
     q = _check_quantiles(quantiles)
     k = _check_sample_size(sample_size)
-    x = _to_float(x, name)
+    x = to_float(x, name)
     if x.shape.rank is None:
         raise ValueError(f"tensor {_describe(x, name)!r} must have a known rank")
     n_static = x.shape.num_elements()
     if n_static is not None:
         k = max(1, min(k, n_static))  # no padding to sort for small tensors
     with tf.name_scope("tensor_stats"):
-        parts = _batch_parts(x, k, seed, keyed=False, q=q)
+        parts = _batch_parts(x, k, seed, q=q)
         return _assemble(parts, parts["_exp"], view, q)
 
 
@@ -722,26 +645,246 @@ def _check_state(state: Mapping[str, tf.Tensor]) -> None:
 def update_state(
     state: Mapping[str, tf.Tensor], x, seed=None, *, name: str | None = None
 ) -> dict[str, tf.Tensor]:
-    """``state`` with the tensor ``x`` (one batch / step) folded in."""
+    """``state`` with the tensor ``x`` (one batch / step) folded in.
+
+    The same two functions do this in the training step, for all monitored
+    tensors at once: ``batch_state`` (one pass set over ``x``) and
+    ``merge_pair`` (vectorised over a leading tensor axis).
+    """
     _check_state(state)
-    k = int(state["sample_keys"].shape[0])
-    x = _to_float(x, name)
+    k = int(state["sample_keys"].shape[-1])
+    x = to_float(x, name)
     if x.shape.rank is None:
         raise ValueError(f"tensor {_describe(x, name)!r} must have a known rank")
     with tf.name_scope("update_state"):
-        parts = _batch_parts(x, k, seed, keyed=True, salt=state["count"])
-        # parts["m2"] is in units of 4**_exp, _exp being _state_exp(parts): the state convention.
-        parts.pop("_exp")
+        canonical = _canonical_shape(x.shape.as_list())
+        if seed is None:
+            seed = _content_seed(state["count"], tf.cast(tf.size(x), _F64))
+        parts = batch_state(_as_canonical(x, canonical), k, _seed_pair(seed))
         for key in ("channel_active", "spatial_active"):
             want = state[key].shape
             if want.num_elements() == 0:
                 parts[key] = tf.zeros(want, _F64)
-            elif not parts[key].shape.is_compatible_with(want):
+            elif parts[key].shape.num_elements() != want.num_elements() or (
+                key == "channel_active" and not parts[key].shape.is_compatible_with(want)
+            ):
                 raise ValueError(
                     f"tensor {_describe(x, name)!r} of shape {x.shape} does not match the"
                     f" state's {key} flags of shape {want}"
                 )
-        return merge_stacked({key: tf.stack([state[key], parts[key]]) for key in STATE_MERGE})
+            else:
+                parts[key] = tf.reshape(parts[key], want)
+        return merge_pair(state, parts)
+
+
+def _canonical_shape(shape: Sequence[int | None]) -> tuple[int | None, ...]:
+    """``update_state``'s canonical shape (batch unknown) of a tensor of static ``shape``.
+
+    ``[batch, channels]``, or ``[batch, positions, channels]`` when there are
+    spatial/time axes of known size (flattened into one: the dead rates stay the
+    same). A vector is one row whose elements are the channels; a scalar is one
+    channel.
+    """
+    shape = list(shape)
+    rank = len(shape)
+    if rank == 0:
+        return (None, 1)
+    if rank == 1:
+        return (None, shape[0]) if shape[0] is not None else (None, 0)
+    c = shape[-1]
+    spatial = shape[1:-1]
+    if rank >= 3 and c is not None and all(d is not None for d in spatial):
+        return (None, int(np.prod(spatial, dtype=np.int64)), c)
+    return (None, c if c is not None else 0)
+
+
+def _as_canonical(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
+    """``x`` reshaped to its canonical shape (see ``_canonical_shape``)."""
+    rank = x.shape.rank
+    if rank == 0:
+        return tf.reshape(x, [1, 1])
+    if rank == 1:
+        return x[tf.newaxis]
+    if len(canonical) == 3:
+        return tf.reshape(x, [tf.shape(x)[0], canonical[1], canonical[2]])
+    if canonical[1] == 0:  # unknown channel count: one channel per row element, untracked
+        return tf.reshape(x, [tf.shape(x)[0], -1])
+    return tf.reshape(x, [-1, canonical[1]])
+
+
+def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The accumulator state of one batch ``x`` (canonical ``[B, C]`` or ``[B, P, C]``).
+
+    This runs in the training step for every monitored output at every
+    accumulated step, so it makes as few passes over ``x`` as the exact fields
+    need: a sum (which also detects non-finite values), per-column max and min
+    over the batch axis (the extremes and every channel/position activity flag
+    come from that small block), the sum of squares and the non-zero count.
+    Every row counts. The percentile sample is ``k`` uniformly drawn positions
+    whose non-zero values are kept, with bottom-k keys distributed as the
+    smallest of ``nnz`` uniform keys, so merges over steps and replicas stay
+    uniform over the non-zero values. The sign split of the non-zero count and
+    the smallest non-zero magnitude come from that sample (exact when the tensor
+    has at most ``k`` elements). ``seed`` is an int64 pair.
+    """
+    x = to_float(x)
+    rank = x.shape.rank
+    flat = tf.reshape(x, [-1])
+    n = tf.size(flat, out_type=tf.int64)
+    count = tf.cast(n, _F64)
+    zero = tf.constant(0.0, _F64)
+    inf = tf.constant(_INF, x.dtype)
+    total = tf.reduce_sum(flat)
+
+    def finite_case():
+        return x, count, zero, zero
+
+    def nonfinite_case():
+        ok = tf.math.is_finite(x)
+        return (tf.where(ok, x, tf.zeros_like(x)), _count(ok),
+                _count(tf.equal(x, inf)), _count(tf.equal(x, -inf)))
+
+    # A sum is finite only when every value is (an overflow takes the slow path, still exact).
+    finite_sum = tf.math.is_finite(total)
+    z, nf, posinf, neginf = tf.cond(finite_sum, finite_case, nonfinite_case)
+    rows = tf.reshape(z, [tf.shape(z)[0], tf.reduce_prod(tf.shape(z)[1:])])
+    bmax = tf.reduce_max(rows, axis=0)
+    bmin = tf.reduce_min(rows, axis=0)
+    active = (bmax > 0) | (bmin < 0)
+    if rank == 3:
+        block = tf.reshape(active, tf.shape(z)[1:])
+        channel = tf.reduce_any(block, axis=0)
+        spatial = tf.cast(tf.reduce_any(block, axis=1), _F64)
+    else:
+        channel = active
+        spatial = tf.zeros([0], _F64)
+    has = nf > 0
+    finite_all = tf.equal(nf, count)
+
+    def masked_extreme(fn, fill):
+        return lambda: tf.cast(fn(tf.where(tf.math.is_finite(flat), flat, fill)), _F64)
+
+    vmin = tf.cond(finite_all, lambda: tf.cast(tf.reduce_min(bmin), _F64),
+                   masked_extreme(tf.reduce_min, inf))
+    vmax = tf.cond(finite_all, lambda: tf.cast(tf.reduce_max(bmax), _F64),
+                   masked_extreme(tf.reduce_max, -inf))
+    vmin = _where(has, vmin, _INF)
+    vmax = _where(has, vmax, -_INF)
+    e = _scale_exponent(_where(has, vmin, 0.0), _where(has, vmax, 0.0))
+    s = tf.cond(finite_sum, lambda: tf.cast(total, _F64),
+                lambda: tf.cast(tf.reduce_sum(z), _F64))
+    # A float32 sum can round the mean out of [min, max]; the true mean is inside.
+    mean = tf.clip_by_value(s / tf.maximum(nf, 1.0), tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
+    m2 = _second_moment(z, nf, mean, e)
+    nnz = _count(tf.not_equal(z, 0))
+    vals, keys = _draw(tf.reshape(z, [-1]), n, nnz, k, seed)
+    valid = tf.math.is_finite(keys)
+    m = _count(valid)
+    m_pos = _count(valid & (vals > 0))
+    # Sign split from the sample; with no sample hit, by the sign of the mean.
+    frac_pos = _where(m > 0, m_pos / tf.maximum(m, 1.0),
+                      _where(mean > 0, 1.0, _where(mean < 0, 0.0, 0.5)))
+    pos = tf.round(nnz * frac_pos)
+    return {
+        "count": count,
+        "finite_count": nf,
+        "posinf_count": posinf,
+        "neginf_count": neginf,
+        "pos_count": pos,
+        "neg_count": nnz - pos,
+        "mean": _where(has, mean, 0.0),
+        "m2": m2,
+        "min": vmin,
+        "max": vmax,
+        "min_abs": tf.reduce_min(_where(valid, tf.abs(vals), _INF)),
+        "channel_active": tf.cast(channel, _F64),
+        "spatial_active": spatial,
+        "sample_keys": keys,
+        "sample_values": vals,
+    }
+
+
+def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor) -> tf.Tensor:
+    """Sum of squared deviations of the finite values ``z`` (non-finite ones are 0 in ``z``),
+    in units of ``4**e``.
+
+    Fast path: ``sum(z*z) - n*mean**2`` from one pass in the tensor's own dtype.
+    When the squares leave float32's range or the subtraction cancels (``|mean|
+    >> std``), a second, scaled float64 pass gives the exact value.
+    """
+    f = _pow2(-e)
+    sumsq = tf.cast(tf.reduce_sum(tf.square(z)), _F64)
+    fast = (sumsq - nf * mean * mean) * f * f
+    ok = (tf.math.is_finite(sumsq) & (tf.abs(e) < 40.0)
+          & (tf.equal(sumsq, 0.0) | (fast * 1e3 > sumsq * f * f)))
+
+    def exact():
+        d = tf.cast(z, _F64) * f - mean * f
+        # The zeros that stand for non-finite values each added (0 - mean)^2.
+        return tf.reduce_sum(d * d) - (tf.cast(tf.size(z), _F64) - nf) * (mean * f) ** 2
+
+    return tf.maximum(tf.cond(ok, lambda: fast, exact), 0.0)
+
+
+def _draw(zflat: tf.Tensor, n: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor):
+    """``k`` slots of non-zero finite values (+inf padded) and their bottom-k keys.
+
+    Every element in order when there are at most ``k``; otherwise ``k`` uniform
+    draws of positions, of which the non-zero ones are kept. When that finds
+    fewer than ``_FEW_HITS`` of a sparse tensor's non-zero values, the draw is
+    made among the non-zero values themselves (a compaction pass, paid only by
+    nearly-all-zero tensors). A draw keeping ``m`` of ``nnz`` non-zero values
+    gets the ``m`` smallest of ``nnz`` uniform keys (``S_j / (S_m + G)``:
+    exponential partial sums, ``G ~ Gamma(nnz - m + 1)`` by Wilson-Hilferty), so
+    a bottom-k merge keeps every batch in proportion to its non-zero count.
+    """
+    exact = n <= k
+    u = _uniform([k], seed, 1)
+    drawn = tf.minimum(tf.cast(tf.floor(u * tf.cast(n, _F64)), tf.int64), tf.maximum(n - 1, 0))
+    pos = _where(exact, tf.range(k, dtype=tf.int64), drawn)
+    in_range = pos < n
+    # One padding element keeps the gather in range for empty tensors.
+    padded = tf.concat([zflat, tf.zeros([1], zflat.dtype)], 0)
+    v = tf.gather(padded, _where(in_range, pos, n))
+    valid = in_range & tf.not_equal(v, 0)
+    hits = _count(valid)
+
+    def among_nonzero():
+        active = tf.not_equal(zflat, 0)
+        nnz_i = tf.cast(nnz, tf.int64)
+        if in_xla_context():  # no dynamic shapes: compact by a scatter to the running count
+            idx = _where(active, tf.cumsum(tf.cast(active, tf.int64)) - 1, n)
+            compact = tf.scatter_nd(idx[:, tf.newaxis], zflat, tf.reshape(n + 1, [1]))
+        else:
+            compact = tf.boolean_mask(zflat, active)
+        ranks = _where(nnz_i <= k, tf.range(k, dtype=tf.int64),
+                       tf.minimum(tf.cast(tf.floor(u * nnz), tf.int64), nnz_i - 1))
+        ok = ranks < nnz_i
+        picked = tf.gather(compact, tf.clip_by_value(ranks, 0, tf.maximum(nnz_i - 1, 0)))
+        return picked, ok, nnz_i <= k
+
+    # every_kept: each non-zero value is in the sample once (i.i.d. keys then).
+    v, valid, every_kept = tf.cond((hits < nnz) & (hits < _FEW_HITS), among_nonzero,
+                                   lambda: (v, valid, exact))
+    vals = _where(valid, tf.cast(v, _F64), _INF)
+    m = _count(valid)
+    spacings = -tf.math.log1p(-_uniform([k], seed, 2))
+    cum = tf.cumsum(spacings)
+    shape = tf.maximum(nnz - m + 1.0, 1.0)
+    zn = _normal([], seed, 3)
+    gamma = shape * tf.pow(
+        tf.maximum(1.0 - 1.0 / (9.0 * shape) + zn / (3.0 * tf.sqrt(shape)), 0.0), 3.0
+    )
+    last = tf.gather(cum, tf.maximum(tf.cast(m, tf.int64) - 1, 0))
+    ordered = cum / (last + gamma)
+    rank = tf.cumsum(tf.cast(valid, tf.int64)) - 1
+    drawn_keys = tf.gather(ordered, tf.maximum(rank, 0))
+    keys = _where(every_kept, _uniform([k], seed, 4), drawn_keys)
+    return vals, _where(valid, keys, _INF)
+
+
+#: Fewer sample hits than this in a sparse tensor: draw among its non-zero values instead.
+_FEW_HITS = 32.0
 
 
 def _state_exp(state: Mapping[str, tf.Tensor]) -> tf.Tensor:
@@ -757,38 +900,51 @@ def _rescale_m2(m2, e_from, e_to):
     return m2 * f * f
 
 
+def merge_pair(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Merge two states, elementwise over any leading axes (one state per tensor).
+
+    This is the in-step engine's merge: one op per field for all monitored
+    tensors. Flags of states stacked together must be padded to a common width
+    (with 0). Moments merge with Chan's formula at the merged scale exponent.
+    """
+    out = {
+        key: a[key] + b[key]
+        for key in ("count", "finite_count", "posinf_count", "neginf_count", "pos_count",
+                    "neg_count")
+    }
+    for key, fn in (("min", tf.minimum), ("max", tf.maximum), ("min_abs", tf.minimum),
+                    ("channel_active", tf.maximum), ("spatial_active", tf.maximum)):
+        out[key] = fn(a[key], b[key])
+    na, nb = a["finite_count"], b["finite_count"]
+    n = out["finite_count"]
+    e = _state_exp(out)
+    mean_a, mean_b = a["mean"] * _pow2(-e), b["mean"] * _pow2(-e)
+    mean_s = (na * mean_a + nb * mean_b) / tf.maximum(n, 1.0)
+    da = _where(na > 0, mean_a - mean_s, 0.0)
+    db = _where(nb > 0, mean_b - mean_s, 0.0)
+    m2 = (_rescale_m2(a["m2"], _state_exp(a), e) + na * da * da
+          + _rescale_m2(b["m2"], _state_exp(b), e) + nb * db * db)
+    out["mean"] = mean_s * _pow2(e)
+    out["m2"] = m2
+    keys = tf.concat([a["sample_keys"], b["sample_keys"]], axis=-1)
+    vals = tf.concat([a["sample_values"], b["sample_values"]], axis=-1)
+    k = a["sample_keys"].shape[-1]
+    neg, idx = tf.math.top_k(-keys, k=k, sorted=True)
+    out["sample_keys"] = -neg
+    out["sample_values"] = tf.gather(vals, idx, batch_dims=keys.shape.rank - 1)
+    return out
+
+
 @_no_autograph
 def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """Merge states stacked along a new leading axis (e.g. from ``all_gather``)."""
+    """Merge states stacked along a new leading axis of static size (e.g. from ``all_gather``)."""
     _check_state(stacked)
-    out: dict[str, tf.Tensor] = {}
-    for key, how in STATE_MERGE.items():
-        v = stacked[key]
-        if how == "sum":
-            out[key] = tf.reduce_sum(v, axis=0)
-        elif how == "min":
-            out[key] = tf.reduce_min(v, axis=0)
-        elif how == "max" or how == "any":
-            out[key] = tf.reduce_max(v, axis=0)
-    # Chan et al. parallel moments, at the merged scale exponent.
-    n_i = stacked["finite_count"]
-    e_i = _scale_exponent(
-        _where(n_i > 0, stacked["min"], 0.0), _where(n_i > 0, stacked["max"], 0.0)
-    )
-    e = _state_exp(out)
-    n = out["finite_count"]
-    mean_i_s = stacked["mean"] * _pow2(-e)
-    mean_s = tf.reduce_sum(n_i * mean_i_s) / tf.maximum(n, 1.0)
-    d = _where(n_i > 0, mean_i_s - mean_s, 0.0)
-    out["mean"] = mean_s * _pow2(e)
-    out["m2"] = tf.reduce_sum(_rescale_m2(stacked["m2"], e_i, e) + n_i * d * d)
-    # Bottom-k: keep the k smallest keys of the union.
-    k = stacked["sample_keys"].shape[-1]
-    keys = tf.reshape(stacked["sample_keys"], [-1])
-    vals = tf.reshape(stacked["sample_values"], [-1])
-    neg_keys, idx = tf.math.top_k(-keys, k=k, sorted=True)
-    out["sample_keys"] = -neg_keys
-    out["sample_values"] = tf.gather(vals, idx)
+    r = stacked["count"].shape[0]
+    if r is None:
+        raise ValueError("merge_stacked needs a static number of stacked states")
+    out = {key: stacked[key][0] for key in STATE_MERGE}
+    for i in range(1, r):
+        out = merge_pair(out, {key: stacked[key][i] for key in STATE_MERGE})
     return out
 
 
@@ -797,7 +953,7 @@ def merge_states(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict
     """Associative, commutative merge of two states (steps of an epoch, replicas)."""
     _check_state(a)
     _check_state(b)
-    return merge_stacked({key: tf.stack([a[key], b[key]]) for key in STATE_MERGE})
+    return merge_pair(a, b)
 
 
 @_no_autograph

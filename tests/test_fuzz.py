@@ -61,7 +61,8 @@ def tensors(draw, max_dims: int = 4, max_side: int = 6):
     return draw(hnp.arrays(dtype, shape))
 
 
-def check_invariants(vec: np.ndarray, x: np.ndarray, view: str = "output") -> None:
+def check_invariants(vec: np.ndarray, x: np.ndarray, view: str = "output",
+                     sampled_min_abs: bool = False) -> None:
     """Counts exact and consistent; every statistic within its range."""
     fields = metadata.tensor_stats_fields(view)
     assert vec.shape == (len(fields),)
@@ -96,7 +97,11 @@ def check_invariants(vec: np.ndarray, x: np.ndarray, view: str = "output") -> No
     lq = np.array([v[metadata.quantile_field(p, log=True)] for p in metadata.DEFAULT_QUANTILES])
     if (fin != 0).any():
         assert (np.diff(lq) >= -1e-12).all(), lq
-        assert lq[0] == pytest.approx(np.log10(np.abs(fin[fin != 0]).min()))
+        smallest = np.log10(np.abs(fin[fin != 0]).min())
+        if sampled_min_abs:  # an accumulator's sample may miss the smallest magnitude
+            assert lq[0] >= smallest - 1e-12
+        else:
+            assert lq[0] == pytest.approx(smallest)
         assert lq[-1] == pytest.approx(np.log10(np.abs(fin).max()))
 
 
@@ -161,7 +166,8 @@ def test_tensorflow_accumulated_counts_equal_the_concatenation(tf_stats, batches
     for b in batches:
         state = stats.update_state(state, tf.constant(b))
     x = np.concatenate(batches)
-    check_invariants(stats.finalize(state, "output").numpy(), flush_subnormals(x))
+    check_invariants(stats.finalize(state, "output").numpy(), flush_subnormals(x),
+                     sampled_min_abs=True)
 
 
 # ---------------------------------------------------------------------------- format parser

@@ -205,6 +205,11 @@ def test_property_tf_and_numpy_match_reference(x):
 # --------------------------------------------------------------------------- accumulator
 
 
+#: The in-step accumulator sums float32 tensors in float32 (one cheap pass each):
+#: moments agree with the float64 reference to about 1e-7, not 1e-9.
+ACCUMULATOR_RTOL = 1e-6
+
+
 def fold(batches, sample_size=stats.DEFAULT_SAMPLE_SIZE, seed=None):
     shape = tf.TensorShape([None, *batches[0].shape[1:]])
     state = stats.empty_state(shape, sample_size=sample_size)
@@ -219,7 +224,7 @@ def test_state_over_batches_equals_stats_of_the_concatenation():
     x[3, 1, 1, 1] = -np.inf
     batches = [x[:10], x[10:25], x[25:]]
     got = as_dict(stats.finalize(fold(batches), "output").numpy(), "output")
-    assert_stats_close(got, reference_stats(x, "output"))
+    assert_stats_close(got, reference_stats(x, "output"), rtol=ACCUMULATOR_RTOL)
 
 
 def test_merge_is_associative_and_commutative_in_the_exact_regime():
@@ -274,7 +279,7 @@ def test_state_in_variables_under_xla():
     step(x[:5])
     step(x[5:])
     got = as_dict(stats.finalize(variables, "output").numpy(), "output")
-    assert_stats_close(got, reference_stats(x, "output"))
+    assert_stats_close(got, reference_stats(x, "output"), rtol=ACCUMULATOR_RTOL)
 
 
 def test_merge_replicas_under_mirrored_strategy():

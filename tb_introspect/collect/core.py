@@ -38,20 +38,10 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata, stats, summary
-from tb_introspect.collect import capture, kernels, lean
+from tb_introspect.collect import capture, kernels
+from tb_introspect.collect.options import Options
 
 logger = logging.getLogger("tb_introspect")
-
-#: Percentile sample bound for tensors summarised once per logged point
-#: (variables, gradient aggregates). Cheap at logging time.
-DEFAULT_LOG_SAMPLE_SIZE = 2**14
-#: Percentile sample bound for the in-step output/output-gradient accumulators.
-#: It is paid on every accumulated step, so it is kept small; rank error is
-#: about 0.5/sqrt(k) (1.1 percentile points at 2048, one sigma).
-DEFAULT_STEP_SAMPLE_SIZE = 2**11
-#: Elements of one layer output folded into its accumulator per step (whole
-#: rows of the batch); bounds the in-step cost of large activations.
-DEFAULT_OUTPUT_BUDGET = 2**16
 
 #: Step cadences below this trace the logging function (frequent points);
 #: rarer points run it eagerly.
@@ -140,28 +130,17 @@ class Collector:
     ``read_metrics`` from the host.
     """
 
-    def __init__(
-        self,
-        *,
-        views: Sequence[str],
-        every: str | int,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
-        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        output_budget: int | None = None,
-        strategy: tf.distribute.Strategy | None = None,
-        writer: Any = None,
-        seed: int = 0,
-    ):
-        self.views = tuple(views)
-        self.every = every
-        self.quantiles = tuple(float(q) for q in quantiles)
-        self.sample_size = int(sample_size)
-        self.step_sample_size = int(step_sample_size)
-        self.output_budget = None if output_budget is None else int(output_budget)
+    def __init__(self, options: Options, strategy: tf.distribute.Strategy | None = None,
+                 writer: Any = None):
+        self.options = options
+        self.views = options.views
+        self.every = options.every
+        self.quantiles = options.quantiles
+        self.sample_size = options.sample_size
+        self.step_sample_size = options.step_sample_size
+        self.seed = options.seed
         self.strategy = strategy or tf.distribute.get_strategy()
         self.writer = writer
-        self.seed = int(seed)
         self.variables: list[Any] = []
         self.var_specs: list[Monitored] = []
         self.var_index: dict[int, int] = {}
@@ -183,6 +162,15 @@ class Collector:
 
     def want(self, view: str) -> bool:
         return view in self.views
+
+    def set_writer(self, writer: Any) -> None:
+        """Write to ``writer`` from now on (traced logging functions captured the old one)."""
+        self.writer = writer
+        self._log_fns = {}
+
+    def switch_off(self, what: str) -> None:
+        """Stop monitoring ``what`` ("<view> <tensor name>") quietly."""
+        self.off.add(what)
 
     def set_variables(
         self,
@@ -400,7 +388,7 @@ class Collector:
             if replicas > 1:
                 state = layout.unpack(gathered[0, vi])
                 for r in range(1, replicas):
-                    state = lean.merge(state, layout.unpack(gathered[r, vi]))
+                    state = stats.merge_pair(state, layout.unpack(gathered[r, vi]))
             else:
                 state = layout.unpack(local[vi])
             block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
@@ -510,31 +498,12 @@ class StepRecorder:
         if view not in c.out_vars or _off(c, view, name):
             return
         try:
-            lean.to_float(x, name)  # unsupported dtypes (strings) fail here, alone
+            stats.to_float(x, name)  # unsupported dtypes (strings) fail here, alone
             if view == "output_gradient":
                 x = self._unscale(x)
-            self.stash[view][j] = self._rows(j, x)
+            self.stash[view][j] = kernels.as_activation(x, self.c.layout.canonical[j])
         except Exception as e:  # never break training
             c.fail(f"{view} {name}", e)
-
-    def _rows(self, j: int, x: tf.Tensor) -> tf.Tensor:
-        """``x`` in canonical shape, limited to ``output_budget`` elements by whole rows.
-
-        The rows are a random subset of the batch, the same for an output and
-        its gradient (same seed).
-        """
-        canonical = self.c.layout.canonical[j]
-        xc = kernels.as_activation(x, canonical)
-        budget = self.c.output_budget
-        if budget is None:
-            return xc
-        per_row = int(np.prod([d for d in canonical[1:]], dtype=np.int64))
-        m = max(1, budget // max(per_row, 1))
-        if xc.shape[0] is not None and xc.shape[0] <= m:
-            return xc
-        n = tf.shape(xc)[0]
-        keys = tf.random.stateless_uniform([n], seed=self._seed(j, 7))
-        return tf.gather(xc, tf.argsort(keys)[:m])
 
     def finish(self) -> None:
         """Fold the stashed tensors into the accumulators (one merge per view); count the step."""
@@ -549,7 +518,7 @@ class StepRecorder:
 
     def _fold(self) -> None:
         c, layout = self.c, self.c.layout
-        xla = kernels.in_xla_context()
+        xla = stats.in_xla_context()
         empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
         for view, stash in self.stash.items():
             if not stash:
@@ -572,7 +541,7 @@ class StepRecorder:
             new = {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
             var = c.out_vars[view]
             state = layout.unpack(var.read_value())
-            var.assign(layout.pack(lean.merge(state, new)))
+            var.assign(layout.pack(stats.merge_pair(state, new)))
 
     # -- gradients (called by the optimizer wrapper)
 

@@ -19,6 +19,34 @@ from tb_introspect import summary_pb
 from tb_introspect.collect.core import Collector, warn
 
 
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True unless this is a non-chief worker of a multi-worker strategy."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True
+    ext = strategy.extended
+    for attr in ("should_save_summary", "should_checkpoint"):
+        if hasattr(ext, attr):
+            return bool(getattr(ext, attr))
+    kind, index = resolver.task_type, resolver.task_id
+    return kind == "chief" or (kind == "worker" and index == 0)
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    try:
+        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    except Exception:
+        return False
+    return sum(len(v) if isinstance(v, (list, dict)) else 1 for v in spec.values()) > 1
+
+
+def make_writer(log_dir: str, flush_secs: float) -> Any:
+    return tf.summary.create_file_writer(
+        log_dir, max_queue=1000, flush_millis=int(flush_secs * 1000)
+    )
+
+
 class HostLogger:
     """What happens between training steps: metric drains, due points, flushes."""
 
@@ -38,6 +66,10 @@ class HostLogger:
         self.last_log_step = 0
         self.since_drain = 0
         self._last_flush = time.monotonic()
+
+    def is_off(self, part: str) -> bool:
+        """Whether ``part`` ("metrics", "statistics", "writing") was switched off by a failure."""
+        return part in self.off
 
     def start(self, initial_step: int) -> None:
         self.last_metric_step = self.last_log_step = int(initial_step)

@@ -17,23 +17,18 @@ import tensorflow as tf
 
 from tb_introspect import metadata
 from tb_introspect.collect.core import (
-    DEFAULT_LOG_SAMPLE_SIZE,
-    DEFAULT_OUTPUT_BUDGET,
-    DEFAULT_STEP_SAMPLE_SIZE,
     Collector,
     Monitored,
     StepRecorder,
     sanitize,
     warn,
 )
-from tb_introspect.collect.host import HostLogger
-from tb_introspect.collect.keras_callback import (
-    check_every,
+from tb_introspect.collect.host import HostLogger, is_chief, make_writer
+from tb_introspect.collect.options import (
+    DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_STEP_SAMPLE_SIZE,
+    Options,
     check_log_dir,
-    check_positive,
-    check_views,
-    is_chief,
-    make_writer,
 )
 
 
@@ -81,28 +76,18 @@ class Introspector:
         *,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
         initial_step: int = 0,
         initial_epoch: int = 0,
     ):
-        views = check_views(views)
-        every = check_every(every)
-        quantiles = tuple(float(q) for q in quantiles)
-        metadata.tensor_stats_fields("variable", quantiles)
+        options = Options.make(views, every, sample_size, step_sample_size, quantiles,
+                               flush_secs, seed)
         self.log_dir = check_log_dir(log_dir)
         strategy = tf.distribute.get_strategy()
         self.writer = make_writer(self.log_dir, flush_secs) if is_chief(strategy) else None
-        self.collector = Collector(
-            views=views, every=every, quantiles=quantiles,
-            sample_size=check_positive("sample_size", sample_size),
-            step_sample_size=check_positive("step_sample_size", step_sample_size),
-            output_budget=(None if output_budget is None
-                           else check_positive("output_budget", output_budget)),
-            strategy=strategy, writer=self.writer, seed=seed,
-        )
+        self.collector = Collector(options, strategy=strategy, writer=self.writer)
         self.host = HostLogger(self.collector, self.writer, flush_secs)
         self.host.begin_epoch(initial_epoch)
         self.initial_step = int(initial_step)
@@ -222,7 +207,7 @@ class Introspector:
             self.writer.close()
             self.writer = None
             self.host.writer = None
-            self.collector.writer = None
+            self.collector.set_writer(None)
 
     def __enter__(self) -> Introspector:
         return self

@@ -20,95 +20,32 @@ compiled step; the callback writes between executions.
 from __future__ import annotations
 
 import atexit
-import os
-import uuid
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata
 from tb_introspect.collect import capture
 from tb_introspect.collect.core import (
-    DEFAULT_LOG_SAMPLE_SIZE,
-    DEFAULT_OUTPUT_BUDGET,
-    DEFAULT_STEP_SAMPLE_SIZE,
     Collector,
     Monitored,
     StepRecorder,
     sanitize,
     warn,
 )
-from tb_introspect.collect.host import HostLogger
+from tb_introspect.collect.host import HostLogger, is_chief, is_multi_worker, make_writer
+from tb_introspect.collect.options import (
+    DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_STEP_SAMPLE_SIZE,
+    Options,
+    check_log_dir,
+)
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
-
-
-def check_views(views: Sequence[str]) -> tuple[str, ...]:
-    views = tuple(views)
-    for v in views:
-        if v not in metadata.VIEWS:
-            raise ValueError(f"unknown view {v!r}; expected some of {', '.join(metadata.VIEWS)}")
-    return views
-
-
-def check_every(every: str | int) -> str | int:
-    if every == "epoch":
-        return every
-    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-        raise ValueError(f"every must be 'epoch' or a positive number of steps, got {every!r}")
-    return int(every)
-
-
-def check_positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def check_log_dir(log_dir: str) -> str:
-    """Create ``log_dir`` and prove it is writable, or raise a clear ``OSError`` now."""
-    log_dir = os.fspath(log_dir)
-    probe = os.path.join(log_dir, f".tb_introspect_probe_{uuid.uuid4().hex}")
-    try:
-        tf.io.gfile.makedirs(log_dir)
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("ok")
-        tf.io.gfile.remove(probe)
-    except Exception as e:
-        raise OSError(f"tb_introspect: log_dir {log_dir!r} is not writable: {e}") from e
-    return log_dir
-
-
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True unless this is a non-chief worker of a multi-worker strategy."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not getattr(resolver, "task_type", None):
-        return True
-    ext = strategy.extended
-    for attr in ("should_save_summary", "should_checkpoint"):
-        if hasattr(ext, attr):
-            return bool(getattr(ext, attr))
-    kind, index = resolver.task_type, resolver.task_id
-    return kind == "chief" or (kind == "worker" and index == 0)
-
-
-def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
-    resolver = getattr(strategy, "cluster_resolver", None)
-    try:
-        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-    except Exception:
-        return False
-    return sum(len(v) if isinstance(v, (list, dict)) else 1 for v in spec.values()) > 1
-
-
-def make_writer(log_dir: str, flush_secs: float) -> Any:
-    return tf.summary.create_file_writer(
-        log_dir, max_queue=1000, flush_millis=int(flush_secs * 1000)
-    )
 
 
 class _Discovery:
@@ -254,12 +191,8 @@ class Introspect(keras.callbacks.Callback):
             metrics and their per-epoch bands are written in both cases.
         sample_size: percentile sample bound for variables and gradients.
         step_sample_size: percentile sample bound of the in-step output
-            accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
-        output_budget: at most this many elements of each layer output (and
-            output gradient) are folded in per step, as whole rows (samples)
-            drawn at random from the batch; ``None`` folds in every row (exact
-            counts, extremes and dead rates, at several passes over every
-            activation per step).
+            accumulators; smaller is faster (rank error ~0.5/sqrt(k)). Counts,
+            moments, extremes and activity always count every row of every batch.
         quantiles: percentile points (0..100) recorded.
         flush_secs: longest time logged data waits before it is flushed to disk
             (TensorBoard's live view); epoch ends always flush.
@@ -282,22 +215,13 @@ class Introspect(keras.callbacks.Callback):
         *,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
     ):
         super().__init__()
-        self.views = check_views(views)
-        self.every = check_every(every)
-        self.sample_size = check_positive("sample_size", sample_size)
-        self.step_sample_size = check_positive("step_sample_size", step_sample_size)
-        self.output_budget = (None if output_budget is None
-                              else check_positive("output_budget", output_budget))
-        self.quantiles = tuple(float(q) for q in quantiles)
-        metadata.tensor_stats_fields("variable", self.quantiles)
-        self.flush_secs = float(flush_secs)
-        self.seed = int(seed)
+        self.options = Options.make(views, every, sample_size, step_sample_size, quantiles,
+                                    flush_secs, seed)
         self.log_dir = check_log_dir(log_dir)
         self.writer = None
         self.collector: Collector | None = None
@@ -327,20 +251,16 @@ class Introspect(keras.callbacks.Callback):
         self.strategy = model.distribute_strategy
         self.chief = is_chief(self.strategy)
         if self.chief and self.writer is None:
-            self.writer = make_writer(self.log_dir, self.flush_secs)
+            self.writer = make_writer(self.log_dir, self.options.flush_secs)
         self.spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
-        every = self.every
+        every = self.options.every
         if every != "epoch" and every < self.spe:
             warn(f"every={every} with steps_per_execution={self.spe}: logging every"
                  f" {self.spe} steps (one point per execution)")
             every = self.spe
-        self.collector = Collector(
-            views=self.views, every=every, quantiles=self.quantiles,
-            sample_size=self.sample_size, step_sample_size=self.step_sample_size,
-            output_budget=self.output_budget, strategy=self.strategy, writer=self.writer,
-            seed=self.seed,
-        )
-        self.host = HostLogger(self.collector, self.writer, self.flush_secs,
+        self.collector = Collector(dataclasses.replace(self.options, every=every),
+                                   strategy=self.strategy, writer=self.writer)
+        self.host = HostLogger(self.collector, self.writer, self.options.flush_secs,
                                lockstep=is_multi_worker(self.strategy))
         self._patcher = capture.LayerPatcher([])
         self._installed = False
@@ -373,12 +293,12 @@ class Introspect(keras.callbacks.Callback):
         model = self.model
         if self.chief and self.writer is None:
             # The logging function captured the old writer: re-trace it.
-            self.writer = make_writer(self.log_dir, self.flush_secs)
-            self.collector.writer = self.host.writer = self.writer
-            self.collector._log_fns = {}
+            self.writer = make_writer(self.log_dir, self.options.flush_secs)
+            self.collector.set_writer(self.writer)
+            self.host.writer = self.writer
         model.make_train_function()
         self._original_fn = model.train_function
-        if "output" in self.views or "output_gradient" in self.views:
+        if self.options.wants_outputs:
             self._patcher.install()
         self._patch_optimizer()
         self.host.start(self.collector.current_step())
@@ -404,11 +324,11 @@ class Introspect(keras.callbacks.Callback):
 
     def _build(self, iterator: Any) -> bool:
         model, c = self.model, self.collector
-        want_outputs = "output" in self.views or "output_gradient" in self.views
+        want_outputs = self.options.wants_outputs
         batch_spec = _batch_spec(iterator)
         _ensure_built(model, batch_spec)
         if not model.trainable_variables and (
-            "variable" in self.views or "gradient" in self.views
+            self.options.want("variable") or self.options.want("gradient")
         ):
             warn("the model has no trainable variables: the variable and gradient views"
                  " are empty")
@@ -440,7 +360,7 @@ class Introspect(keras.callbacks.Callback):
         depth_of = {name: d for d, name in enumerate(ranked)}
         for s in specs:
             s.depth = depth_of.get(s.layer, len(ranked))
-        if "output_gradient" in self.views and specs and not any(s.has_grad for s in specs):
+        if self.options.want("output_gradient") and specs and not any(s.has_grad for s in specs):
             warn("no gradient reaches any layer output (no trainable variables?); the"
                  " output_gradient view is off")
         c.set_outputs(specs)
@@ -475,7 +395,7 @@ class Introspect(keras.callbacks.Callback):
 
     def _patch_optimizer(self) -> None:
         opt = self._optimizer
-        if opt is None or "gradient" not in self.views:
+        if opt is None or not self.options.want("gradient"):
             return
         original = opt.apply
         self._saved_apply = ("apply" in opt.__dict__, opt.__dict__.get("apply"))
@@ -549,11 +469,11 @@ class Introspect(keras.callbacks.Callback):
 
     def _check_trace(self) -> None:
         c = self.collector
-        if "output_gradient" in self.views:
+        if self.options.want("output_gradient"):
             missing = [s.name for j, s in enumerate(c.out_specs)
                        if s.has_grad and j not in c.output_grad_seen]
             for name in missing:
-                c.off.add(f"output_gradient {name}")
+                c.switch_off(f"output_gradient {name}")
             if missing:
                 warn(f"no gradient reached {len(missing)} layer output(s) in the train step"
                      f" ({', '.join(missing[:3])}...): their output_gradient view is off")
@@ -566,7 +486,7 @@ class Introspect(keras.callbacks.Callback):
             return
         steps = max(int(batch) - getattr(self, "_batch_begin", int(batch)) + 1, 1)
         running = None
-        if logs and "metrics" not in self.host.off:
+        if logs and not self.host.is_off("metrics"):
             tracked = set(self.collector.metric_names)
             running = {k: v for k, v in logs.items() if k not in tracked}
         self.host.after_steps(steps, running or None)

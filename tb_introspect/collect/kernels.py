@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata, stats
-from tb_introspect.collect import lean
 
 _SEED = tf.TensorSpec([2], tf.int64)
 # Outside XLA, nested function calls are inlined into the caller before graph
@@ -34,16 +33,6 @@ _NOINLINE = {"_noinline": True}
 
 def _attrs(xla: bool) -> dict | None:
     return None if xla else _NOINLINE
-
-
-def in_xla_context() -> bool:
-    """Whether ops built now are compiled by XLA (the caller's ``jit_compile=True``)."""
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # private modules moved: assume XLA, the variant that works everywhere
-        return True
-    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
 def as_matrix(x: tf.Tensor) -> tf.Tensor:
@@ -97,14 +86,14 @@ def _state_signature(k: int, stacked: bool = False) -> dict[str, tf.TensorSpec]:
 
 @functools.cache
 def parts_fn(dtype: str, k: int):
-    """``(x[rows, channels], seed) -> state`` of one tensor (``lean.parts``)."""
+    """``(x[rows, channels], seed) -> state`` of one tensor (``stats.batch_state``)."""
 
     @tf.function(
         input_signature=[tf.TensorSpec([None, None], tf.as_dtype(dtype)), _SEED],
         autograph=False, experimental_attributes=_NOINLINE,
     )
     def tensor_parts(x, seed):
-        return lean.parts(x, k, seed)
+        return stats.batch_state(x, k, seed)
 
     return tensor_parts
 
@@ -149,14 +138,14 @@ def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float
 
 @functools.cache
 def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
-    """``(x[canonical], seed) -> state`` of one layer output (``lean.parts``)."""
+    """``(x[canonical], seed) -> state`` of one layer output (``stats.batch_state``)."""
 
     @tf.function(
         input_signature=[tf.TensorSpec([None] * rank, tf.as_dtype(dtype)), _SEED],
         autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
     )
     def activation_parts(x, seed):
-        return lean.parts(x, k, seed)
+        return stats.batch_state(x, k, seed)
 
     return activation_parts
 
