@@ -137,3 +137,23 @@ def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
         assert len(s["steps"]) == k and s["sampled"] is True and s["steps"][-1] == STEPS - 1
     s = app.get(f"series?run=long&tag={tag}&field=rms")["series"][tag]
     assert len(s["steps"]) == STEPS and s["sampled"] is False
+
+
+def test_python_loader_samples_from_the_multiplexer(logdir) -> None:
+    """Its provider converts every point before sampling; the multiplexer path converts k."""
+    dp = reader.local_provider(logdir)
+    mux = dp._multiplexer  # what TensorBoard hands plugins as TBContext.multiplexer
+    infos, _ = reader.list_tags(dp, "", runs=["long"])
+    infos = list(infos["long"].values())
+    whole, _ = reader.read_series(dp, "", "long", infos)
+    series, sampled, skipped = bounded.read(dp, "", "long", infos, points=40, multiplexer=mux)
+    assert skipped == [] and sampled == {i.tag for i in infos if len(whole[i.tag]) > 40}
+    for info in infos:
+        s, w = series[info.tag], whole[info.tag]
+        idx = np.searchsorted(w.steps, s.steps)
+        assert len(s) == min(40, len(w)) and s.steps[0] == w.steps[0]
+        assert s.steps[-1] == w.steps[-1]
+        np.testing.assert_array_equal(s.values, w.values[idx])
+    # Full resolution still goes through the provider, one tag per call.
+    full, sampled, _ = bounded.read(dp, "", "long", infos[:2], multiplexer=mux)
+    assert sampled == set() and all(len(full[i.tag]) == len(whole[i.tag]) for i in infos[:2])

@@ -139,6 +139,8 @@ class IntrospectPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext) -> None:
         """Keeps the data provider; nothing is read until a route is called."""
         self._provider = context.data_provider
+        # Only the Python loader hands it out; samples are read from it (bounded.py).
+        self._multiplexer = getattr(context, "multiplexer", None)
         # Tag listings ("run", eid, run) and ("all", eid), reused for a second:
         # one refresh per key at a time, as for every entry of the cache.
         self._listings = FingerprintCache(1024, ttl_s=LISTING_TTL_S)
@@ -233,6 +235,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, list(listing.infos.values()),
                 ctx=plugin_util.context(request.environ), points=points,
+                multiplexer=self._multiplexer,
             )
             rs = reader.assemble_run(run, listing.infos, series, listing.bad + unreadable)
             return _Sampled(rs, frozenset(sampled), points)
@@ -318,6 +321,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                 series, sampled, unreadable = bounded.read(
                     self._provider, eid, run, [infos[t] for t in tags if t in infos],
                     ctx=plugin_util.context(request.environ), points=downsample,
+                    multiplexer=self._multiplexer,
                 )
             return gzip_bytes(encode({
                 "run": run,
