@@ -267,8 +267,8 @@ class Probe:
             # None when the mode kept from the last view does not exist in this one.
             current = self.f.evaluate(
                 "document.querySelector('.view-head .segmented button.on')?.dataset.mode ?? null")
-            self.check(f"layers {view} {current if current is not None else 'kept'}", run,
-                       self.skipped(skip))
+            shown = "kept" if current is None else current or "default"
+            self.check(f"layers {view} {shown}", run, self.skipped(skip))
             modes = self.f.locator(".view-head .segmented button").evaluate_all(
                 "(bs) => bs.map((b) => b.dataset.mode)")
             for mode in modes:
