@@ -120,7 +120,8 @@ def test_sample_size_shrinks_with_the_number_of_tags() -> None:
 
 
 def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
-    monkeypatch.setattr(introspect_plugin, "SAMPLED_POINTS", 100)
+    # 15 tags share 1,500 points: a sample of 100 points per tag.
+    monkeypatch.setattr(introspect_plugin, "RUN_SAMPLED_POINTS", 1500)
     monkeypatch.setattr(introspect_plugin, "MIN_SAMPLED_POINTS", 10)
     app = App(logdir)
     doc = app.get("run?run=long")
@@ -131,10 +132,14 @@ def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
     for v in ov["views"].values():
         assert len(v["steps"]) <= 101 and v["steps"][-1] == STEPS - 1
     tag = tensors[0]["tag"]
-    # From the cached sample (no provider call) and, past it, from the provider.
-    for k in (40, 100, 200):
+    # From the cached sample (no provider call): at most k points, the sample's 100 when
+    # it is smaller; past SAMPLED_POINTS, from the provider.
+    for k, n in ((40, 40), (100, 100), (250, 100)):
         s = app.get(f"series?run=long&tag={tag}&field=rms&downsample={k}")["series"][tag]
-        assert len(s["steps"]) == k and s["sampled"] is True and s["steps"][-1] == STEPS - 1
+        assert len(s["steps"]) == n and s["sampled"] is True and s["steps"][-1] == STEPS - 1
+    monkeypatch.setattr(introspect_plugin, "SAMPLED_POINTS", 200)
+    s = app.get(f"series?run=long&tag={tag}&field=std&downsample=250")["series"][tag]
+    assert len(s["steps"]) == 250 and s["sampled"] is True and s["steps"][-1] == STEPS - 1
     s = app.get(f"series?run=long&tag={tag}&field=rms")["series"][tag]
     assert len(s["steps"]) == STEPS and s["sampled"] is False
 

@@ -305,8 +305,10 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
         def render() -> bytes:
             have = self._sampled.peek((eid, run), listing.fingerprint)
-            if have is not None and 0 < downsample <= have.points:
-                # The sample behind ./run holds enough points: no provider call.
+            if have is not None and 0 < downsample <= SAMPLED_POINTS:
+                # From the sample behind ./run, no provider call: at most `downsample`
+                # points, fewer when a run with many tags has a smaller sample (both are
+                # about one point per pixel column; a zoom reads the tag in full).
                 held = have.rs.all_series()
                 series, sampled = {}, set()
                 for t in tags:
