@@ -716,16 +716,17 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     """The accumulator state of one batch ``x`` (canonical ``[B, C]`` or ``[B, P, C]``).
 
     This runs in the training step for every monitored output at every
-    accumulated step, so it makes as few passes over ``x`` as the exact fields
-    need: a sum (which also detects non-finite values), per-column max and min
-    over the batch axis (the extremes and every channel/position activity flag
-    come from that small block), the sum of squares and the non-zero count.
-    Every row counts. The percentile sample is ``k`` uniformly drawn positions
-    whose non-zero values are kept, with bottom-k keys distributed as the
-    smallest of ``nnz`` uniform keys, so merges over steps and replicas stay
-    uniform over the non-zero values. The sign split of the non-zero count and
-    the smallest non-zero magnitude come from that sample (exact when the tensor
-    has at most ``k`` elements). ``seed`` is an int64 pair.
+    accumulated step, so it makes few passes over ``x``, each a single fused
+    kernel where TensorFlow has one: a sum (which also detects non-finite
+    values), min, max, the Euclidean norm (sum of squares), and one sign tensor
+    whose per-column norms give the exact non-zero count of every
+    (position, channel) column (hence the activation rate and both dead rates)
+    and whose sum gives the positive/negative split. Every row counts. The
+    percentile sample is ``k`` uniformly drawn positions whose non-zero values
+    are kept, with bottom-k keys distributed as the smallest of ``nnz`` uniform
+    keys, so merges over steps and replicas stay uniform over the non-zero
+    values. The smallest non-zero magnitude comes from that sample (exact when
+    it holds every non-zero value). ``seed`` is an int64 pair.
     """
     x = to_float(x)
     rank = x.shape.rank
@@ -748,9 +749,14 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     finite_sum = tf.math.is_finite(total)
     z, nf, posinf, neginf = tf.cond(finite_sum, finite_case, nonfinite_case)
     rows = tf.reshape(z, [tf.shape(z)[0], tf.reduce_prod(tf.shape(z)[1:])])
-    bmax = tf.reduce_max(rows, axis=0)
-    bmin = tf.reduce_min(rows, axis=0)
-    active = (bmax > 0) | (bmin < 0)
+    # One sign tensor gives the activity of every column (the norm of a column of
+    # signs is sqrt of its non-zero count: exact small integers) and the balance
+    # of positives and negatives; the norms are single fused kernels.
+    signs = tf.sign(rows)
+    per_column = tf.round(_sum_of_squares(signs, axis=0))
+    nnz = tf.reduce_sum(per_column)
+    balance = tf.round(tf.cast(tf.reduce_sum(signs), _F64))
+    active = per_column > 0
     if rank == 3:
         block = tf.reshape(active, tf.shape(z)[1:])
         channel = tf.reduce_any(block, axis=0)
@@ -761,13 +767,13 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     has = nf > 0
     finite_all = tf.equal(nf, count)
 
-    def masked_extreme(fn, fill):
+    def extreme(fn, fill):
         return lambda: tf.cast(fn(tf.where(tf.math.is_finite(flat), flat, fill)), _F64)
 
-    vmin = tf.cond(finite_all, lambda: tf.cast(tf.reduce_min(bmin), _F64),
-                   masked_extreme(tf.reduce_min, inf))
-    vmax = tf.cond(finite_all, lambda: tf.cast(tf.reduce_max(bmax), _F64),
-                   masked_extreme(tf.reduce_max, -inf))
+    vmin = tf.cond(finite_all, lambda: tf.cast(tf.reduce_min(flat), _F64),
+                   extreme(tf.reduce_min, inf))
+    vmax = tf.cond(finite_all, lambda: tf.cast(tf.reduce_max(flat), _F64),
+                   extreme(tf.reduce_max, -inf))
     vmin = _where(has, vmin, _INF)
     vmax = _where(has, vmax, -_INF)
     e = _scale_exponent(_where(has, vmin, 0.0), _where(has, vmax, 0.0))
@@ -776,15 +782,8 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     # A float32 sum can round the mean out of [min, max]; the true mean is inside.
     mean = tf.clip_by_value(s / tf.maximum(nf, 1.0), tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
     m2 = _second_moment(z, nf, mean, e)
-    nnz = _count(tf.not_equal(z, 0))
     vals, keys = _draw(tf.reshape(z, [-1]), n, nnz, k, seed)
-    valid = tf.math.is_finite(keys)
-    m = _count(valid)
-    m_pos = _count(valid & (vals > 0))
-    # Sign split from the sample; with no sample hit, by the sign of the mean.
-    frac_pos = _where(m > 0, m_pos / tf.maximum(m, 1.0),
-                      _where(mean > 0, 1.0, _where(mean < 0, 0.0, 0.5)))
-    pos = tf.round(nnz * frac_pos)
+    pos = (nnz + balance) / 2.0
     return {
         "count": count,
         "finite_count": nf,
@@ -796,12 +795,19 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
         "m2": m2,
         "min": vmin,
         "max": vmax,
-        "min_abs": tf.reduce_min(_where(valid, tf.abs(vals), _INF)),
+        "min_abs": tf.reduce_min(_where(tf.math.is_finite(keys), tf.abs(vals), _INF)),
         "channel_active": tf.cast(channel, _F64),
         "spatial_active": spatial,
         "sample_keys": keys,
         "sample_values": vals,
     }
+
+
+def _sum_of_squares(x: tf.Tensor, axis: int | None = None) -> tf.Tensor:
+    """sum(x*x) as float64: TensorFlow's fused norm kernel (no squared copy), or XLA's fusion."""
+    if in_xla_context():  # XLA has no EuclideanNorm; it fuses the square into the sum
+        return tf.cast(tf.reduce_sum(tf.square(x), axis=axis), _F64)
+    return tf.square(tf.cast(tf.math.reduce_euclidean_norm(x, axis=axis), _F64))
 
 
 def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor) -> tf.Tensor:
@@ -813,7 +819,7 @@ def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor) -
     >> std``), a second, scaled float64 pass gives the exact value.
     """
     f = _pow2(-e)
-    sumsq = tf.cast(tf.reduce_sum(tf.square(z)), _F64)
+    sumsq = _sum_of_squares(z)
     fast = (sumsq - nf * mean * mean) * f * f
     ok = (tf.math.is_finite(sumsq) & (tf.abs(e) < 40.0)
           & (tf.equal(sumsq, 0.0) | (fast * 1e3 > sumsq * f * f)))
@@ -843,9 +849,8 @@ def _draw(zflat: tf.Tensor, n: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tenso
     drawn = tf.minimum(tf.cast(tf.floor(u * tf.cast(n, _F64)), tf.int64), tf.maximum(n - 1, 0))
     pos = _where(exact, tf.range(k, dtype=tf.int64), drawn)
     in_range = pos < n
-    # One padding element keeps the gather in range for empty tensors.
-    padded = tf.concat([zflat, tf.zeros([1], zflat.dtype)], 0)
-    v = tf.gather(padded, _where(in_range, pos, n))
+    v = tf.cond(n > 0, lambda: tf.gather(zflat, tf.clip_by_value(pos, 0, tf.maximum(n - 1, 0))),
+                lambda: tf.zeros([k], zflat.dtype))
     valid = in_range & tf.not_equal(v, 0)
     hits = _count(valid)
 

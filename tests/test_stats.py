@@ -305,8 +305,8 @@ def test_merge_replicas_under_mirrored_strategy():
             lambda ctx: x[ctx.replica_id_in_sync_group * 4:][:4])
         out = strategy.experimental_local_results(run(ds))
         whole = stats.tensor_stats(x, "output").numpy()
-        for v in out:
-            np.testing.assert_allclose(v.numpy(), whole, rtol=1e-12, equal_nan=True)
+        for v in out:  # float32 sums in the accumulator: ACCUMULATOR_RTOL
+            np.testing.assert_allclose(v.numpy(), whole, rtol=1e-6, equal_nan=True)
         print("OK", len(out))
         """
     )
