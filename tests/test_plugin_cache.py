@@ -77,3 +77,18 @@ def test_ttl_expires_values_and_put_stores_one() -> None:
     time.sleep(0.25)
     assert cache.peek("run", None) is None
     assert cache.get("all", None, lambda: 3) == 3
+
+
+def test_costly_values_live_longer() -> None:
+    cache = FingerprintCache(ttl_s=0.1, ttl_per_cost=2.0)
+
+    def slow():
+        time.sleep(0.15)
+        return "slow"
+
+    cache.get("slow", None, slow)  # took 0.15 s: valid for 0.3 s
+    cache.get("fast", None, lambda: "fast")  # valid for ttl_s
+    time.sleep(0.15)
+    assert cache.peek("slow", None) == "slow" and cache.peek("fast", None) is None
+    time.sleep(0.2)
+    assert cache.peek("slow", None) is None

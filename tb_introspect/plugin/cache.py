@@ -28,20 +28,24 @@ class FingerprintCache:
         max_bytes: int | None = None,
         weigh: Callable[[Any], int] = len,
         ttl_s: float | None = None,
+        ttl_per_cost: float = 0.0,
     ) -> None:
         """At most ``max_entries`` values and, if given, ``max_bytes`` by ``weigh``.
 
-        ``ttl_s``: values also expire this many seconds after they were stored.
+        ``ttl_s``: values also expire this many seconds after they were stored,
+        or ``ttl_per_cost`` times as long as they took to compute when that is
+        longer (a value that costs seconds is not recomputed every second).
         """
         self._max = max_entries
         self._max_bytes = max_bytes
         self._weigh = weigh
         self.ttl_s = ttl_s
+        self.ttl_per_cost = ttl_per_cost
         self._bytes = 0
-        # key -> (fingerprint, value, weight, time stored)
-        self._entries: collections.OrderedDict[Hashable, tuple[Hashable, Any, int, float]] = (
-            collections.OrderedDict()
-        )
+        # key -> (fingerprint, value, weight, time stored, seconds valid or None)
+        self._entries: collections.OrderedDict[
+            Hashable, tuple[Hashable, Any, int, float, float | None]
+        ] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._key_locks: dict[Hashable, threading.Lock] = {}
 
@@ -64,25 +68,30 @@ class FingerprintCache:
                 if self._valid(hit, fingerprint):
                     self._entries.move_to_end(key)
                     return hit[1]
+            started = time.monotonic()
             value = compute()
-            self.put(key, fingerprint, value)
+            self.put(key, fingerprint, value, cost_s=time.monotonic() - started)
             return value
 
-    def put(self, key: Hashable, fingerprint: Hashable, value: Any) -> None:
-        """Stores ``value`` for ``key`` (e.g. a listing of one run found in a listing of all)."""
+    def put(self, key: Hashable, fingerprint: Hashable, value: Any, cost_s: float = 0.0) -> None:
+        """Stores ``value`` for ``key`` (e.g. a listing of one run found in a listing of all).
+
+        ``cost_s``: what computing it took (see ``ttl_per_cost``).
+        """
         weight = self._weigh(value) if self._max_bytes is not None else 0
+        ttl = None if self.ttl_s is None else max(self.ttl_s, self.ttl_per_cost * cost_s)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old[2]
-            self._entries[key] = (fingerprint, value, weight, time.monotonic())
+            self._entries[key] = (fingerprint, value, weight, time.monotonic(), ttl)
             self._bytes += weight
             # The newest entry stays even when it alone exceeds the budget.
             while len(self._entries) > 1 and (
                 len(self._entries) > self._max
                 or (self._max_bytes is not None and self._bytes > self._max_bytes)
             ):
-                gone, (_, _, w, _) = self._entries.popitem(last=False)
+                gone, (_, _, w, _, _) = self._entries.popitem(last=False)
                 self._bytes -= w
                 self._key_locks.pop(gone, None)
 
@@ -94,11 +103,5 @@ class FingerprintCache:
 
     def _valid(self, hit: tuple | None, fingerprint: Hashable) -> bool:
         return hit is not None and hit[0] == fingerprint and (
-            self.ttl_s is None or time.monotonic() - hit[3] < self.ttl_s
+            hit[4] is None or time.monotonic() - hit[3] < hit[4]
         )
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0

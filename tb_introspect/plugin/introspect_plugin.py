@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -141,9 +142,10 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._provider = context.data_provider
         # Only the Python loader hands it out; samples are read from it (bounded.py).
         self._multiplexer = getattr(context, "multiplexer", None)
-        # Tag listings ("run", eid, run) and ("all", eid), reused for a second:
-        # one refresh per key at a time, as for every entry of the cache.
-        self._listings = FingerprintCache(1024, ttl_s=LISTING_TTL_S)
+        # Tag listings ("run", eid, run) and ("all", eid), reused for a second, or
+        # twice as long as they took (the Python loader scans every point to list:
+        # ~6 s at 5M points); one refresh per key at a time, as for every entry.
+        self._listings = FingerprintCache(1024, ttl_s=LISTING_TTL_S, ttl_per_cost=2.0)
         # Rendered documents per run, valid while the run's fingerprint holds.
         mib = 2**20
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
@@ -215,12 +217,15 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def refresh():
+            started = time.monotonic()
             infos, bad = reader.list_tags(
                 self._provider, eid, ctx=plugin_util.context(request.environ)
             )
+            took = time.monotonic() - started
             for run in set(infos) | set(bad):
                 self._listings.put(
-                    ("run", eid, run), None, _listing(infos.get(run, {}), bad.get(run, []))
+                    ("run", eid, run), None, _listing(infos.get(run, {}), bad.get(run, [])),
+                    cost_s=took,
                 )
             return infos, bad
 
