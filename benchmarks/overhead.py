@@ -1,13 +1,16 @@
-"""Overhead of the Introspect callback on a CIFAR-shaped CNN, on CPU.
+"""Training overhead of the Introspect callback, on CPU: wall and CPU time, memory.
 
-Two identical models in one process, one plain and one with the callback; epochs
-interleaved A B A B ... (each a ``fit(epochs=1)``, after a warm-up epoch that
-absorbs tracing); the figure is the median of the per-pair time ratios B/A.
-``--profile`` splits the instrumented epoch into train-function time, logging
-time (statistics + writing) and host bookkeeping.
+For each model, identical copies train side by side in one process: plain
+``fit``, ``fit`` with TensorBoard's own histogram callback, and ``fit`` with
+``Introspect`` at each cadence (default settings, all four views). After a
+warm-up epoch each (tracing), rounds of one epoch per variant are interleaved
+(the order rotates every round) and each figure is the median over rounds of
+the per-round ratio to plain ``fit``. ``--jit`` adds a pair with
+``jit_compile=True``. ``--profile`` splits the instrumented epoch into logging
+time (statistics at the logged points + writing) and metric draining.
 
-    python benchmarks/overhead.py                  # the README table
-    python benchmarks/overhead.py --quick          # a fast smoke run
+    python benchmarks/overhead.py                      # the README table
+    python benchmarks/overhead.py --models cnn --quick # a fast smoke run
 """
 
 from __future__ import annotations
@@ -29,29 +32,48 @@ import tensorflow as tf  # noqa: E402
 from tb_introspect.collect import core, host  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 
-TARGETS = {"epoch": 1.05, "1": 1.25, "16": 1.05}
+TARGETS = {"epoch": 1.05, "16": 1.05, "1": 1.25}
 
 
-def make_model(seed: int = 0) -> keras.Model:
-    """conv-BN-ReLU blocks, max-pooling, dense head with dropout (CIFAR-10 shapes)."""
-    keras.utils.set_random_seed(seed)
+def cifar_cnn(head: str = "gap") -> keras.Model:
+    """conv-BN-ReLU blocks with max-pooling; ``head`` "gap" (global pooling) or "flatten"
+    (Flatten -> Dense 128, whose large kernel dominates the gradients)."""
     x = inp = keras.Input((32, 32, 3))
-    for f in (32, 32, "pool", 64, 64, "pool", 128, "pool"):
+    if head == "gap":
+        blocks = (32, 32, "pool", 64, 64, "pool", 128, "pool")
+    else:  # the issue's reference CNN: 3 x (conv-BN-ReLU-pool)
+        blocks = (32, "pool", 64, "pool", 128, "pool")
+    for f in blocks:
         if f == "pool":
             x = keras.layers.MaxPooling2D()(x)
             continue
         x = keras.layers.Conv2D(f, 3, padding="same", use_bias=False)(x)
         x = keras.layers.BatchNormalization()(x)
         x = keras.layers.ReLU()(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
+    if head == "gap":
+        x = keras.layers.GlobalAveragePooling2D()(x)
+    else:
+        x = keras.layers.Flatten()(x)
     x = keras.layers.Dense(128, activation="relu")(x)
-    x = keras.layers.Dropout(0.3)(x)
-    out = keras.layers.Dense(10)(x)
-    model = keras.Model(inp, out)
+    x = keras.layers.Dropout(0.2)(x)
+    return keras.Model(inp, keras.layers.Dense(10)(x))
+
+
+MODELS = {
+    "cnn": ("CIFAR-shaped CNN (GAP head)", lambda: cifar_cnn("gap")),
+    "flatten": ("CNN with Flatten -> Dense 128", lambda: cifar_cnn("flatten")),
+    "mobilenetv2": ("MobileNetV2 32x32, weights=None", lambda: keras.applications.MobileNetV2(
+        weights=None, input_shape=(32, 32, 3), classes=10)),
+}
+
+
+def make(kind: str, jit: bool = False) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = MODELS[kind][1]()
     model.compile(
         keras.optimizers.Adam(1e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
+        keras.losses.SparseCategoricalCrossentropy(from_logits=kind != "mobilenetv2"),
+        metrics=["accuracy"], jit_compile=jit,
     )
     return model
 
@@ -64,11 +86,10 @@ def dataset(steps: int, batch: int) -> tf.data.Dataset:
 
 
 class Timers:
-    """Wall time spent in the callback's logging and host bookkeeping (for --profile)."""
+    """Wall time spent in the callback's logging and metric draining (for --profile)."""
 
     def __init__(self) -> None:
-        self.log = 0.0
-        self.drain = 0.0
+        self.log = self.drain = 0.0
         orig_log, orig_drain = core.Collector.log, host.HostLogger.drain
 
         def log(c, *a, **k):
@@ -91,119 +112,127 @@ class Timers:
         self.log = self.drain = 0.0
 
 
-def rss_mb() -> float:
+def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def accumulator_mb(cb: Introspect) -> float:
+def state_bytes(cb: Introspect) -> tuple[int, int]:
+    """(bytes of every in-step accumulator, number of monitored tensors)."""
     c = cb.collector
     vs = [c.counter, c.metric_total, c.metric_count, *c.grad_acc, *c.grad_prev, *c.w_prev,
           *c.out_vars.values()]
-    return sum(int(np.prod(v.shape)) * v.dtype.size for v in vs) / 2**20
+    total = sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
+    return total, 2 * len(c.var_specs) + 2 * len(c.out_specs)
 
 
-def run(every: str, args: argparse.Namespace, timers: Timers) -> dict:
+def param_bytes(model: keras.Model) -> int:
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+               for v in model.trainable_variables)
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
+    """(label, jit, callback factory); the first is the baseline."""
+    out = [("plain fit", False, None),
+           ("keras TensorBoard(histogram_freq=1)", False,
+            lambda d: keras.callbacks.TensorBoard(d, histogram_freq=1))]
+    for every in args.every.split(","):
+        cadence = every if every == "epoch" else int(every)
+        label = "Introspect(every='epoch')" if every == "epoch" else f"Introspect(every={every})"
+        out.append((label, False, lambda d, c=cadence: Introspect(d, every=c)))
+    if args.jit:
+        out.append(("plain fit, jit_compile=True", True, None))
+        out.append(("Introspect(every='epoch'), jit_compile=True", True,
+                    lambda d: Introspect(d, every="epoch")))
+    return out
+
+
+def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]:
     ds = dataset(args.steps, args.batch)
-    plain, inst = make_model(), make_model()
-    cadence = every if every == "epoch" else int(every)
-    log_dir = tempfile.mkdtemp(prefix="tbi_overhead_")
-    kwargs = {}
-    if args.step_sample_size:
-        kwargs["step_sample_size"] = args.step_sample_size
-    if args.output_budget:
-        kwargs["output_budget"] = None if args.output_budget < 0 else args.output_budget
-    cb = Introspect(log_dir, every=cadence, **kwargs)
-    # Warm-up epochs: tracing, graph optimisation, first writes.
-    plain.fit(ds, epochs=1, verbose=0)
-    rss_plain = rss_mb()
-    inst.fit(ds, epochs=1, verbose=0, callbacks=[cb])
-    rss_inst = rss_mb()
-    ratios, cpu_ratios, t_plain, t_inst, t_log, t_drain = [], [], [], [], [], []
-    for i in range(args.pairs):
-        times, cpu = {}, {}
-        order = ("plain", "inst") if i % 2 == 0 else ("inst", "plain")
-        for which in order:
+    vs = variants(args)
+    models, cbs = [], []
+    rss0 = rss_mib()
+    for _label, jit, factory in vs:
+        models.append(make(kind, jit))
+        cbs.append([factory(tempfile.mkdtemp(prefix="tbi_overhead_"))] if factory else [])
+    rows = [{"label": label, "wall": [], "cpu": [], "log": [], "drain": []} for label, _, _ in vs]
+    for m, cb in zip(models, cbs, strict=True):  # warm-up: tracing, first writes
+        m.fit(ds, epochs=1, verbose=0, callbacks=cb)
+    rss1 = rss_mib()
+    base = {"plain": 0, "jit": next((i for i, v in enumerate(vs) if v[1]), None)}
+    for r in range(args.pairs):
+        order = list(range(len(vs)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        wall, cpu = {}, {}
+        for i in order:
             timers.reset()
-            c0 = time.process_time()
-            t = time.perf_counter()
-            if which == "plain":
-                plain.fit(ds, epochs=1, verbose=0)
-            else:
-                inst.fit(ds, epochs=1, verbose=0, callbacks=[cb])
-            times[which] = time.perf_counter() - t
-            cpu[which] = time.process_time() - c0
-            if which == "inst":
-                t_log.append(timers.log)
-                t_drain.append(timers.drain)
-        ratios.append(times["inst"] / times["plain"])
-        cpu_ratios.append(cpu["inst"] / cpu["plain"])
-        t_plain.append(times["plain"])
-        t_inst.append(times["inst"])
-    cb.close()
-    return {
-        "every": every,
-        "ratio": statistics.median(ratios),
-        "ratios": ratios,
-        "cpu_ratio": statistics.median(cpu_ratios),
-        "plain_s": statistics.median(t_plain),
-        "inst_s": statistics.median(t_inst),
-        "log_s": statistics.median(t_log),
-        "drain_s": statistics.median(t_drain),
-        "rss_plain": rss_plain,
-        "rss_inst": rss_inst,
-        "acc_mb": accumulator_mb(cb),
-        "tensors": len(cb.collector.var_specs) * 2 + len(cb.collector.out_specs) * 2,
-    }
+            c0, t0 = time.process_time(), time.perf_counter()
+            models[i].fit(ds, epochs=1, verbose=0, callbacks=cbs[i])
+            wall[i], cpu[i] = time.perf_counter() - t0, time.process_time() - c0
+            rows[i]["log"].append(timers.log)
+            rows[i]["drain"].append(timers.drain)
+        for i, (_, jit, _) in enumerate(vs):
+            b = base["jit"] if jit else base["plain"]
+            rows[i]["wall"].append(wall[i] / wall[b])
+            rows[i]["cpu"].append(cpu[i] / cpu[b])
+            rows[i].setdefault("epoch_s", []).append(wall[i])
+    for row, cb in zip(rows, cbs, strict=True):
+        ours = [c for c in cb if isinstance(c, Introspect)]
+        row["state"] = state_bytes(ours[0]) if ours and ours[0].collector else None
+        for c in ours:
+            c.close()
+    params = param_bytes(models[0])
+    return [dict(row, model=kind, params=params, rss0=rss0, rss1=rss1) for row in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="cnn,flatten,mobilenetv2",
+                   help=f"comma separated, of {', '.join(MODELS)}")
     p.add_argument("--every", default="epoch,16,1", help="cadences, comma separated")
-    p.add_argument("--steps", type=int, default=40, help="steps per epoch")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--pairs", type=int, default=5, help="A/B epoch pairs per cadence")
-    p.add_argument("--step-sample-size", type=int, default=0,
-                   help="in-step percentile sample bound (0: the callback's default)")
-    p.add_argument("--output-budget", type=int, default=0,
-                   help="elements per output per step (0: default, -1: every row)")
-    p.add_argument("--threads", type=int, default=0, help="TF intra/inter-op threads (0: TF's)")
-    p.add_argument("--profile", action="store_true", help="print where the extra time goes")
-    p.add_argument("--quick", action="store_true", help="smoke run: few steps, 1 pair")
+    p.add_argument("--steps", type=int, default=48, help="steps per epoch")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--pairs", type=int, default=5, help="interleaved rounds (median over them)")
+    p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
+                   help="add plain and per-epoch rows with jit_compile=True")
+    p.add_argument("--profile", action="store_true", help="logging and drain time per epoch")
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.batch, args.pairs = 4, 32, 1
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        args.steps, args.batch, args.pairs, args.jit = 4, 16, 1, False
     timers = Timers()
-    print(f"# CIFAR-shaped CNN, batch {args.batch}, {args.steps} steps/epoch, CPU "
-          f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), "
-          f"median of {args.pairs} interleaved epoch pairs")
-    print("| views | cadence | plain epoch s | instrumented epoch s | ratio (wall) |"
-          " ratio (CPU time) | target | accumulators MiB |")
-    print("|---|---|---|---|---|---|---|---|")
-    results = []
-    for every in args.every.split(","):
-        r = run(every.strip(), args, timers)
-        results.append(r)
-        target = TARGETS.get(r["every"])
-        goal = f"<= {target:.2f}x" if target else "-"
-        cadence = "per epoch" if r["every"] == "epoch" else f"every {r['every']} steps"
-        print(f"| all four | {cadence} | {r['plain_s']:.2f} | {r['inst_s']:.2f} |"
-              f" {r['ratio']:.3f}x | {r['cpu_ratio']:.3f}x |"
-              f" {goal} |"
-              f" {r['acc_mb']:.1f} |", flush=True)
-    print(f"\nPeak RSS: {results[0]['rss_plain']:.0f} MiB after the plain warm-up,"
-          f" {max(r['rss_inst'] for r in results):.0f} MiB after instrumented ones"
-          " (one process, both models).")
-    if args.profile:
-        print("\n| cadence | per-pair ratios | logging s/epoch | metric drain s/epoch |"
-              " monitored tensors |")
-        print("|---|---|---|---|---|")
-        for r in results:
-            ratios = " ".join(f"{x:.2f}" for x in r["ratios"])
-            print(f"| {r['every']} | {ratios} | {r['log_s']:.3f} | {r['drain_s']:.3f} |"
-                  f" {r['tensors']} |")
+    print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {args.batch},"
+          f" {args.steps} steps/epoch, median of {args.pairs} interleaved rounds, default settings")
+    print("| model | configuration | epoch s | wall | CPU | target |"
+          + (" logging s/epoch | drain s/epoch |" if args.profile else ""))
+    print("|---|---|---:|---:|---:|---|" + ("---:|---:|" if args.profile else ""))
+    memory = []
+    for kind in args.models.split(","):
+        rows = run_model(kind.strip(), args, timers)
+        for row in rows:
+            every = row["label"].split("every=")[-1].rstrip(")").strip("'") \
+                if "every=" in row["label"] else None
+            target = TARGETS.get(every) if "jit" not in row["label"] else None
+            goal = f"<= {target:.2f}x" if target else "-"
+            line = (f"| {MODELS[kind][0]} | {row['label']} |"
+                    f" {statistics.median(row['epoch_s']):.2f} |"
+                    f" {statistics.median(row['wall']):.2f}x |"
+                    f" {statistics.median(row['cpu']):.2f}x |"
+                    f" {goal} |")
+            if args.profile:
+                line += (f" {statistics.median(row['log']):.3f} |"
+                         f" {statistics.median(row['drain']):.3f} |")
+            print(line, flush=True)
+            if row["state"] and every == "epoch" and "jit" not in row["label"]:
+                memory.append((kind, row))
+    print("\n| model | trainable params MiB | in-step state MiB | per monitored tensor KiB |"
+          " target MiB (3 x params + 64) | peak RSS MiB: plain models / after warm-up |")
+    print("|---|---:|---:|---:|---:|---|")
+    for kind, row in memory:
+        total, tensors = row["state"]
+        mib = 2**20
+        print(f"| {MODELS[kind][0]} | {row['params'] / mib:.1f} | {total / mib:.1f} |"
+              f" {total / max(tensors, 1) / 1024:.1f} | {3 * row['params'] / mib + 64:.0f} |"
+              f" {row['rss0']:.0f} / {row['rss1']:.0f} |")
     return 0
 
 

@@ -940,6 +940,92 @@ def merge_pair(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[s
     return out
 
 
+def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """States of many tensors of any shapes at once, stacked ``[len(tensors), ...]``.
+
+    For logging time (variables, gradient sums): the tensors, each seen as
+    ``[rows, channels]`` (last axis = channels), are concatenated into one
+    buffer and every field is a segment reduction over it, so the cost is a
+    few dozen ops whatever the number of tensors. Channel flags are zero-padded
+    to the widest tensor; there are no spatial flags. The percentile sample of
+    each tensor is every non-zero value when it has at most ``k``, otherwise
+    ``k`` uniform draws among its non-zero values. Sums are taken in float64.
+    """
+    n = len(tensors)
+    mats = [as_rows(to_float(t)) for t in tensors]
+    sizes = np.array([int(m.shape.num_elements()) for m in mats], np.int64)
+    chans = np.array([int(m.shape[-1]) for m in mats], np.int64)
+    cmax = int(max(chans.max(initial=0), 1))
+    values = tf.concat([tf.reshape(tf.cast(m, _F64), [-1]) for m in mats], 0)
+    seg = tf.constant(np.repeat(np.arange(n), sizes), tf.int32)
+    # Each element's (tensor, channel) cell of the padded [n, cmax] flag block.
+    cell = np.concatenate([i * cmax + np.arange(s) % max(c, 1)
+                           for i, (s, c) in enumerate(zip(sizes, chans, strict=True))]
+                          or [np.zeros(0, np.int64)])
+    finite = tf.math.is_finite(values)
+    z = tf.where(finite, values, 0.0)
+    nz = tf.not_equal(z, 0.0)
+
+    def seg_sum(v):
+        return tf.math.unsorted_segment_sum(v, seg, n)
+
+    count = tf.constant(sizes, _F64)
+    nf = seg_sum(tf.cast(finite, _F64))
+    vmin = tf.math.unsorted_segment_min(tf.where(finite, values, _INF), seg, n)
+    vmax = tf.math.unsorted_segment_max(tf.where(finite, values, -_INF), seg, n)
+    has = nf > 0
+    vmin, vmax = _where(has, vmin, _INF), _where(has, vmax, -_INF)
+    mean = seg_sum(z) / tf.maximum(nf, 1.0)
+    e = _scale_exponent(_where(has, vmin, 0.0), _where(has, vmax, 0.0))
+    scaled = z * tf.gather(_pow2(-e), seg)
+    mean_s = mean * _pow2(-e)
+    dev = tf.where(finite, scaled - tf.gather(mean_s, seg), 0.0)
+    nnz = seg_sum(tf.cast(nz, _F64))
+    pos = seg_sum(tf.cast(z > 0, _F64))
+    flags = tf.math.unsorted_segment_max(tf.cast(nz, _F64), tf.constant(cell, tf.int32),
+                                         n * cmax)
+    # The sample: uniform draws among each tensor's non-zero values (all of them when few).
+    compact = tf.boolean_mask(z, nz)
+    nnz_i = tf.cast(nnz, tf.int64)
+    start = tf.cumsum(nnz_i, exclusive=True)
+    j = tf.range(k, dtype=tf.int64)[tf.newaxis]
+    every = nnz_i[:, tf.newaxis] <= k
+    drawn = tf.cast(tf.floor(tf.random.stateless_uniform([n, k], seed, dtype=_F64)
+                             * tf.cast(nnz_i[:, tf.newaxis], _F64)), tf.int64)
+    rank = tf.where(every, j, tf.minimum(drawn, tf.maximum(nnz_i[:, tf.newaxis] - 1, 0)))
+    valid = rank < nnz_i[:, tf.newaxis]
+    total_nz = tf.size(compact, out_type=tf.int64)
+    picked = tf.gather(tf.concat([compact, tf.zeros([1], _F64)], 0),
+                       tf.where(valid, start[:, tf.newaxis] + rank, total_nz))
+    return {
+        "count": count,
+        "finite_count": nf,
+        "posinf_count": seg_sum(tf.cast(tf.equal(values, _INF), _F64)),
+        "neginf_count": seg_sum(tf.cast(tf.equal(values, -_INF), _F64)),
+        "pos_count": pos,
+        "neg_count": nnz - pos,
+        "mean": _where(has, mean, 0.0),
+        "m2": seg_sum(dev * dev),
+        "min": vmin,
+        "max": vmax,
+        "min_abs": tf.math.unsorted_segment_min(tf.where(nz, tf.abs(z), _INF), seg, n),
+        "channel_active": tf.reshape(flags, [n, cmax]),
+        "spatial_active": tf.zeros([n, 0], _F64),
+        # Finalize reads only which slots are filled: every kept value is in the sample.
+        "sample_keys": tf.where(valid, tf.zeros_like(picked), _INF),
+        "sample_values": tf.where(valid, picked, _INF),
+    }
+
+
+def as_rows(x: tf.Tensor) -> tf.Tensor:
+    """A variable or gradient as ``[rows, channels]`` (a vector: one row of channels)."""
+    if x.shape.rank == 0:
+        return tf.reshape(x, [1, 1])
+    if x.shape.rank == 1:
+        return x[tf.newaxis]
+    return tf.reshape(x, [-1, x.shape[-1]])
+
+
 @_no_autograph
 def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """Merge states stacked along a new leading axis of static size (e.g. from ``all_gather``)."""

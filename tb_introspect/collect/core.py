@@ -4,19 +4,21 @@ Split of the work (why it is split this way):
 
 * **In the training step** (traced into the user's compiled step, XLA-safe, no
   summary ops): gradients are added to per-replica accumulators; layer outputs
-  and output gradients (a random subset of whole rows, up to ``output_budget``
-  elements per tensor) are turned into ``stats`` states by ``lean.parts`` and
-  folded, all tensors at once, into one stacked state per view; a step counter
-  advances. With ``every=N`` this happens only on sampled steps (``tf.cond``).
-* **At logging time** (the host calls ``log`` when a point is due): gradient
-  sums are read with a SUM over replicas, output states are gathered from all
-  replicas (one ``all_gather``) and merged, everything is finalized with
-  ``stats.finalize`` (vectorised over tensors), the ``epoch`` /
-  ``update_ratio`` / ``cos_prev`` slots are filled, summaries are written (by
-  the chief only) and the accumulators are reset.
+  and output gradients (every row of the batch) are turned into ``stats``
+  states by ``stats.batch_state`` and folded, all tensors at once, into one
+  stacked state per view with ``stats.merge_pair``; a step counter advances.
+  With ``every=N`` this happens only on sampled steps (``tf.cond``).
+* **At logging time** (the host calls ``log`` when a point is due; one traced
+  function): gradient sums are read with a SUM over replicas, variables and
+  gradient sums become states with ``stats.many_states`` (segment reductions
+  over all tensors at once), output states are gathered from all replicas (one
+  ``all_gather``) and merged, everything is finalized with ``stats.finalize``
+  (vectorised over tensors), the ``epoch`` / ``update_ratio`` / ``cos_prev``
+  columns are filled, the accumulators are reset, and the chief writes all
+  summaries as numpy-built protos in one ``write_raw_pb``.
 
-Per-epoch cadence therefore gives DESIGN.md's aggregation: variables at the
-epoch's end, gradients summed over every step of the epoch, outputs and output
+Per-epoch cadence therefore gives the design's aggregation (docs/design.md):
+variables at the epoch's end, gradients summed over every step of the epoch, outputs and output
 gradients merged over every batch of the epoch, on every replica.
 
 Memory: three copies of the trainable variables (gradient accumulator,
@@ -37,15 +39,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import metadata, stats, summary
+from tb_introspect import metadata, stats, summary_pb
 from tb_introspect.collect import capture, kernels
 from tb_introspect.collect.options import Options
 
 logger = logging.getLogger("tb_introspect")
 
-#: Step cadences below this trace the logging function (frequent points);
-#: rarer points run it eagerly.
-TRACE_LOG_BELOW = 64
 
 _ON_READ = tf.VariableSynchronization.ON_READ
 _AGG = tf.VariableAggregation
@@ -294,77 +293,82 @@ class Collector:
 
     def log(self, step: int, epoch: int) -> None:
         """Compute, write (chief) and reset: one logged point at TensorBoard ``step``."""
-        if self.every == "epoch" or self.every > TRACE_LOG_BELOW:
-            # Rare points: run the logging body eagerly (its kernels are compiled
-            # functions). Tracing it costs ~35 s for a MobileNetV2 (~30K ops);
-            # running it eagerly ~1 s.
-            fn = self._log_body
-        else:
-            key = frozenset(self.off)
-            fn = self._log_fns.get(key)
-            if fn is None:
-                fn = tf.function(self._log_body, autograph=False)
-                self._log_fns = {key: fn}
+        # Traced once per set of switched-off tensors: every view is a few dozen
+        # vectorised ops over all its tensors, so the trace is short.
+        key = frozenset(self.off)
+        fn = self._log_fns.get(key)
+        if fn is None:
+            fn = tf.function(self._compute, autograph=False)
+            self._log_fns = {key: fn}
+        plan = self._plan()
         with self.strategy.scope():
-            fn(tf.constant(step, tf.int64), tf.constant(float(epoch), tf.float64))
+            blocks = fn(tf.constant(step, tf.int64), tf.constant(float(epoch), tf.float64))
+        if self.writer is None:
+            return
+        protos = []
+        for (view, specs), block in zip(plan, blocks, strict=True):
+            for s, vec in zip(specs, block.numpy(), strict=True):
+                protos.append(summary_pb.tensor_stats_pb(
+                    vec, view=view, name=s.name, layer=s.layer, depth=s.depth, shape=s.shape,
+                    dtype=s.dtype, cadence=self.cadence, quantiles=self.quantiles,
+                ).SerializeToString())
+        if protos:
+            with self.writer.as_default():
+                tf.summary.experimental.write_raw_pb(tf.constant(protos), step=step)
 
-    # The body of the logging function (traced once per set of switched-off tensors).
-    def _log_body(self, step: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
-        writes: list[tuple[Monitored, str, tf.Tensor]] = []
+    def _plan(self) -> list[tuple[str, list[Monitored]]]:
+        """What ``_compute`` returns, in order: (view, monitored tensors of its block)."""
+        plan = []
+        for view in ("variable", "gradient"):
+            if self.want(view):
+                plan.append((view, [s for s in self.var_specs if not _off(self, view, s.name)]))
+        for view in self.out_vars:
+            plan.append((view, [self.out_specs[j] for j in range(self.layout.n)
+                                if self._writes_output(view, j)]))
+        return [(view, specs) for view, specs in plan if specs]
+
+    # The computation of one logged point (traced once per set of switched-off tensors).
+    def _compute(self, step: tf.Tensor, epoch: tf.Tensor) -> list[tf.Tensor]:
+        blocks: list[tf.Tensor] = []
         q, k = self.quantiles, self.sample_size
         seed = tf.stack([step, tf.constant(self.seed, tf.int64)])
         updates = []  # assignments that must wait for every statistic
-        if self.want("variable"):
-            slot = metadata.tensor_stats_fields("variable", q).index("update_ratio")
-            rows = [(i, s, tf.convert_to_tensor(_value(v)))
-                    for i, (v, s) in enumerate(zip(self.variables, self.var_specs, strict=True))
-                    if not _off(self, "variable", s.name)]
-            if rows:
-                vectors = kernels.matrix_stats([w for _, _, w in rows], "variable", q, k,
-                                               [seed + 2 * i for i, _, _ in rows])
-                for r, (i, s, w) in enumerate(rows):
-                    prev = self.w_prev[i]
-                    ratio = _norm(w - prev) / _norm(w)
-                    writes.append((s, "variable", _fill(vectors[r], {0: epoch, slot: ratio})))
-                    updates.append(lambda prev=prev, w=w: prev.assign(w))
-        if self.want("gradient"):
-            slot = metadata.tensor_stats_fields("gradient", q).index("cos_prev")
-            has_prev = self.has_grad_prev.read_value()
-            rows = [(i, s, self.grad_acc[i].read_value())  # SUM over replicas
-                    for i, s in enumerate(self.var_specs)
-                    if not _off(self, "gradient", s.name)]
-            if rows:
-                vectors = kernels.matrix_stats([g for _, _, g in rows], "gradient", q, k,
-                                               [seed + 2 * i + 1 for i, _, _ in rows])
-                for r, (i, s, g) in enumerate(rows):
-                    prev = self.grad_prev[i].read_value()
-                    g64, p64 = tf.cast(g, tf.float64), tf.cast(prev, tf.float64)
-                    cos = tf.reduce_sum(g64 * p64) / (_norm(g64) * _norm(p64))
-                    cos = tf.where(has_prev, cos, tf.constant(np.nan, tf.float64))
-                    writes.append((s, "gradient", _fill(vectors[r], {0: epoch, slot: cos})))
-                    updates.append(lambda i=i, g=g: self.grad_prev[i].assign(g))
-                    updates.append(lambda i=i, g=g: self.grad_acc[i].assign(tf.zeros_like(g)))
-                updates.append(lambda: self.has_grad_prev.assign(True))
+        index = {s.name: i for i, s in enumerate(self.var_specs)}
+        plan = dict(self._plan())
+        if "variable" in plan:
+            rows = [index[s.name] for s in plan["variable"]]
+            ws = [tf.convert_to_tensor(_value(self.variables[i])) for i in rows]
+            prevs = [self.w_prev[i].read_value() for i in rows]
+            block = kernels.matrix_stats(ws, "variable", q, k, seed)
+            diff = _dots([w - p for w, p in zip(ws, prevs, strict=True)])
+            ratio = tf.sqrt(diff) / tf.sqrt(_dots(ws))
+            blocks.append(_fill(block, "variable", q, epoch, update_ratio=ratio))
+            updates += [lambda i=i, w=w: self.w_prev[i].assign(w)
+                        for i, w in zip(rows, ws, strict=True)]
+        if "gradient" in plan:
+            rows = [index[s.name] for s in plan["gradient"]]
+            gs = [self.grad_acc[i].read_value() for i in rows]  # SUM over replicas
+            prevs = [self.grad_prev[i].read_value() for i in rows]
+            block = kernels.matrix_stats(gs, "gradient", q, k, seed + 1)
+            cos = _dots(gs, prevs) / tf.sqrt(_dots(gs) * _dots(prevs))
+            cos = tf.where(self.has_grad_prev.read_value(), cos, np.nan)
+            blocks.append(_fill(block, "gradient", q, epoch, cos_prev=cos))
+            for i, g in zip(rows, gs, strict=True):
+                updates.append(lambda i=i, g=g: self.grad_prev[i].assign(g))
+                updates.append(lambda i=i, g=g: self.grad_acc[i].assign(tf.zeros_like(g)))
+            updates.append(lambda: self.has_grad_prev.assign(True))
         views = list(self.out_vars)
         if views:
             results = self.strategy.run(self._finalize_outputs, args=(epoch,))
             for view, block in zip(views, results, strict=True):
                 block = self.strategy.experimental_local_results(block)[0]
-                for j in range(self.layout.n):
-                    if self._writes_output(view, j):
-                        writes.append((self.out_specs[j], view, block[j]))
-        with tf.control_dependencies([vec for _, _, vec in writes]):
+                keep = [j for j in range(self.layout.n) if self._writes_output(view, j)]
+                if keep:
+                    blocks.append(tf.gather(block, keep))
+        with tf.control_dependencies(blocks):
             for update in updates:
                 update()
-        if self.writer is not None:
-            with self.writer.as_default():
-                for s, view, vec in writes:
-                    summary.write_stats_vector(
-                        s.name, vec, step, view=view, layer=s.layer, depth=s.depth,
-                        shape=s.shape, dtype=s.dtype, cadence=self.cadence,
-                        quantiles=self.quantiles,
-                    )
-        return tf.constant(len(writes))
+        return [tf.identity(b) for b in blocks]
 
     def _writes_output(self, view: str, j: int) -> bool:
         s = self.out_specs[j]
@@ -619,12 +623,27 @@ def _value(v: Any) -> Any:
     return getattr(v, "value", v)
 
 
-def _norm(x: tf.Tensor) -> tf.Tensor:
-    x = tf.cast(x, tf.float64)
-    return tf.sqrt(tf.reduce_sum(x * x))
+def _dots(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor] | None = None) -> tf.Tensor:
+    """``[sum(a_i * b_i)]`` in float64 for tensors of any shapes (``b`` defaults to ``a``),
+    as one segment sum over the concatenation."""
+    b = a if b is None else b
+    sizes = [int(t.shape.num_elements()) for t in a]
+    seg = tf.constant(np.repeat(np.arange(len(a)), sizes), tf.int32)
+
+    def flat(ts):
+        return tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in ts], 0)
+
+    fa = flat(a)
+    prod = fa * fa if b is a else fa * flat(b)
+    return tf.math.unsorted_segment_sum(prod, seg, len(a))
 
 
-def _fill(vec: tf.Tensor, slots: dict[int, tf.Tensor]) -> tf.Tensor:
-    idx = tf.constant([[k] for k in slots], tf.int32)
-    vals = tf.stack([tf.cast(v, tf.float64) for v in slots.values()])
-    return tf.tensor_scatter_nd_update(vec, idx, vals)
+def _fill(block: tf.Tensor, view: str, quantiles: Sequence[float], epoch: tf.Tensor,
+          **columns: tf.Tensor) -> tf.Tensor:
+    """``block`` [N, fields] with the epoch column and the named per-row slots set."""
+    fields = metadata.tensor_stats_fields(view, quantiles)
+    cols = tf.unstack(block, num=len(fields), axis=1)
+    cols[0] = tf.fill(tf.shape(cols[0]), tf.cast(epoch, tf.float64))
+    for key, value in columns.items():
+        cols[fields.index(key)] = tf.cast(value, tf.float64)
+    return tf.stack(cols, axis=1)

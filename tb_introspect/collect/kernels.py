@@ -35,17 +35,6 @@ def _attrs(xla: bool) -> dict | None:
     return None if xla else _NOINLINE
 
 
-def as_matrix(x: tf.Tensor) -> tf.Tensor:
-    """A variable or gradient as ``[rows, channels]``."""
-    rank = x.shape.rank
-    if rank == 0:
-        return tf.reshape(x, [1, 1])
-    if rank == 1:
-        return x[tf.newaxis]
-    c = x.shape[-1]
-    return tf.reshape(x, [-1, c if c is not None else tf.shape(x)[-1]])
-
-
 def activation_shape(shape: Sequence[int | None]) -> tuple[int | None, ...]:
     """Canonical shape (batch unknown) of a layer output of static ``shape``."""
     shape = list(shape)
@@ -84,29 +73,6 @@ def _state_signature(k: int, stacked: bool = False) -> dict[str, tf.TensorSpec]:
     return sig
 
 
-@functools.cache
-def parts_fn(dtype: str, k: int):
-    """``(x[rows, channels], seed) -> state`` of one tensor (``stats.batch_state``)."""
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([None, None], tf.as_dtype(dtype)), _SEED],
-        autograph=False, experimental_attributes=_NOINLINE,
-    )
-    def tensor_parts(x, seed):
-        return stats.batch_state(x, k, seed)
-
-    return tensor_parts
-
-
-def matrix_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
-    """State of a variable or gradient (as ``[rows, channels]``), static flag shapes."""
-    m = as_matrix(x)
-    state = parts_fn(m.dtype.name, k)(m, seed)
-    state["channel_active"].set_shape([m.shape[-1]])
-    state["spatial_active"].set_shape([0])
-    return state
-
-
 #: Tensors up to this size get a sample of this size (all their values: exact
 #: percentiles) instead of ``k`` slots: sorting ``k`` slots per tensor is the
 #: main cost of finalizing many small tensors (biases, norms). Two classes keep
@@ -122,18 +88,23 @@ def sample_bound(size: int | None, k: int) -> int:
 
 
 def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float, ...],
-                 k: int, seeds: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Statistics vectors of variables or gradients, batched by sample size."""
+                 k: int, seed: tf.Tensor) -> tf.Tensor:
+    """Statistics vectors ``[len(tensors), fields]`` of variables or gradients.
+
+    Tensors are batched by sample size (``sample_bound``), each batch in one
+    ``stats.many_states`` computation and one stacked finalize.
+    """
     groups: dict[int, list[int]] = {}
     for n, t in enumerate(tensors):
         groups.setdefault(sample_bound(t.shape.num_elements(), k), []).append(n)
-    out: list[tf.Tensor | None] = [None] * len(tensors)
-    for kk, members in sorted(groups.items()):
-        states = [matrix_state(tensors[n], kk, seeds[n]) for n in members]
-        block = finalize_many(states, view, quantiles, kk)
-        for r, n in enumerate(members):
-            out[n] = block[r]
-    return out
+    rows, order = [], []
+    for g, (kk, members) in enumerate(sorted(groups.items())):
+        state = stats.many_states([tensors[n] for n in members], kk, seed + [0, g])
+        widths = [(int(stats.as_rows(tensors[n]).shape[-1]), 0) for n in members]
+        rows.append(finalize_stacked(state, view, quantiles, kk, widths))
+        order += members
+    block = tf.concat(rows, 0)
+    return tf.gather(block, np.argsort(order))
 
 
 @functools.cache
@@ -173,18 +144,6 @@ def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
         t = state[key]
         out[key] = tf.pad(t, [[0, width - int(t.shape[0])]])
     return out
-
-
-def finalize_many(states: Sequence[dict[str, tf.Tensor]], view: str,
-                  quantiles: tuple[float, ...], k: int) -> tf.Tensor:
-    """Statistics vectors ``[len(states), fields]`` of many states (any flag sizes)."""
-    widths = [(int(s["channel_active"].shape[0]), int(s["spatial_active"].shape[0]))
-              for s in states]
-    cmax = max(w[0] for w in widths)
-    smax = max(w[1] for w in widths)
-    padded = [pad_state(s, cmax, smax) for s in states]
-    stacked = {key: tf.stack([s[key] for s in padded]) for key in stats.STATE_MERGE}
-    return finalize_stacked(stacked, view, quantiles, k, widths)
 
 
 def finalize_stacked(stacked: dict[str, tf.Tensor], view: str, quantiles: tuple[float, ...],
