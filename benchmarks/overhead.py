@@ -139,6 +139,10 @@ def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
         cadence = every if every == "epoch" else int(every)
         label = "Introspect(every='epoch')" if every == "epoch" else f"Introspect(every={every})"
         out.append((label, False, lambda d, c=cadence: Introspect(d, every=c)))
+    if args.view_rows:  # where the per-epoch cost comes from
+        for views in (("variable", "gradient"), ("output",), ("output_gradient",)):
+            out.append((f"Introspect(every='epoch', views={'+'.join(views)})", False,
+                        lambda d, v=views: Introspect(d, every="epoch", views=v)))
     if args.jit:
         out.append(("plain fit, jit_compile=True", True, None))
         out.append(("Introspect(every='epoch'), jit_compile=True", True,
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=5, help="interleaved rounds (median over them)")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="add plain and per-epoch rows with jit_compile=True")
+    p.add_argument("--view-rows", action="store_true",
+                   help="add per-epoch rows with one or two views only")
     p.add_argument("--profile", action="store_true", help="logging and drain time per epoch")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
     args = p.parse_args(argv)

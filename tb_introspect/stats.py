@@ -956,8 +956,8 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     sizes = np.array([int(m.shape.num_elements()) for m in mats], np.int64)
     chans = np.array([int(m.shape[-1]) for m in mats], np.int64)
     cmax = int(max(chans.max(initial=0), 1))
-    values = tf.concat([tf.reshape(tf.cast(m, _F64), [-1]) for m in mats], 0)
-    seg = tf.constant(np.repeat(np.arange(n), sizes), tf.int32)
+    values = _concat_flat(mats)
+    seg = _segment_ids(sizes)
     # Each element's (tensor, channel) cell of the padded [n, cmax] flag block.
     cell = np.concatenate([i * cmax + np.arange(s) % max(c, 1)
                            for i, (s, c) in enumerate(zip(sizes, chans, strict=True))]
@@ -1015,6 +1015,24 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
         "sample_keys": tf.where(valid, tf.zeros_like(picked), _INF),
         "sample_values": tf.where(valid, picked, _INF),
     }
+
+
+def segment_dots(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor] | None = None) -> tf.Tensor:
+    """``[sum(a_i * b_i)]`` in float64 for tensors of any shapes (``b`` defaults to ``a``),
+    as one segment sum over their concatenation (norms, update ratios, cosines)."""
+    fa = _concat_flat(a)
+    prod = fa * fa if b is None else fa * _concat_flat(b)
+    return tf.math.unsorted_segment_sum(
+        prod, _segment_ids([int(t.shape.num_elements()) for t in a]), len(a))
+
+
+def _concat_flat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.concat([tf.reshape(tf.cast(t, _F64), [-1]) for t in tensors], 0)
+
+
+def _segment_ids(sizes: Sequence[int]) -> tf.Tensor:
+    """Element -> tensor index of a concatenation of tensors of ``sizes`` elements."""
+    return tf.constant(np.repeat(np.arange(len(sizes)), sizes), tf.int32)
 
 
 def as_rows(x: tf.Tensor) -> tf.Tensor:

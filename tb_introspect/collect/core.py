@@ -340,8 +340,8 @@ class Collector:
             ws = [tf.convert_to_tensor(_value(self.variables[i])) for i in rows]
             prevs = [self.w_prev[i].read_value() for i in rows]
             block = kernels.matrix_stats(ws, "variable", q, k, seed)
-            diff = _dots([w - p for w, p in zip(ws, prevs, strict=True)])
-            ratio = tf.sqrt(diff) / tf.sqrt(_dots(ws))
+            diff = stats.segment_dots([w - p for w, p in zip(ws, prevs, strict=True)])
+            ratio = tf.sqrt(diff) / tf.sqrt(stats.segment_dots(ws))
             blocks.append(_fill(block, "variable", q, epoch, update_ratio=ratio))
             updates += [lambda i=i, w=w: self.w_prev[i].assign(w)
                         for i, w in zip(rows, ws, strict=True)]
@@ -350,7 +350,8 @@ class Collector:
             gs = [self.grad_acc[i].read_value() for i in rows]  # SUM over replicas
             prevs = [self.grad_prev[i].read_value() for i in rows]
             block = kernels.matrix_stats(gs, "gradient", q, k, seed + 1)
-            cos = _dots(gs, prevs) / tf.sqrt(_dots(gs) * _dots(prevs))
+            dots = stats.segment_dots
+            cos = dots(gs, prevs) / tf.sqrt(dots(gs) * dots(prevs))
             cos = tf.where(self.has_grad_prev.read_value(), cos, np.nan)
             blocks.append(_fill(block, "gradient", q, epoch, cos_prev=cos))
             for i, g in zip(rows, gs, strict=True):
@@ -621,21 +622,6 @@ def _value(v: Any) -> Any:
     if isinstance(v, tf.Variable):
         return v
     return getattr(v, "value", v)
-
-
-def _dots(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor] | None = None) -> tf.Tensor:
-    """``[sum(a_i * b_i)]`` in float64 for tensors of any shapes (``b`` defaults to ``a``),
-    as one segment sum over the concatenation."""
-    b = a if b is None else b
-    sizes = [int(t.shape.num_elements()) for t in a]
-    seg = tf.constant(np.repeat(np.arange(len(a)), sizes), tf.int32)
-
-    def flat(ts):
-        return tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in ts], 0)
-
-    fa = flat(a)
-    prod = fa * fa if b is a else fa * flat(b)
-    return tf.math.unsorted_segment_sum(prod, seg, len(a))
 
 
 def _fill(block: tf.Tensor, view: str, quantiles: Sequence[float], epoch: tf.Tensor,
