@@ -17,7 +17,10 @@ from tb_introspect.proto import plugin_data_pb2
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "introspect"
-PROTO_VERSION = 1
+#: Version 2: ``sign_balance`` is taken over the non-zero values (version 1 divided by every
+#: finite value, zeros included; readers convert it with ``upgrade_values``), the variable
+#: view has the implicit-learning-rate slots, and the ACTIVITY_MAP kind exists.
+PROTO_VERSION = 2
 
 VIEWS = ("variable", "gradient", "output", "output_gradient")
 CADENCES = ("step", "epoch")
@@ -25,6 +28,7 @@ CADENCES = ("step", "epoch")
 TENSOR_STATS = plugin_data_pb2.PluginData.TENSOR_STATS
 METRIC = plugin_data_pb2.PluginData.METRIC
 METRIC_EPOCH = plugin_data_pb2.PluginData.METRIC_EPOCH
+ACTIVITY_MAP = plugin_data_pb2.PluginData.ACTIVITY_MAP
 
 TAG_PREFIX = PLUGIN_NAME + "/"
 
@@ -55,7 +59,8 @@ BASE_FIELDS: tuple[str, ...] = (
 #: The slots counting a tensor's non-finite values (NaN, +Inf, -Inf).
 NONFINITE_FIELDS: tuple[str, ...] = ("nan_count", "posinf_count", "neginf_count")
 
-#: Extra slots appended per view, after the quantile slots.
+#: Extra slots appended per view, after the quantile slots (the variable view then has
+#: the ``ilr_q<p>`` slots, see ``view_extra_fields``).
 VIEW_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     # ||w_t - w_prev|| / ||w_t|| between two logged points.
     "variable": ("update_ratio",),
@@ -64,6 +69,10 @@ VIEW_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     "output": (),
     "output_gradient": (),
 }
+
+#: Prefix of the implicit-learning-rate percentile slots of the variable view:
+#: percentiles over the elements of |w_t - w_prev| / |sum of the gradients in between|.
+ILR_PREFIX = "ilr_"
 
 METRIC_FIELDS: tuple[str, ...] = ("epoch", "value")
 METRIC_EPOCH_FIELDS: tuple[str, ...] = (
@@ -99,8 +108,77 @@ def tensor_stats_fields(
         BASE_FIELDS
         + tuple(quantile_field(q) for q in quantiles)
         + tuple(quantile_field(q, log=True) for q in quantiles)
-        + VIEW_EXTRA_FIELDS[view]
+        + view_extra_fields(view, quantiles)
     )
+
+
+def view_extra_fields(
+    view: str, quantiles: Sequence[float] = DEFAULT_QUANTILES
+) -> tuple[str, ...]:
+    """The view-specific slots that end a TENSOR_STATS vector of ``view``."""
+    _check_view(view)
+    extra = VIEW_EXTRA_FIELDS[view]
+    if view == "variable":
+        extra += tuple(ILR_PREFIX + quantile_field(q) for q in quantiles)
+    return extra
+
+
+def activity_fields(channels: int, positions: int) -> tuple[str, ...]:
+    """Slots of an ACTIVITY_MAP vector: ``epoch``, ``samples``, then the activation rate of
+    each channel (``c0`` …) and of each spatial position (``s0`` …, row-major)."""
+    return ("epoch", "samples", *(f"c{i}" for i in range(channels)),
+            *(f"s{i}" for i in range(positions)))
+
+
+def activity_tag(name: str) -> str:
+    """Tag of the per-channel and per-position activation rates of layer output ``name``."""
+    return f"{TAG_PREFIX}activity/{name}"
+
+
+def create_activity_metadata(
+    *,
+    name: str,
+    channels: int,
+    positions: int,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+) -> summary_pb2.SummaryMetadata:
+    """SummaryMetadata for the per-epoch activity map of one layer output."""
+    data = plugin_data_pb2.PluginData(
+        version=PROTO_VERSION,
+        kind=ACTIVITY_MAP,
+        view="output",
+        layer=layer or name,
+        depth=int(depth),
+        name=name,
+        shape=[-1 if d is None else int(d) for d in shape],
+        cadence="epoch",
+        fields=activity_fields(channels, positions),
+    )
+    return _summary_metadata(data, f"activity map of {name}")
+
+
+def upgrade_values(version: int, fields: Sequence[str], values: np.ndarray) -> np.ndarray:
+    """Points ``[n, fields]`` of an older format version, read as the current version.
+
+    Version 1 wrote ``sign_balance = (n_pos - n_neg) / finite_count``; with ``z`` the
+    zero fraction that is ``(1 - z)`` times today's balance over the non-zero values
+    (undefined, NaN, when every value is zero). Returns ``values`` itself when nothing
+    changes.
+    """
+    if version >= 2:
+        return values
+    try:
+        sb, zf = fields.index("sign_balance"), fields.index("zero_fraction")
+    except ValueError:
+        return values
+    out = values.copy()
+    nonzero = 1.0 - out[:, zf]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        balance = np.where(nonzero > 0, out[:, sb] / nonzero, np.nan)
+    out[:, sb] = np.clip(balance, -1.0, 1.0)  # the division can round past ±1
+    return out
 
 
 def stats_tag(view: str, name: str) -> str:

@@ -85,6 +85,8 @@ class RunSeries:
     - ``metrics[name]``: per-step values (field ``value``);
     - ``metric_epochs[name]``: per-epoch bands (fields ``min, p25, p50, p75,
       max, mean, count``);
+    - ``activity[name]``: per-epoch activity maps of layer outputs (fields
+      ``epoch, samples, c0.., s0..``);
     - ``skipped``: ``(tag, reason)`` of tags that could not be read.
     """
 
@@ -92,6 +94,7 @@ class RunSeries:
     tensors: dict[str, list[Series]] = field(default_factory=dict)
     metrics: dict[str, Series] = field(default_factory=dict)
     metric_epochs: dict[str, Series] = field(default_factory=dict)
+    activity: dict[str, Series] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     format_version: int = 0
 
@@ -100,6 +103,7 @@ class RunSeries:
         out = {s.info.tag: s for view in self.tensors.values() for s in view}
         out.update({s.info.tag: s for s in self.metrics.values()})
         out.update({s.info.tag: s for s in self.metric_epochs.values()})
+        out.update({s.info.tag: s for s in self.activity.values()})
         return out
 
 

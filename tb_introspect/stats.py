@@ -32,8 +32,10 @@ _INF = float("inf")
 _MAX_EXP = 1000.0
 
 #: How each key of an accumulator state merges (see ``merge_states``):
-#: ``sum`` adds, ``min``/``max`` take the extreme, ``any`` is a 0/1 flag array
-#: merged by maximum, ``moments`` is (mean, m2) merged with Chan's formula using
+#: ``sum`` adds (``channel_nnz`` / ``spatial_nnz`` are the non-zero counts of each
+#: channel and of each spatial position, so the per-channel and per-position
+#: activation rates and both dead rates follow), ``min``/``max`` take the extreme,
+#: ``moments`` is (mean, m2) merged with Chan's formula using
 #: ``finite_count`` (m2 is stored scaled by 4**-e, e from max(|min|, |max|)),
 #: ``bottom_k`` is the random-key sample (keys and values merge together).
 STATE_MERGE: dict[str, str] = {
@@ -48,8 +50,8 @@ STATE_MERGE: dict[str, str] = {
     "min": "min",
     "max": "max",
     "min_abs": "min",
-    "channel_active": "any",
-    "spatial_active": "any",
+    "channel_nnz": "sum",
+    "spatial_nnz": "sum",
     "sample_keys": "bottom_k",
     "sample_values": "bottom_k",
 }
@@ -251,11 +253,13 @@ def _batch_parts(
     return out
 
 
-def _dead_rate(flags: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-    """1 - mean(flags); NaN when the tensor is empty or there are no flags."""
-    size = tf.cast(tf.size(flags), _F64)
+def _dead_rate(nnz: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """Share of the units (channels or positions) whose non-zero count ``nnz`` is 0;
+    NaN when the tensor is empty or no unit is tracked."""
+    size = tf.cast(tf.size(nnz), _F64)
     ok = (count > 0) & (size > 0)
-    return _where(ok, (size - tf.reduce_sum(flags)) / tf.maximum(size, 1.0), _NAN)
+    dead = tf.reduce_sum(tf.cast(tf.equal(nnz, 0.0), _F64))
+    return _where(ok, dead / tf.maximum(size, 1.0), _NAN)
 
 
 def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor, tf.Tensor]:
@@ -536,7 +540,8 @@ def _assemble(
         posinf,
         neginf,
         rate((nf - n_neg - n_pos) / denom),
-        rate((n_pos - n_neg) / denom),
+        # Over the non-zero values, as the article reads it: a ReLU output is +100%.
+        _where(n_pos + n_neg > 0, (n_pos - n_neg) / tf.maximum(n_pos + n_neg, 1.0), _NAN),
         rate(parts["mean"]),
         rate(std),
         rate(rms),
@@ -545,11 +550,11 @@ def _assemble(
         rate(parts["max"]),
         rate((n_neg + n_pos) / denom),
         parts["dead_rate"] if "dead_rate" in parts
-        else _dead_rate(parts["channel_active"], count),
+        else _dead_rate(parts["channel_nnz"], count),
         parts["spatial_dead_rate"] if "spatial_dead_rate" in parts
-        else _dead_rate(parts["spatial_active"], count),
+        else _dead_rate(parts["spatial_nnz"], count),
     ])
-    extras = tf.fill([len(metadata.VIEW_EXTRA_FIELDS[view])], tf.constant(_NAN, _F64))
+    extras = tf.fill([len(metadata.view_extra_fields(view, q))], tf.constant(_NAN, _F64))
     return tf.concat([base, vq, lq, extras], axis=0)
 
 
@@ -628,8 +633,8 @@ def empty_state(x_shape, *, sample_size: int = DEFAULT_SAMPLE_SIZE) -> dict[str,
         "min": tf.constant(_INF, _F64),
         "max": tf.constant(-_INF, _F64),
         "min_abs": tf.constant(_INF, _F64),
-        "channel_active": tf.zeros(channel, _F64),
-        "spatial_active": tf.zeros(spatial, _F64),
+        "channel_nnz": tf.zeros(channel, _F64),
+        "spatial_nnz": tf.zeros(spatial, _F64),
         "sample_keys": tf.fill([k], tf.constant(_INF, _F64)),
         "sample_values": tf.fill([k], tf.constant(_INF, _F64)),
     }
@@ -661,16 +666,16 @@ def update_state(
         if seed is None:
             seed = _content_seed(state["count"], tf.cast(tf.size(x), _F64))
         parts = batch_state(_as_canonical(x, canonical), k, _seed_pair(seed))
-        for key in ("channel_active", "spatial_active"):
+        for key in ("channel_nnz", "spatial_nnz"):
             want = state[key].shape
             if want.num_elements() == 0:
                 parts[key] = tf.zeros(want, _F64)
             elif parts[key].shape.num_elements() != want.num_elements() or (
-                key == "channel_active" and not parts[key].shape.is_compatible_with(want)
+                key == "channel_nnz" and not parts[key].shape.is_compatible_with(want)
             ):
                 raise ValueError(
                     f"tensor {_describe(x, name)!r} of shape {x.shape} does not match the"
-                    f" state's {key} flags of shape {want}"
+                    f" state's {key} counts of shape {want}"
                 )
             else:
                 parts[key] = tf.reshape(parts[key], want)
@@ -756,13 +761,12 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     per_column = tf.round(_sum_of_squares(signs, axis=0))
     nnz = tf.reduce_sum(per_column)
     balance = tf.round(tf.cast(tf.reduce_sum(signs), _F64))
-    active = per_column > 0
     if rank == 3:
-        block = tf.reshape(active, tf.shape(z)[1:])
-        channel = tf.reduce_any(block, axis=0)
-        spatial = tf.cast(tf.reduce_any(block, axis=1), _F64)
+        block = tf.cast(tf.reshape(per_column, tf.shape(z)[1:]), _F64)
+        channel = tf.reduce_sum(block, axis=0)
+        spatial = tf.reduce_sum(block, axis=1)
     else:
-        channel = active
+        channel = tf.cast(per_column, _F64)
         spatial = tf.zeros([0], _F64)
     has = nf > 0
     finite_all = tf.equal(nf, count)
@@ -796,8 +800,8 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
         "min": vmin,
         "max": vmax,
         "min_abs": tf.reduce_min(_where(tf.math.is_finite(keys), tf.abs(vals), _INF)),
-        "channel_active": tf.cast(channel, _F64),
-        "spatial_active": spatial,
+        "channel_nnz": channel,
+        "spatial_nnz": spatial,
         "sample_keys": keys,
         "sample_values": vals,
     }
@@ -909,16 +913,18 @@ def merge_pair(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[s
     """Merge two states, elementwise over any leading axes (one state per tensor).
 
     This is the in-step engine's merge: one op per field for all monitored
-    tensors. Flags of states stacked together must be padded to a common width
-    (with 0). Moments merge with Chan's formula at the merged scale exponent.
+    tensors. Channel and position counts of states stacked together must
+    be padded to a common width (with 0). Moments merge with Chan's formula
+    at the merged scale exponent.
     """
     out = {
         key: a[key] + b[key]
         for key in ("count", "finite_count", "posinf_count", "neginf_count", "pos_count",
                     "neg_count")
     }
-    for key, fn in (("min", tf.minimum), ("max", tf.maximum), ("min_abs", tf.minimum),
-                    ("channel_active", tf.maximum), ("spatial_active", tf.maximum)):
+    for key in ("channel_nnz", "spatial_nnz"):
+        out[key] = a[key] + b[key]
+    for key, fn in (("min", tf.minimum), ("max", tf.maximum), ("min_abs", tf.minimum)):
         out[key] = fn(a[key], b[key])
     na, nb = a["finite_count"], b["finite_count"]
     n = out["finite_count"]
@@ -946,8 +952,8 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     For logging time (variables, gradient sums): the tensors, each seen as
     ``[rows, channels]`` (last axis = channels), are concatenated into one
     buffer and every field is a segment reduction over it, so the cost is a
-    few dozen ops whatever the number of tensors. Channel flags are zero-padded
-    to the widest tensor; there are no spatial flags. The percentile sample of
+    few dozen ops whatever the number of tensors. Channel counts are zero-padded
+    to the widest tensor; there are no spatial counts. The percentile sample of
     each tensor is every non-zero value when it has at most ``k``, otherwise
     ``k`` uniform draws among its non-zero values. Sums are taken in float64.
     """
@@ -958,7 +964,7 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     cmax = int(max(chans.max(initial=0), 1))
     values = _concat_flat(mats)
     seg = _segment_ids(sizes)
-    # Each element's (tensor, channel) cell of the padded [n, cmax] flag block.
+    # Each element's (tensor, channel) cell of the padded [n, cmax] count block.
     cell = np.concatenate([i * cmax + np.arange(s) % max(c, 1)
                            for i, (s, c) in enumerate(zip(sizes, chans, strict=True))]
                           or [np.zeros(0, np.int64)])
@@ -982,8 +988,8 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     dev = tf.where(finite, scaled - tf.gather(mean_s, seg), 0.0)
     nnz = seg_sum(tf.cast(nz, _F64))
     pos = seg_sum(tf.cast(z > 0, _F64))
-    flags = tf.math.unsorted_segment_max(tf.cast(nz, _F64), tf.constant(cell, tf.int32),
-                                         n * cmax)
+    per_channel = tf.math.unsorted_segment_sum(tf.cast(nz, _F64), tf.constant(cell, tf.int32),
+                                               n * cmax)
     # The sample: uniform draws among each tensor's non-zero values (all of them when few).
     compact = tf.boolean_mask(z, nz)
     nnz_i = tf.cast(nnz, tf.int64)
@@ -1009,8 +1015,8 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
         "min": vmin,
         "max": vmax,
         "min_abs": tf.math.unsorted_segment_min(tf.where(nz, tf.abs(z), _INF), seg, n),
-        "channel_active": tf.reshape(flags, [n, cmax]),
-        "spatial_active": tf.zeros([n, 0], _F64),
+        "channel_nnz": tf.reshape(per_channel, [n, cmax]),
+        "spatial_nnz": tf.zeros([n, 0], _F64),
         # Finalize reads only which slots are filled: every kept value is in the sample.
         "sample_keys": tf.where(valid, tf.zeros_like(picked), _INF),
         "sample_values": tf.where(valid, picked, _INF),
@@ -1083,7 +1089,7 @@ def merge_replicas(state: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     for key in STATE_MERGE:
         shape = [r, *state[key].shape.as_list()]
         if state[key].shape.num_elements() == 0:
-            # Untracked flags: gathering a zero-sized tensor crashes TF's CPU collectives.
+            # Untracked counts: gathering a zero-sized tensor crashes TF's CPU collectives.
             stacked[key] = tf.zeros(shape, _F64)
         else:
             # all_gather loses the static shape that merge_stacked needs (top_k's k).

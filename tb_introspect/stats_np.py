@@ -187,7 +187,7 @@ def tensor_stats(
             l2 = np.sqrt(sumsq_s) * scale
         out.update(
             zero_fraction=n_zero / nf,
-            sign_balance=(n_pos - n_neg) / nf,
+            sign_balance=(n_pos - n_neg) / (n_pos + n_neg) if n_pos + n_neg else np.nan,
             mean=mean_s * scale,
             std=np.sqrt(m2_s / nf) * scale,
             rms=np.sqrt(sumsq_s / nf) * scale,

@@ -62,6 +62,27 @@ def metric_epoch_pb(name: str, values: Sequence[float], epoch: int) -> summary_p
     )
 
 
+def activity_pb(
+    channel_rates: Sequence[float] | np.ndarray,
+    spatial_rates: Sequence[float] | np.ndarray = (),
+    *,
+    name: str,
+    samples: float,
+    epoch: int = 0,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+) -> summary_pb2.Summary:
+    """A Summary holding one epoch's activation rate of each channel and of each spatial
+    position (flattened row-major) of layer output ``name``, over ``samples`` samples."""
+    c = np.asarray(channel_rates, dtype=np.float64).reshape(-1)
+    p = np.asarray(spatial_rates, dtype=np.float64).reshape(-1)
+    meta = metadata.create_activity_metadata(
+        name=name, channels=c.size, positions=p.size, layer=layer, depth=depth, shape=shape
+    )
+    return _summary(metadata.activity_tag(name), meta, [epoch, samples, *c, *p])
+
+
 def tensor_stats_pb_from_array(
     array,
     *,

@@ -46,7 +46,8 @@ def reference_stats(x, view: str, quantiles=metadata.DEFAULT_QUANTILES) -> dict[
             l2 = np.sqrt(np.sum(s * s)) * scale
         out.update(
             zero_fraction=(fin == 0).mean(),
-            sign_balance=(fin > 0).mean() - (fin < 0).mean(),
+            sign_balance=((fin > 0).sum() - (fin < 0).sum()) / (fin != 0).sum()
+            if (fin != 0).any() else np.nan,
             mean=s.mean() * scale,
             std=s.std() * scale,
             rms=np.sqrt(np.mean(s * s)) * scale,

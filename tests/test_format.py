@@ -147,3 +147,49 @@ def test_numpy_path_works_without_tensorflow(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "OK"
+
+
+def test_version_1_data_is_read_as_version_2():
+    """A real event file written by the last version-1 writer (tests/data/format_v1)."""
+    from tb_introspect.plugin import reader
+
+    run = reader.read_logdir(os.path.join(ROOT, "tests", "data", "format_v1"))["adam_cnn"]
+    assert run.format_version == 1
+    assert {v: len(s) for v, s in run.tensors.items()} == {
+        "variable": 4, "gradient": 4, "output": 3, "output_gradient": 3,
+    }
+    by_name = {s.info.name: s for s in run.tensors["output"]}
+    # Version 1 wrote (n_pos - n_neg) / N: a ReLU output with ~47% zeros read +53%.
+    # Read as version 2 it is the balance over the non-zero values: +100%.
+    conv = by_name["conv"]
+    assert 0.4 < conv.field("zero_fraction").min() and conv.field("zero_fraction").max() < 0.6
+    np.testing.assert_allclose(conv.field("sign_balance"), 1.0, rtol=1e-12)
+    for s in (s for view in run.tensors.values() for s in view):
+        sb, zf = s.field("sign_balance"), s.field("zero_fraction")
+        ok = np.isfinite(sb)
+        assert np.all(np.abs(sb[ok]) <= 1.0)
+        assert np.all(np.isnan(sb[zf == 1.0]))
+    # Slots that version 1 did not write read as NaN, so every chart has a layout to draw.
+    kernel = next(s for s in run.tensors["variable"] if s.info.name.endswith("conv/kernel"))
+    assert not kernel.has("ilr_q50") and np.isnan(kernel.field("ilr_q50")).all()
+
+
+def test_upgrade_values_converts_the_version_1_sign_balance():
+    fields = ("zero_fraction", "sign_balance", "mean")
+    v1 = np.array([[0.6, 0.4, 1.0], [0.0, -0.2, 1.0], [1.0, 0.0, 0.0], [0.5, 0.5 + 1e-17, 2.0]])
+    got = metadata.upgrade_values(1, fields, v1)
+    np.testing.assert_allclose(got[:, 1], [1.0, -0.2, np.nan, 1.0])
+    np.testing.assert_array_equal(got[:, [0, 2]], v1[:, [0, 2]])
+    assert metadata.upgrade_values(2, fields, v1) is v1
+    means = v1[:, 2:]
+    assert metadata.upgrade_values(1, ("mean",), means) is means  # no balance: untouched
+
+
+def test_activity_map_layout_and_metadata():
+    pb = summary_pb.activity_pb([0.5, 0.0, 1.0], [0.25, 0.75], name="conv", samples=64,
+                                epoch=3, layer="conv", depth=1, shape=(None, 1, 2, 3))
+    data = metadata.parse_plugin_data(pb.value[0].metadata.plugin_data.content)
+    assert data.kind == metadata.ACTIVITY_MAP and data.version == metadata.PROTO_VERSION
+    assert tuple(data.fields) == ("epoch", "samples", "c0", "c1", "c2", "s0", "s1")
+    assert pb.value[0].tag == metadata.activity_tag("conv") == "introspect/activity/conv"
+    np.testing.assert_array_equal(summary_pb.vector_of(pb), [3, 64, 0.5, 0.0, 1.0, 0.25, 0.75])

@@ -86,7 +86,10 @@ def check_invariants(vec: np.ndarray, x: np.ndarray, view: str = "output",
     assert v["min"] == fin.min() and v["max"] == fin.max()
     assert 0.0 <= v["zero_fraction"] <= 1.0 and 0.0 <= v["activation_rate"] <= 1.0
     assert v["zero_fraction"] + v["activation_rate"] == pytest.approx(1.0)
-    assert -1.0 <= v["sign_balance"] <= 1.0
+    if v["activation_rate"] == 0:
+        assert np.isnan(v["sign_balance"])  # no non-zero value: no balance
+    else:
+        assert -1.0 <= v["sign_balance"] <= 1.0
     for name in ("rms", "l2", "std"):
         assert v[name] >= 0.0 and not np.isnan(v[name]), name
     span = max(abs(v["min"]), abs(v["max"]))

@@ -77,7 +77,7 @@ class BatchLayout:
     """The accumulator states of all monitored outputs, one row each, in one variable.
 
     Row ``j`` packs ``stats``' state (``STATE_MERGE`` keys) of output ``j`` in
-    its canonical shape (``kernels.activation_shape``); flags are zero-padded
+    its canonical shape (``kernels.activation_shape``); counts are zero-padded
     to the widest tensor so that every row has the same length and one
     vectorised merge folds a step into all of them.
     """
@@ -92,7 +92,7 @@ class BatchLayout:
         empty = stats.empty_state(tf.TensorShape([None, self.smax or 1, self.cmax]
                                                  if self.smax else [None, self.cmax]),
                                   sample_size=self.k)
-        empty["spatial_active"] = tf.zeros([self.smax], tf.float64)
+        empty["spatial_nnz"] = tf.zeros([self.smax], tf.float64)
         self.keys = list(stats.STATE_MERGE)
         self.shapes = [tf.TensorShape(empty[k].shape) for k in self.keys]
         self.sizes = [int(sh.num_elements()) for sh in self.shapes]
@@ -156,6 +156,9 @@ class Collector:
         self._read_metrics_fn: Callable | None = None
         self.output_grad_seen: set[int] = set()
         self.output_seen: set[int] = set()
+        # Per output: [count, channel non-zero counts, position non-zero counts] summed over
+        # the epoch's logged windows, on the host (see ``write_activity``).
+        self.epoch_activity: np.ndarray | None = None
 
     # ------------------------------------------------------------------ registration
 
@@ -302,7 +305,11 @@ class Collector:
             self._log_fns = {key: fn}
         plan = self._plan()
         with self.strategy.scope():
-            blocks = fn(tf.constant(step, tf.int64), tf.constant(float(epoch), tf.float64))
+            blocks, activity = fn(tf.constant(step, tf.int64),
+                                  tf.constant(float(epoch), tf.float64))
+        if activity.shape[0]:
+            act = activity.numpy()
+            self.epoch_activity = act if self.epoch_activity is None else self.epoch_activity + act
         if self.writer is None:
             return
         protos = []
@@ -327,8 +334,35 @@ class Collector:
                                 if self._writes_output(view, j)]))
         return [(view, specs) for view, specs in plan if specs]
 
-    # The computation of one logged point (traced once per set of switched-off tensors).
-    def _compute(self, step: tf.Tensor, epoch: tf.Tensor) -> list[tf.Tensor]:
+    def write_activity(self, step: int, epoch: int) -> None:
+        """Write (chief) and reset the epoch's per-channel and per-position activation rates
+        of every layer output (``metadata.ACTIVITY_MAP``)."""
+        act, self.epoch_activity = self.epoch_activity, None
+        if act is None or self.writer is None:
+            return
+        protos = []
+        for j, spec in enumerate(self.out_specs):
+            channels, positions = self.layout.widths[j]
+            count = act[j, 0]
+            if count <= 0 or not self._writes_output("output", j) or (
+                    channels <= 1 and positions == 0):
+                continue
+            units = max(positions, 1) * channels
+            cnz = act[j, 1:1 + channels]
+            snz = act[j, 1 + self.layout.cmax:1 + self.layout.cmax + positions]
+            protos.append(summary_pb.activity_pb(
+                cnz * channels / count, snz * max(positions, 1) / count, name=spec.name,
+                samples=count / units, epoch=epoch, layer=spec.layer, depth=spec.depth,
+                shape=spec.shape,
+            ).SerializeToString())
+        if protos:
+            with self.writer.as_default():
+                tf.summary.experimental.write_raw_pb(tf.constant(protos), step=step)
+
+    # The computation of one logged point (traced once per set of switched-off tensors):
+    # the statistics blocks of ``_plan`` and the output view's activity counts (see
+    # ``epoch_activity``; ``[0, 0]`` without that view).
+    def _compute(self, step: tf.Tensor, epoch: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor]:
         blocks: list[tf.Tensor] = []
         q, k = self.quantiles, self.sample_size
         seed = tf.stack([step, tf.constant(self.seed, tf.int64)])
@@ -342,7 +376,11 @@ class Collector:
             block = kernels.matrix_stats(ws, "variable", q, k, seed)
             diff = stats.segment_dots([w - p for w, p in zip(ws, prevs, strict=True)])
             ratio = tf.sqrt(diff) / tf.sqrt(stats.segment_dots(ws))
-            blocks.append(_fill(block, "variable", q, epoch, update_ratio=ratio))
+            ilr = {}
+            if self.grad_acc:
+                ilr = self._implicit_lr(ws, prevs, [self.grad_acc[i].read_value() for i in rows],
+                                        seed + 2)
+            blocks.append(_fill(block, "variable", q, epoch, update_ratio=ratio, **ilr))
             updates += [lambda i=i, w=w: self.w_prev[i].assign(w)
                         for i, w in zip(rows, ws, strict=True)]
         if "gradient" in plan:
@@ -359,17 +397,38 @@ class Collector:
                 updates.append(lambda i=i, g=g: self.grad_acc[i].assign(tf.zeros_like(g)))
             updates.append(lambda: self.has_grad_prev.assign(True))
         views = list(self.out_vars)
+        activity = tf.zeros([0, 0], tf.float64)
         if views:
             results = self.strategy.run(self._finalize_outputs, args=(epoch,))
+            results = [self.strategy.experimental_local_results(r)[0] for r in results]
+            if "output" in views:
+                activity = results.pop()
             for view, block in zip(views, results, strict=True):
-                block = self.strategy.experimental_local_results(block)[0]
                 keep = [j for j in range(self.layout.n) if self._writes_output(view, j)]
                 if keep:
                     blocks.append(tf.gather(block, keep))
-        with tf.control_dependencies(blocks):
+        with tf.control_dependencies([*blocks, activity]):
             for update in updates:
                 update()
-        return [tf.identity(b) for b in blocks]
+        return [tf.identity(b) for b in blocks], tf.identity(activity)
+
+    def _implicit_lr(self, ws: list[tf.Tensor], prevs: list[tf.Tensor], gsums: list[tf.Tensor],
+                     seed: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The ``ilr_q<p>`` columns: percentiles over each variable's elements of the
+        implicit learning rate |w - w_prev| / |g|, with ``g`` the mean gradient per step of
+        the window (the accumulated sum over the sampled steps, times the share of steps
+        sampled: 1/N with ``every=N``). Elements with no gradient are left out. For plain SGD
+        this is the learning rate itself; Adam's per-element step sizes show as a spread."""
+        per_step = 1.0 / int(self.every) if isinstance(self.every, int) else 1.0
+        rates = []
+        for w, p, g in zip(ws, prevs, gsums, strict=True):
+            g = tf.abs(tf.cast(g, tf.float32)) * per_step
+            dw = tf.abs(tf.cast(w, tf.float32) - tf.cast(p, tf.float32))
+            rates.append(tf.where(g > 0, dw / tf.where(g > 0, g, 1.0), np.nan))
+        block = kernels.matrix_stats(rates, "variable", self.quantiles, self.sample_size, seed)
+        fields = metadata.tensor_stats_fields("variable", self.quantiles)
+        return {metadata.ILR_PREFIX + metadata.quantile_field(q):
+                block[:, fields.index(metadata.quantile_field(q))] for q in self.quantiles}
 
     def _writes_output(self, view: str, j: int) -> bool:
         s = self.out_specs[j]
@@ -399,6 +458,11 @@ class Collector:
             block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
             epoch_col = tf.fill([layout.n, 1], tf.cast(epoch, tf.float64))
             blocks.append(tf.concat([epoch_col, block[:, 1:]], axis=1))
+            if view == "output":
+                counts = [state["count"][:, tf.newaxis], state["channel_nnz"], state["spatial_nnz"]]
+                activity = tf.concat(counts, axis=1)
+        if "output" in views:
+            blocks.append(activity)
         with tf.control_dependencies(blocks):
             for view in views:
                 self.out_vars[view].assign(tf.constant(layout.empty))
@@ -537,8 +601,8 @@ class StepRecorder:
                 try:
                     fn = kernels.activation_parts_fn(t.shape.rank, t.dtype.name, layout.k, xla)
                     part = fn(t, self._seed(j, 2 if view == "output" else 3))
-                    part["channel_active"].set_shape([layout.widths[j][0]])
-                    part["spatial_active"].set_shape([layout.widths[j][1]])
+                    part["channel_nnz"].set_shape([layout.widths[j][0]])
+                    part["spatial_nnz"].set_shape([layout.widths[j][1]])
                     rows.append(kernels.pad_state(part, layout.cmax, layout.smax))
                 except Exception as e:  # this tensor only
                     c.fail(f"{view} {c.out_specs[j].name}", e)

@@ -187,11 +187,15 @@ class HostLogger:
         self.guard("metrics", self.drain)
         if self.c.every == "epoch":
             self.guard("statistics", self._log_epoch, epoch)
+        self.guard("statistics", self._write_activity, epoch)
         self.guard("metrics", self._epoch_metrics, epoch, epoch_metrics)
         self.flush()
 
     def _log_epoch(self, epoch: int) -> None:
         self.c.log(self.c.current_step(), epoch)
+
+    def _write_activity(self, epoch: int) -> None:
+        self.c.write_activity(self.c.current_step(), epoch)
 
     def _epoch_metrics(self, epoch: int, extra: Mapping[str, Any] | None) -> None:
         step = self.c.current_step()

@@ -60,11 +60,11 @@ def as_activation(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
 
 
 def _state_signature(k: int, stacked: bool = False) -> dict[str, tf.TensorSpec]:
-    """Any state with a ``k``-value sample (channel/spatial flag counts left open)."""
+    """Any state with a ``k``-value sample (channel/spatial widths left open)."""
     lead = [None] if stacked else []
     sig = {}
     for key in stats.STATE_MERGE:
-        if key in ("channel_active", "spatial_active"):
+        if key in ("channel_nnz", "spatial_nnz"):
             sig[key] = tf.TensorSpec(lead + [None], tf.float64)
         elif key in ("sample_keys", "sample_values"):
             sig[key] = tf.TensorSpec(lead + [k], tf.float64)
@@ -123,7 +123,7 @@ def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
 
 @functools.cache
 def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
-    """States stacked on a leading axis (flags padded) -> one stats vector per row."""
+    """States stacked on a leading axis (counts padded) -> one stats vector per row."""
 
     @tf.function(input_signature=[_state_signature(k, stacked=True)],
                  autograph=False, experimental_attributes=_NOINLINE)
@@ -138,9 +138,10 @@ def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
 
 def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
               ) -> dict[str, tf.Tensor]:
-    """Flags zero-padded to common widths, so states of different tensors stack."""
+    """Channel/position counts zero-padded to common widths, so states of different
+    tensors stack."""
     out = dict(state)
-    for key, width in (("channel_active", channels), ("spatial_active", positions)):
+    for key, width in (("channel_nnz", channels), ("spatial_nnz", positions)):
         t = state[key]
         out[key] = tf.pad(t, [[0, width - int(t.shape[0])]])
     return out
@@ -148,19 +149,19 @@ def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
 
 def finalize_stacked(stacked: dict[str, tf.Tensor], view: str, quantiles: tuple[float, ...],
                      k: int, widths: Sequence[tuple[int, int]]) -> tf.Tensor:
-    """Vectors ``[N, fields]`` of N stacked states whose flags are zero-padded.
+    """Vectors ``[N, fields]`` of N stacked states whose counts are zero-padded.
 
-    The dead-rate slots are recomputed from each tensor's real flag count
+    The dead-rate slots are recomputed over each tensor's real units
     (``widths``: (channels, positions) per row); padding would skew them.
     """
     vectors = finalize_many_fn(view, quantiles, k)(stacked)
     fields = list(metadata.tensor_stats_fields(view, quantiles))
     count = stacked["count"]
     cols = tf.unstack(vectors, axis=1)
-    for slot, key, w in (("dead_rate", "channel_active", [c for c, _ in widths]),
-                         ("spatial_dead_rate", "spatial_active", [p for _, p in widths])):
+    for slot, key, w in (("dead_rate", "channel_nnz", [c for c, _ in widths]),
+                         ("spatial_dead_rate", "spatial_nnz", [p for _, p in widths])):
         size = tf.constant(w, tf.float64)
-        active = tf.reduce_sum(stacked[key], axis=1)
+        active = tf.reduce_sum(tf.cast(stacked[key] > 0, tf.float64), axis=1)
         ok = (count > 0) & (size > 0)
         rate = (size - active) / tf.maximum(size, 1.0)
         cols[fields.index(slot)] = tf.where(ok, rate, tf.constant(float("nan"), tf.float64))

@@ -276,7 +276,8 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             runs.append({
                 "run": run,
                 "views": views,
-                "metrics": sorted({t.name for t in tags if t.kind != reader.KIND_TENSOR_STATS}),
+                "metrics": sorted({t.name for t in tags
+                                   if t.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)}),
                 "max_step": max((t.max_step for t in tags), default=None),
                 "format_version": max((t.version for t in tags), default=None),
             })

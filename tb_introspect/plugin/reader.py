@@ -20,8 +20,8 @@ from tb_introspect import metadata
 from tb_introspect.rundata import RunSeries, Series, TagInfo
 
 __all__ = [
-    "ALL_POINTS", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_TENSOR_STATS", "RunSeries",
-    "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
+    "ALL_POINTS", "KIND_ACTIVITY_MAP", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_TENSOR_STATS",
+    "RunSeries", "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
     "parse_tag_info", "read_logdir", "read_run", "read_series",
 ]
 
@@ -36,10 +36,12 @@ ALL_POINTS = 1_000_000_000
 KIND_TENSOR_STATS = "tensor_stats"
 KIND_METRIC = "metric"
 KIND_METRIC_EPOCH = "metric_epoch"
+KIND_ACTIVITY_MAP = "activity_map"
 _KIND_NAMES = {
     metadata.TENSOR_STATS: KIND_TENSOR_STATS,
     metadata.METRIC: KIND_METRIC,
     metadata.METRIC_EPOCH: KIND_METRIC_EPOCH,
+    metadata.ACTIVITY_MAP: KIND_ACTIVITY_MAP,
 }
 
 
@@ -180,6 +182,7 @@ def _to_series(info: TagInfo, datums: Sequence[tb_provider.TensorDatum]) -> Seri
         values = values.reshape(n, width)
     else:
         values = np.empty((0, width), dtype=np.float64)
+    values = metadata.upgrade_values(info.version, info.fields, values)
     return Series(info=info, steps=steps, wall_times=wall_times, values=values)
 
 
@@ -198,8 +201,10 @@ def assemble_run(
             result.tensors.setdefault(info.view, []).append(s)
         elif info.kind == KIND_METRIC:
             result.metrics[info.name] = s
-        else:
+        elif info.kind == KIND_METRIC_EPOCH:
             result.metric_epochs[info.name] = s
+        else:
+            result.activity[info.name] = s
     # Views in the format's order, unknown (newer) views after them.
     order = {v: i for i, v in enumerate(metadata.VIEWS)}
     result.tensors = dict(
