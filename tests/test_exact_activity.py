@@ -41,3 +41,36 @@ def test_dead_rate_is_exact_over_every_sample(tmp_path):
     assert wide["dead_rate"] == 0.0
     assert wide["spatial_dead_rate"] == 0.0
     assert wide["activation_rate"] == SAMPLES / x.size
+    # The epoch's activity map: every channel fired in 8 samples at one position each.
+    amap = run[metadata.activity_tag("wide")]
+    assert amap.steps == [SAMPLES // BATCH]
+    v = amap.at(SAMPLES // BATCH)
+    assert v["epoch"] == 0 and v["samples"] == SAMPLES
+    nz = x != 0
+    per_channel = nz.mean(axis=(0, 1, 2))
+    per_position = nz.mean(axis=(0, 3)).reshape(-1)
+    np.testing.assert_array_equal([v[f"c{c}"] for c in range(CHANNELS)], per_channel)
+    np.testing.assert_array_equal([v[f"s{p}"] for p in range(SIDE * SIDE)], per_position)
+    assert min(per_channel) > 0  # so "no dead channel" is a statement about every channel
+
+
+def test_activity_map_counts_every_step_of_the_epoch_at_step_cadence(tmp_path):
+    """With every=N the statistics are per window, the map still one per epoch."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((4, 3))
+    h = keras.layers.ReLU(name="act")(inp)
+    out = keras.layers.Dense(2, name="head")(keras.layers.Flatten()(h))
+    model = keras.Model(inp, out)
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(1).normal(size=(96, 4, 3)).astype("float32")
+    y = np.zeros((96, 2), np.float32)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[Introspect(str(tmp_path), every=1, views=("output",))])
+    run = lib.read_run(str(tmp_path))
+    amap = run[metadata.activity_tag("act")]
+    assert amap.steps == [6, 12]
+    for step, epoch in ((6, 0), (12, 1)):
+        v = amap.at(step)
+        assert v["epoch"] == epoch and v["samples"] == 96
+        np.testing.assert_allclose([v[f"c{c}"] for c in range(3)], (x > 0).mean(axis=(0, 1)))
+        np.testing.assert_allclose([v[f"s{p}"] for p in range(4)], (x > 0).mean(axis=(0, 2)))

@@ -415,14 +415,15 @@ class Collector:
     def _implicit_lr(self, ws: list[tf.Tensor], prevs: list[tf.Tensor], gsums: list[tf.Tensor],
                      seed: tf.Tensor) -> dict[str, tf.Tensor]:
         """The ``ilr_q<p>`` columns: percentiles over each variable's elements of the
-        implicit learning rate |w - w_prev| / |g|, with ``g`` the mean gradient per step of
-        the window (the accumulated sum over the sampled steps, times the share of steps
-        sampled: 1/N with ``every=N``). Elements with no gradient are left out. For plain SGD
-        this is the learning rate itself; Adam's per-element step sizes show as a spread."""
-        per_step = 1.0 / int(self.every) if isinstance(self.every, int) else 1.0
+        implicit learning rate |w - w_prev| / |G|, with ``G`` the sum of the gradients over
+        the window's steps (the accumulated sum over the sampled steps, times N with
+        ``every=N`` where one step in N is sampled). Elements with no gradient are left out.
+        For plain SGD this is the learning rate itself; Adam's per-element step sizes show as
+        a spread."""
+        steps_per_sample = float(self.every) if isinstance(self.every, int) else 1.0
         rates = []
         for w, p, g in zip(ws, prevs, gsums, strict=True):
-            g = tf.abs(tf.cast(g, tf.float32)) * per_step
+            g = tf.abs(tf.cast(g, tf.float32)) * steps_per_sample
             dw = tf.abs(tf.cast(w, tf.float32) - tf.cast(p, tf.float32))
             rates.append(tf.where(g > 0, dw / tf.where(g > 0, g, 1.0), np.nan))
         block = kernels.matrix_stats(rates, "variable", self.quantiles, self.sample_size, seed)
