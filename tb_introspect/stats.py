@@ -249,7 +249,8 @@ def _batch_parts(
     out["spatial_dead_rate"] = _dead_rate(tf.cast(spatial, _F64), count)
     seed = _content_seed(count, mean, m2) if seed is None else _seed_pair(seed)
     out["min_abs"] = tf.cast(tf.reduce_min(_where(active, tf.abs(xf), inf)), _F64)
-    out["_vq"], out["_lq"] = _percentiles(flat, active, n, nnz, k, seed, out, q)
+    channels = x.shape[-1] if rank >= 2 else None
+    out["_vq"], out["_lq"] = _percentiles(flat, active, n, nnz, k, seed, out, q, channels)
     return out
 
 
@@ -278,17 +279,18 @@ def _activity_flags(active: tf.Tensor, shape: tf.TensorShape) -> tuple[tf.Tensor
     return channel, spatial
 
 
-def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
+def _percentiles(flat, active, n, nnz, k: int, seed, parts, q, channels: int | None = None):
     """Value and log10-magnitude percentiles of one tensor (see ``_sample_quantiles``).
 
     The sample they come from: every finite non-zero value when a sample would
     need half the tensor or more (exact), otherwise the finite non-zero values
-    at about (k + 5 sqrt(k)) * n / nnz stratified random positions (one uniform
-    position in each of M equal slices of the tensor: every element has the
-    same chance, and the positions are in memory order). The hits are then a
-    uniform sample of the finite non-zero values of about k or more elements.
-    Nothing is compacted before sampling, and under XLA nothing is compacted at
-    all (the selection takes a validity mask).
+    at about (k + 5 sqrt(k)) * n / nnz positions of a systematic sample (a
+    uniform random start, then a fixed stride: every element has the same
+    chance, and the positions are in memory order; the stride is coprime with
+    the static ``channels`` count so that every channel is visited equally). The
+    hits are then a sample of the finite non-zero values of about k or more
+    elements. Nothing is compacted before sampling, and under XLA nothing is
+    compacted at all (the selection takes a validity mask).
     """
     nnz_f = tf.cast(nnz, _F64)
     n_f = tf.cast(n, _F64)
@@ -299,16 +301,23 @@ def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
     def quantiles(vals, valid):
         return _sample_quantiles(vals, valid, parts, q)
 
-    def sampled(m):  # m: number of positions (int32 scalar or Python int)
+    def sampled(m):  # m: number of positions (int32 scalar or Python int); XLA: static
         i = tf.cast(tf.range(m), _F64)
         stride = n_f / tf.cast(m, _F64)
         pos = tf.cast(tf.floor((i + _uniform(tf.reshape(m, [1]), seed, 1)) * stride), tf.int64)
         vals = tf.gather(flat, tf.clip_by_value(pos, 0, tf.maximum(n - 1, 0)))
-        hit = tf.math.is_finite(vals) & tf.not_equal(vals, 0)
-        if not xla:  # the selection's passes then only see the hits
-            vals = tf.boolean_mask(vals, hit)
-            hit = tf.ones_like(vals, tf.bool)
-        return quantiles(vals, hit)
+        return quantiles(vals, tf.math.is_finite(vals) & tf.not_equal(vals, 0))
+
+    def strided(m):
+        # The same systematic sample as ``sampled`` with a whole stride: one strided
+        # slice instead of computing and gathering m positions (half the time on sparse
+        # tensors). A stride coprime with the channel count visits every channel equally.
+        step = _coprime_at_most(tf.maximum(n // tf.cast(m, tf.int64), 1), channels)
+        start = tf.cast(tf.floor(_uniform([], seed, 1) * tf.cast(step, _F64)), tf.int64)
+        vals = tf.reshape(tf.strided_slice(flat, tf.reshape(start, [1]), tf.reshape(n, [1]),
+                                           tf.reshape(step, [1])), [-1])
+        vals = tf.boolean_mask(vals, tf.math.is_finite(vals) & tf.not_equal(vals, 0))
+        return quantiles(vals, tf.ones_like(vals, tf.bool))
 
     xla = in_xla_context()
     if xla:
@@ -328,9 +337,27 @@ def _percentiles(flat, active, n, nnz, k: int, seed, parts, q):
         vals = tf.boolean_mask(flat, active)
         return quantiles(vals, tf.ones_like(vals, tf.bool))
 
-    return tf.cond(
-        2.0 * m >= n_f, compacted, lambda: sampled(tf.cast(m, tf.int32))
-    )
+    return tf.cond(2.0 * m >= n_f, compacted, lambda: strided(m))
+
+
+def _coprime_at_most(s: tf.Tensor, channels: int | None) -> tf.Tensor:
+    """The largest integer in [s - 15, s] (and >= 1) coprime with ``channels``; ``s`` when
+    no channel count is known or none of them is (then some channels are sampled more)."""
+    primes, c, p = [], int(channels or 1), 2
+    while c > 1:  # the prime factors of a static channel count
+        if c % p == 0:
+            primes.append(p)
+            while c % p == 0:
+                c //= p
+        p += 1
+    if not primes:
+        return s
+    cand = s - tf.range(16, dtype=s.dtype)
+    ok = cand >= 1
+    for p in primes:
+        ok &= tf.not_equal(cand % p, 0)
+    first = tf.argmax(tf.cast(ok, tf.int32), output_type=tf.int32)
+    return tf.where(tf.reduce_any(ok), cand[first], s)
 
 
 # --------------------------------------------------------------------------- quantiles
@@ -385,7 +412,16 @@ def _sample_quantiles(
     nv, nm = 2 * len(q), len(q)
     ranks = tf.cast(tf.concat([s_lo, s_hi, rm_lo, rm_hi], 0), tf.int32)
     groups = tf.constant([0] * (2 * nv) + [1] * (2 * nm), tf.int32)
-    picked = tf.cast((select or _select)(vals, tf.abs(vals), valid, ranks, groups), _F64)
+    if select is None:
+        # Non-negative samples (ReLU outputs) are their own magnitudes: half the keys.
+        picked = tf.cond(
+            tf.equal(m_neg, 0.0),
+            lambda: _select(vals, None, valid, ranks, groups),
+            lambda: _select(vals, tf.abs(vals), valid, ranks, groups),
+        )
+    else:
+        picked = select(vals, tf.abs(vals), valid, ranks, groups)
+    picked = tf.cast(picked, _F64)
     a, b, la, lb = tf.split(picked, [nv, nv, nm, nm])
     v = _where(s_hi > s_lo, a + (b - a) * (s - s_lo), a)
     v = _where(is_neg, _where(m_neg > 0, v, vmin), _where(m_pos > 0, v, vmax))
@@ -445,19 +481,26 @@ def _select(vals, mags, valid, ranks, groups) -> tf.Tensor:
     share every query's key prefix, so 3 passes (float32) or 6 (float64) find
     every key exactly: linear time, no sort, no data-dependent shapes, and the
     histograms are scatter-adds that XLA compiles into one loop. Ranks past the
-    end give unspecified values (callers mask them).
+    end give unspecified values (callers mask them). ``mags=None``: the magnitudes are the
+    values themselves (no valid value is negative), so both groups query one key array.
     """
-    u, bits = _order_bits(tf.concat([vals, mags], 0))
+    if mags is None:
+        u, bits = _order_bits(vals)
+        slot_e = _where(valid, tf.zeros_like(valid, tf.int32), -1)
+        groups = tf.zeros_like(groups)
+        n_groups = 1
+    else:
+        u, bits = _order_bits(tf.concat([vals, mags], 0))
+        ones = tf.ones_like(valid, tf.int32)
+        slot_e = _where(tf.concat([valid, valid], 0), tf.concat([0 * ones, ones], 0), -1)
+        n_groups = 2
     it = u.dtype
     xla = in_xla_context()
     nq = ranks.shape[0]
     widths = [11, 11, 10] if bits == 32 else [11, 11, 11, 11, 10, 10]
-    ones = tf.ones_like(valid, tf.int32)
-    slot_e = _where(tf.concat([valid, valid], 0), tf.concat([0 * ones, ones], 0), -1)
     slot_q = groups
     rem = ranks
     key = tf.zeros([nq], it)
-    n_groups = 2
     shift = bits
     for step, w in enumerate(widths):
         shift -= w

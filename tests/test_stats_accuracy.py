@@ -157,3 +157,19 @@ def test_radix_selection_is_exact(dtype, jit):
     got = fn(tf.constant(x), tf.constant(valid)).numpy()
     want = np.concatenate([np.sort(x[valid])[ranks], np.sort(np.abs(x[valid]))[ranks]])
     np.testing.assert_array_equal(got, want)
+
+
+def test_strided_sample_visits_every_channel():
+    """A sparse [rows, C] tensor whose channels differ in scale by 10x each: a stride that
+    shared a factor with C would sample a subset of channels and miss whole decades."""
+    rng = np.random.default_rng(5)
+    rows, channels, k = 25_000, 8, 4096
+    x = np.abs(rng.normal(size=(rows, channels))) * 10.0 ** np.arange(channels)
+    # About 72k non-zero values: a stride of 16 before the coprime adjustment.
+    x = (x * (rng.random((rows, channels)) < 0.36)).astype(np.float32)
+    nz = np.sort(np.log10(x[x != 0].astype(np.float64)))
+    for seed in range(5):
+        got = as_dict(stats.tensor_stats(x, "output", sample_size=k, seed=seed).numpy(), "output")
+        for q in Q[1:-1]:
+            rank = np.searchsorted(nz, got[metadata.quantile_field(q, log=True)]) / nz.size * 100
+            assert abs(rank - q) < 6 * 50 / np.sqrt(k), (seed, q, rank)
