@@ -4,24 +4,28 @@ Routes and their JSON are documented in ``docs/http_api.md``. All data comes
 from ``context.data_provider`` (works with ``--load_fast`` true and false),
 in calls of bounded size (:mod:`tb_introspect.plugin.bounded`): ``./run``,
 ``./overview`` and the grids read a sample of about one point per pixel
-column of every tag; full resolution is read one tag at a time.
+column of every tag; full resolution is read one tag at a time. Activity maps
+(tens of thousands of values per point) stay out of the sampled read: ``./activity``
+reads one on demand.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 from tensorboard import errors as tb_errors
 from tensorboard import plugin_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_introspect import metadata
-from tb_introspect.plugin import assets, bounded, overview, reader
+from tb_introspect.plugin import activity, assets, bounded, overview, reader
 from tb_introspect.plugin.cache import FingerprintCache
 from tb_introspect.plugin.http_io import (
     RequestError,
@@ -151,6 +155,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
         self._overviews = FingerprintCache(8, 64 * mib)
         self._series = FingerprintCache(256, 64 * mib)
+        self._activity = FingerprintCache(64, 64 * mib)
         # Sampled reads of runs: ./series answers from them when the sample is enough.
         self._sampled = FingerprintCache(8, 256 * mib, lambda d: bounded.nbytes(
             d.rs.all_series().values()))
@@ -179,6 +184,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             "/run": self._serve_run,
             "/series": self._serve_series,
             "/overview": self._serve_overview,
+            "/activity": self._serve_activity,
             "/index.js": self._serve_index,
             "/static/*": self._serve_static,
         }
@@ -236,9 +242,11 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def read() -> _Sampled:
-            points = sample_points(len(listing.infos))
+            # Activity maps are read on demand (./activity): one point can hold 50k values.
+            infos = [i for i in listing.infos.values() if not activity.is_activity(i)]
+            points = sample_points(len(infos))
             series, sampled, unreadable = bounded.read(
-                self._provider, eid, run, list(listing.infos.values()),
+                self._provider, eid, run, infos,
                 ctx=plugin_util.context(request.environ), points=points,
                 multiplexer=self._multiplexer,
             )
@@ -254,7 +262,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         def render() -> _Documents:
             d = self._sampled_run(request, run, listing)
             return _Documents(
-                run=gzip_bytes(encode(_run_document(d.rs, d.sampled))),
+                run=gzip_bytes(encode(_run_document(d.rs, d.sampled, listing.infos))),
                 overview=gzip_bytes(encode(overview.compute_overview(d.rs))),
             )
 
@@ -302,6 +310,9 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             raise not_found(f"run {run!r} has no tb-introspect tag {missing[0]!r}"
                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         infos = {t: infos[t] for t in tags if t in infos}
+        maps = [t for t, i in infos.items() if activity.is_activity(i)]
+        if maps:
+            raise RequestError(f"tag {maps[0]!r} is an activity map; read it with ./activity")
         if fields:
             known = {f for i in infos.values() for f in i.fields}
             unknown = [f for f in fields if f not in known]
@@ -360,6 +371,37 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             request, self._overviews.get(key, listing.fingerprint, render)
         )
 
+    @_route
+    def _serve_activity(self, request: wrappers.Request):
+        run = required(request, "run")
+        tag = required(request, "tag")
+        listing = self._list_run(request, run)
+        info = listing.infos.get(tag)
+        if info is None:
+            reason = dict(listing.bad).get(tag)
+            raise not_found(f"run {run!r} has no readable activity map {tag!r}"
+                            + (f" ({reason})" if reason else ""))
+        if not activity.is_activity(info):
+            raise RequestError(f"tag {tag!r} is not an activity map (kind {info.kind});"
+                               " read it with ./series")
+        eid = plugin_util.experiment_id(request.environ)
+
+        def render() -> bytes:
+            series, sampled, unreadable = bounded.read(
+                self._provider, eid, run, [info], ctx=plugin_util.context(request.environ),
+                points=0, multiplexer=self._multiplexer,
+            )
+            if tag not in series:
+                reason = unreadable[0][1] if unreadable else "no points"
+                raise not_found(f"activity map {tag!r} of run {run!r} cannot be read: {reason}")
+            return gzip_bytes(encode(activity.document(run, series[tag], tag in sampled)))
+
+        # The tag's own entry of the listing: new points of other tags (every training
+        # step) leave a map of tens of thousands of values cached.
+        fingerprint = (info.max_step, info.max_wall_time)
+        return gzipped_json_response(
+            request, self._activity.get((eid, run, tag), fingerprint, render))
+
     @wrappers.Request.application
     def _serve_index(self, request: wrappers.Request):
         return assets.respond_index(request)
@@ -374,11 +416,19 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         return assets.respond_file(request, path[i + len(marker):])
 
 
-def _run_document(rs: reader.RunSeries, sampled: frozenset[str]) -> dict[str, Any]:
-    """The ``./run`` JSON of a run (see docs/http_api.md); ``sampled``: tags read in part."""
+def _run_document(
+    rs: reader.RunSeries, sampled: frozenset[str], infos: dict[str, reader.TagInfo]
+) -> dict[str, Any]:
+    """The ``./run`` JSON of a run (see docs/http_api.md); ``sampled``: tags read in part,
+    ``infos``: the run's listing (activity maps are listed from it, never read here)."""
     views: dict[str, list] = {v: [] for v in metadata.VIEWS}
     for view, series in rs.tensors.items():
         views[view] = [_tensor_entry(s, s.info.tag in sampled) for s in series]
+    dead = {s.info.name: _last_finite(s.field("dead_rate")) for s in rs.tensors.get("output", [])}
+    maps = activity.entries(infos, dead)
+    by_name = {m["name"]: m["tag"] for m in maps}
+    for entry in views["output"]:
+        entry["activity_tag"] = by_name.get(entry["name"])
     names = sorted(set(rs.metrics) | set(rs.metric_epochs))
     return {
         "run": rs.run,
@@ -387,8 +437,14 @@ def _run_document(rs: reader.RunSeries, sampled: frozenset[str]) -> dict[str, An
         "views": views,
         "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n), sampled)
                     for n in names],
+        "activity": maps,
         "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
     }
+
+
+def _last_finite(values) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite[-1]) if finite.size else math.nan
 
 
 def _tensor_entry(s: reader.Series, sampled: bool) -> dict[str, Any]:
