@@ -87,6 +87,11 @@ def known_dead_rate(index: int, step: int) -> float:
     return 0.0
 
 
+def known_lr(run: str) -> float:
+    """The learning rate of a fixture run (its name says it)."""
+    return 0.1 if run.endswith("lr_0.1") else 0.01
+
+
 def known_loss(run: str, step: int) -> float:
     lr = 0.1 if run.endswith("lr_0.1") else 0.01
     return 0.1 + 2.2 * math.exp(-step * lr * 0.4) * (1.0 + 0.1 * math.sin(step * 1.7))
@@ -133,6 +138,9 @@ def stats_vector(run: str, view: str, index: int, step: int, shape) -> list[floa
     for q, z, hz in zip(metadata.DEFAULT_QUANTILES, NORMAL_Z, HALF_NORMAL_Z, strict=True):
         values[metadata.quantile_field(q)] = max(z, 0.0) * rms if relu else z * rms
         values[metadata.quantile_field(q, log=True)] = math.log10(hz * rms)
+        # Implicit learning rate: the run's rate at the median, a decade from min to max.
+        values[metadata.ILR_PREFIX + metadata.quantile_field(q)] = \
+            known_lr(run) * 10.0 ** ((q - 50.0) / 100.0)
     if step in nan_steps(run, view, index):
         for key in values:
             if key not in ("epoch", "count"):

@@ -51,7 +51,11 @@ def test_keras_run_in_the_tab(keras_logdir):
             ov = tb.get_json("overview?run=cnn")
             assert set(ov["views"]) == {"variable", "gradient", "output", "output_gradient"}
             counts = f.evaluate(COLOURED_PIXELS_JS, ".chart canvas")
-            assert len(counts) == 12 + len(ov["metrics"]) and min(counts) > 100, counts
+            # 4 views x 3 charts, the 2 implicit-learning-rate charts, the metrics.
+            assert len(counts) == 14 + len(ov["metrics"]) and min(counts) > 100, counts
+            # Plain SGD: every layer's weights move by the learning rate times the gradient.
+            ilr = readout_pairs(f.locator('.chart[data-chart="variable-ilr-bands"]'))
+            assert float(ilr["median"]) == pytest.approx(0.05, rel=1e-3), ilr
             # The loss readout (last point) is the backend's last logged loss.
             loss = ov["metrics"]["loss"]
             pairs = readout_pairs(f.locator('.chart[data-chart="metric-loss"]'))

@@ -19,6 +19,7 @@ from browser_support import (
     SCREENSHOTS,
     TENSORS,
     known_loss,
+    known_lr,
     known_rms,
     launch_chromium,
     plugin_frame,
@@ -188,12 +189,17 @@ def tensor_index(view: str, name: str) -> int:
 
 def test_overview_draws_every_chart(session):
     f = session.open("p.introspect.run=exp1%2Flr_0.1")
-    # 2 metrics + 4 views x 3 charts, all with data drawn.
+    # 2 metrics + 4 views x 3 charts + 2 implicit-learning-rate charts, all with data drawn.
     counts = session.coloured()
-    assert len(counts) == 14, counts
+    assert len(counts) == 16, counts
     assert min(counts) > 300, counts
     for view in ("variable", "gradient", "output", "output_gradient"):
         assert f.locator(f"#sec-{view} .chart").count() == 3
+    # The implicit learning rate row sits under the weights; the fixture's median is the rate.
+    assert f.locator("#sec-variable + #sec-ilr .chart").count() == 2
+    ilr = readout_pairs(f.locator('.chart[data-chart="variable-ilr-bands"]'))
+    assert head_step(ilr["@"]) == 120
+    assert float(ilr["median"]) == pytest.approx(known_lr("exp1/lr_0.1"), rel=1e-6)
     assert f.locator("#findings h2").text_content().startswith("Findings")
     # The loss readout (cursor elsewhere: the last point) shows the exact value.
     loss = f.locator('.chart[data-chart="metric-loss"]')
@@ -323,6 +329,9 @@ def test_empty_views_say_so(session):
         assert f"No {words} statistics were logged" in note.text_content()
         assert f.locator(f"#sec-{view} canvas").count() == 0
     assert f.locator("#sec-gradient canvas").count() == 3
+    # No weights, so no implicit learning rate: one line, no chart.
+    assert "No implicit learning rate in this run" in f.locator("#sec-ilr .empty").text_content()
+    assert f.locator("#sec-ilr canvas").count() == 0
     session.click('.tab[data-tab="activity"]')
     assert "No layer outputs statistics were logged in run “gradients_only”" in \
         f.locator(".empty").first.text_content()
@@ -378,9 +387,9 @@ def test_layer_modes_buttons_fields_and_url_follow_one_table(session):
     run = "p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.01"
     all_panels = '.segmented[aria-label="mode of all panels"] button'
     f = session.open(run + "&p.introspect.view=variable")
-    # A view's own slot mode is offered in that view only.
+    # A view's own modes are offered in that view only.
     assert f.locator(all_panels).all_text_contents() == [
-        "default", "values", "|x| log", "RMS", "Δw/w"]
+        "default", "values", "|x| log", "RMS", "Δw/w", "ILR"]
     assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"values"}
     session.click(all_panels + '[data-mode="update"]')
     session.wait_url("p.introspect.lmode=update")
@@ -389,7 +398,22 @@ def test_layer_modes_buttons_fields_and_url_follow_one_table(session):
     chart = f.locator('.panel[data-drawn="update"] .chart').first
     session.hover(chart, 0.5)
     assert readout_pairs(chart)["‖Δw‖/‖w‖"] == "0.001"
+    # The implicit learning rate: from the URL, every panel; the fixture's median is the rate.
     session.page.goto("about:blank")  # a hash-only change would not load the page again
+    f = session.open(run + "&p.introspect.view=variable&p.introspect.lmode=ilr")
+    assert "on" in f.locator(all_panels + '[data-mode="ilr"]').get_attribute("class")
+    f.wait_for_function("document.querySelectorAll('.panel[data-drawn=\"ilr\"] .chart')"
+                        ".length === document.querySelectorAll('.panel').length")
+    chart = f.locator('.panel[data-drawn="ilr"] .chart').first
+    session.hover(chart, 0.5)
+    pairs = readout_pairs(chart)
+    assert float(pairs["median"]) == pytest.approx(known_lr("exp1/lr_0.01"), rel=1e-6)
+    assert float(pairs["max"]) == pytest.approx(10 ** 0.5 * known_lr("exp1/lr_0.01"), rel=1e-6)
+    assert min(session.coloured()) > 100
+    session.click(all_panels + '[data-mode=""]')
+    session.page.wait_for_function("() => !location.href.includes('lmode')", timeout=5_000)
+    assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"values"}
+    session.page.goto("about:blank")
     f = session.open(run + "&p.introspect.view=gradient&p.introspect.lmode=cos")
     assert f.locator(all_panels).all_text_contents() == [
         "default", "values", "|x| log", "RMS", "cos"]
@@ -529,7 +553,7 @@ def test_path_prefix(browser, logdir):
         try:
             f = s.open("p.introspect.run=exp1%2Flr_0.01")
             counts = s.coloured()
-            assert len(counts) == 14 and min(counts) > 300, counts
+            assert len(counts) == 16 and min(counts) > 300, counts
             ours = [u for u in s.requests if "/plugin/introspect/" in u or "plugin_entry" in u]
             assert ours and all(u.startswith(prefixed.url + "data/") for u in ours), ours
             s.click('.tab[data-tab="layers"]')

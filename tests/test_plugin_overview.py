@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_introspect.plugin import overview
+from tb_introspect import metadata
+from tb_introspect.plugin import overview, reader
+from tb_introspect.rundata import RunSeries, Series, TagInfo
 
 
 def stack_reference(column: list[float]) -> list[float]:
@@ -112,3 +115,102 @@ def test_epoch_band_from_steps_groups_by_epoch() -> None:
     assert band["count"] == [2, 2]
     assert band["min"] == [1.0, 5.0] and band["max"] == [3.0, 7.0]
     assert band["p50"] == [2.0, 6.0] and band["mean"] == [2.0, 6.0]
+
+
+# -- the implicit learning rate row ------------------------------------------------------------
+
+ILR_LR = 0.05
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train_ilr_run(log_dir: Path, optimizer_name: str, views=None) -> RunSeries:
+    """Three Dense layers trained 3 epochs with the Keras callback, read as the plugin reads it."""
+    import keras
+
+    from tb_introspect.keras import Introspect
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 6)).astype("float32")
+    y = rng.normal(size=(256, 1)).astype("float32")
+    model = keras.Sequential([
+        keras.Input((6,)),
+        keras.layers.Dense(16, activation="tanh", name="hidden1"),
+        keras.layers.Dense(8, activation="tanh", name="hidden2"),
+        keras.layers.Dense(1, name="head"),
+    ])
+    optimizer = (keras.optimizers.SGD(ILR_LR) if optimizer_name == "sgd"
+                 else keras.optimizers.Adam(1e-3))
+    model.compile(optimizer, "mse")
+    kwargs = {} if views is None else {"views": views}
+    model.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False,
+              callbacks=[Introspect(str(log_dir), **kwargs)])
+    (run,) = reader.read_logdir(str(log_dir)).values()
+    return run
+
+
+def test_ilr_row_of_plain_sgd_is_the_learning_rate(tmp_path) -> None:
+    run = train_ilr_run(tmp_path, "sgd")
+    doc = overview.compute_overview(run)
+    v = doc["views"]["variable"]
+    ilr = v["ilr"]
+    # One row per layer, its largest variable (the kernel), as the stack plot picks it.
+    assert [entry["layer"] for entry in ilr["layers"]] == ["hidden1", "hidden2", "head"]
+    picked = [v["tensors"][e["tensor"]] for e in ilr["layers"]]
+    assert [t["name"].split("/")[-1] for t in picked] == ["kernel"] * 3
+    assert [e["tag"] for e in ilr["layers"]] == [t["tag"] for t in picked]
+    median = np.array(ilr["median"], dtype=np.float64)
+    band = np.array(ilr["band"], dtype=np.float64)
+    assert median.shape == (3, len(v["steps"])) == (3, 3)
+    assert band.shape == (len(overview.ILR_BAND_QUANTILES), 3)
+    # w_t - w_prev = -lr * (sum of the gradients): every layer's median is the rate.
+    np.testing.assert_allclose(median, ILR_LR, rtol=1e-3)
+    np.testing.assert_allclose(band, ILR_LR, rtol=1e-3)
+
+
+def test_ilr_row_of_adam_spreads_layers_and_elements(tmp_path) -> None:
+    run = train_ilr_run(tmp_path, "adam")
+    ilr = overview.compute_overview(run)["views"]["variable"]["ilr"]
+    median = np.array(ilr["median"], dtype=np.float64)
+    band = np.array(ilr["band"], dtype=np.float64)
+    assert np.isfinite(median).all()
+    # Adam divides each step by the gradient's running RMS: no layer moves at its rate of
+    # 1e-3 per unit gradient (this run: 4-14x), and the layers move at different rates.
+    assert (np.abs(median / 1e-3 - 1.0) > 1.0).all(), median
+    assert (band[-1] / band[0] > 2.0).all(), band
+    np.testing.assert_array_equal(band, np.sort(band, axis=0))
+    np.testing.assert_allclose(band[2], np.median(median, axis=0))
+    # Within a layer, its elements' rates spread over more than a decade (Layers' ILR mode).
+    kernel = run.tensors["variable"][ilr["layers"][0]["tensor"]]
+    q0, q100 = kernel.field("ilr_q0"), kernel.field("ilr_q100")
+    assert (q100 / q0 > 10.0).all(), (q0, q100)
+
+
+def test_no_ilr_row_without_the_gradient_view(tmp_path) -> None:
+    run = train_ilr_run(tmp_path, "sgd", views=("variable",))
+    doc = overview.compute_overview(run)
+    assert doc["views"]["variable"]["ilr"] is None
+    assert doc["views"]["variable"]["rms_bands"]  # the rest of the weights' row is there
+
+
+def test_no_ilr_row_in_format_version_1_data() -> None:
+    run = reader.read_logdir(str(ROOT / "tests" / "data" / "format_v1"))["adam_cnn"]
+    doc = overview.compute_overview(run)
+    assert run.format_version == 1
+    assert doc["views"]["variable"]["ilr"] is None
+    # Only the variable view has the row.
+    assert all("ilr" not in v for name, v in doc["views"].items() if name != "variable")
+
+
+def test_median_fields_interpolate_a_layout_without_q50() -> None:
+    def tensor(quantiles: tuple[float, ...]) -> Series:
+        fields = tuple(metadata.ILR_PREFIX + metadata.quantile_field(q) for q in quantiles)
+        info = TagInfo(tag="introspect/variable/d/kernel", kind="tensor_stats", version=2,
+                       name="d/kernel", fields=fields, view="variable", layer="d",
+                       quantiles=quantiles)
+        return Series(info, np.arange(1), np.zeros(1), np.zeros((1, len(fields))))
+
+    assert overview.median_fields(tensor((0, 50, 100))) == ("ilr_q50", "ilr_q50", 0.0)
+    assert overview.median_fields(tensor((0, 40, 90, 100))) == ("ilr_q40", "ilr_q90", 0.2)
+    assert overview.median_fields(tensor((60, 100))) == ("ilr_q60", "ilr_q60", 0.0)
+    assert overview.median_fields(tensor(())) is None

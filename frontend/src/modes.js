@@ -8,7 +8,11 @@
  * fields(quantiles): the statistics slots its chart needs;
  * defaultFor: the views that open in this mode;
  * slot: a mode that plots one view-specific slot (only offered where the
- * writer logged it), with its reference line, axis and readout label.
+ * writer logged it), with its reference line, axis and readout label;
+ * view + prefix: a mode of one view whose slots all start with `prefix`
+ * (only offered for tensors whose layout has them);
+ * logged(ovView): whether the run holds data for it, from the view's entry of
+ * the `./overview` document (a mode whose slots are all NaN is not offered).
  */
 export const MODES = [
   {
@@ -22,7 +26,8 @@ export const MODES = [
   {
     id: "magnitude",
     label: "|x| log",
-    help: "percentiles of |x| on a log axis (zeros at the bottom); orange: sign balance −100%…+100%",
+    help: "percentiles of |x| on a log axis (zeros at the bottom); right axis: orange = sign balance of the"
+      + " non-zero values (−100%…+100%; a ReLU output reads +100%), dashed grey = share of exact zeros (0…100%)",
     fields: (qs) => [...qs.map((q) => quantileField(q, true)), "zero_fraction", "sign_balance"],
     defaultFor: ["gradient", "output_gradient"],
   },
@@ -44,6 +49,18 @@ export const MODES = [
     help: "cosine between consecutive gradient aggregates (−1…1; persistently negative = oscillation)",
     slot: { field: "cos_prev", view: "gradient", ref: 0, refLabel: "0", range: [-1, 1], readout: "cos to previous" },
   },
+  {
+    id: "ilr",
+    label: "ILR",
+    help: "implicit learning rate |Δw| / |mean gradient| per element between logged points: percentiles over the"
+      + " elements (log axis). Plain SGD: every percentile is the learning rate (with momentum m about"
+      + " rate / (1 − m)); Adam/RMSprop: the spread is the per-element step sizes. Compare layers: one far below"
+      + " the others barely learns",
+    view: "variable",
+    prefix: "ilr_",
+    fields: (qs) => qs.map((q) => ilrField(q)),
+    logged: (ovView) => !!(ovView && ovView.ilr),
+  },
 ];
 
 export const MODE_IDS = MODES.map((m) => m.id);
@@ -59,21 +76,40 @@ export function defaultMode(view) {
   return (MODES.find((m) => m.defaultFor && m.defaultFor.includes(view)) || MODES[0]).id;
 }
 
-/** The modes offered for every panel of a view (a slot mode only in its own view). */
-export function modesOfView(view) {
-  return MODES.filter((m) => !m.slot || m.slot.view === view).map((m) => m.id);
+/** The view a mode belongs to (undefined: every view). */
+function viewOf(m) {
+  return m.slot ? m.slot.view : m.view;
 }
 
-/** The modes a tensor supports: a slot mode needs its slot in the tensor's layout. */
-export function modesFor(tensor) {
+/**
+ * The modes offered for every panel of a view (a slot mode only in its own
+ * view); `ovView`, the view's `./overview` entry, drops modes without data.
+ */
+export function modesOfView(view, ovView) {
+  return MODES.filter((m) => (!viewOf(m) || viewOf(m) === view) && (!m.logged || m.logged(ovView)))
+    .map((m) => m.id);
+}
+
+/**
+ * The modes a tensor supports: a slot mode needs its slot in the tensor's
+ * layout, a prefix mode one slot with that prefix; `ovView` as for modesOfView.
+ */
+export function modesFor(tensor, ovView) {
   const fields = tensor.fields || [];
-  return MODES.filter((m) => !m.slot || fields.includes(m.slot.field)).map((m) => m.id);
+  const has = (m) => m.slot ? fields.includes(m.slot.field)
+    : m.prefix ? fields.some((f) => f.startsWith(m.prefix)) : true;
+  return MODES.filter((m) => has(m) && (!m.logged || m.logged(ovView))).map((m) => m.id);
 }
 
 /** The slots a panel in mode `id` requests, plus `extra` ones. */
 export function fieldsFor(id, quantiles, extra = []) {
   const m = mode(id) || mode("rms");
   return [...(m.slot ? [m.slot.field] : m.fields(quantiles)), ...extra];
+}
+
+/** The implicit-learning-rate slot of percentile `q` (metadata.ILR_PREFIX + quantile_field). */
+export function ilrField(q) {
+  return `ilr_${quantileField(q, false)}`;
 }
 
 /** Matches metadata.quantile_field: Python's f"{q:g}" for the quantile. */

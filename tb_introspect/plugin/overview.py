@@ -18,7 +18,7 @@ import numpy as np
 
 from tb_introspect import diagnose, metadata
 from tb_introspect.json_values import int_list, num_list
-from tb_introspect.rundata import RunSeries, Series, align
+from tb_introspect.rundata import Aligned, RunSeries, Series, align
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 RMS_QUANTILES: tuple[float, ...] = metadata.DEFAULT_QUANTILES
 ACTIVITY_FIELDS = ("activation_rate", "dead_rate", "spatial_dead_rate")
 DEFAULT_MAX_POINTS = 2000
+#: Percentiles (over layers) of the per-layer median implicit learning rate.
+ILR_BAND_QUANTILES: tuple[float, ...] = (0.0, 25.0, 50.0, 75.0, 100.0)
 
 
 def stack_rows(series: Sequence[Series]) -> list[int]:
@@ -120,6 +122,57 @@ def column_subset(n: int, max_points: int) -> np.ndarray:
     return idx
 
 
+def median_fields(s: Series) -> tuple[str, str, float] | None:
+    """How to read the median implicit learning rate of ``s``: ``(lo, hi, w)`` with the
+    median = ``(1 - w) * lo + w * hi`` (``lo == hi``, ``w == 0`` when ``ilr_q50`` is
+    logged); ``None`` when the tag's layout has no ``ilr_q<p>`` slot.
+
+    A layout whose percentile points skip 50 is interpolated linearly between the two
+    logged points around it, as numpy interpolates between order statistics.
+    """
+    qs = sorted(q for q in s.info.quantiles if s.has(_ilr_field(q)))
+    if not qs:
+        return None
+    above = [q for q in qs if q >= 50.0]
+    below = [q for q in qs if q <= 50.0]
+    lo = below[-1] if below else above[0]
+    hi = above[0] if above else below[-1]
+    w = 0.0 if hi == lo else (50.0 - lo) / (hi - lo)
+    return _ilr_field(lo), _ilr_field(hi), w
+
+
+def _ilr_field(q: float) -> str:
+    return metadata.ILR_PREFIX + metadata.quantile_field(q)
+
+
+def ilr_overview(a: Aligned, rows: Sequence[int], cols: np.ndarray) -> dict[str, Any] | None:
+    """The Overview's implicit-learning-rate row of the variable view (docs/http_api.md).
+
+    Per layer (``rows``: the layers' largest variables, as the stack plot picks them), the
+    median over its elements of the implicit learning rate at each step of ``cols``, and the
+    ``ILR_BAND_QUANTILES`` percentiles of those medians over layers. ``None`` when no layer
+    has a finite value: format-version-1 data, or a run without the gradient view.
+    """
+    how = {i: median_fields(a.series[i]) for i in rows}
+    if not any(how.values()):
+        return None
+    m = a.raws(sorted({f for h in how.values() if h for f in h[:2]}))
+    median = np.full((len(rows), len(cols)), np.nan)
+    for k, i in enumerate(rows):
+        if how[i]:
+            lo, hi, w = how[i]
+            median[k] = (1.0 - w) * m[lo][i, cols] + w * m[hi][i, cols]
+    if not np.isfinite(median).any():
+        return None
+    return {
+        "layers": [{"layer": a.series[i].info.layer, "tag": a.series[i].info.tag, "tensor": i}
+                   for i in rows],
+        "median": num_list(median),
+        "band_quantiles": list(ILR_BAND_QUANTILES),
+        "band": num_list(band_over_rows(median, ILR_BAND_QUANTILES)),
+    }
+
+
 def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
     a = align("", series)
@@ -144,7 +197,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
         if name != "activation_rate":
             entry["worst"] = [None if w < 0 else w for w in summary["worst"].tolist()]
         activity[name] = entry
-    return {
+    doc = {
         "tensors": [
             {"tag": s.info.tag, "name": s.info.name, "layer": s.info.layer, "depth": s.info.depth}
             for s in series
@@ -163,6 +216,9 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
         "nonfinite": int_list(nonfinite_m.sum(axis=0)[cols]),
         "first_nonfinite": first_nonfinite,
     }
+    if series and series[0].info.view == "variable":
+        doc["ilr"] = ilr_overview(a, stack, cols)
+    return doc
 
 
 def epoch_band_from_steps(values: np.ndarray, epochs: np.ndarray, steps: np.ndarray) -> dict:

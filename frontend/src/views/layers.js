@@ -1,7 +1,8 @@
 // Layers: every monitored tensor of one view in a compact grid, first layer
 // first. Per panel a mode switch (the table in ../modes.js): value percentiles
-// (linear axis), magnitude percentiles (log10 axis, sign balance on a second
-// axis), RMS, or a view's own slot (update ratio, gradient cosine).
+// (linear axis), magnitude percentiles (log10 axis, sign balance and zero
+// fraction on a second axis), RMS, a view's own slot (update ratio, gradient
+// cosine), or the weights' implicit-learning-rate percentiles (log axis).
 
 import { afterPaint, chart, percentileBands, readoutLine } from "../charts.js";
 import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, sampleBudget, sampleNote, shapeText, xValues } from "../common.js";
@@ -9,7 +10,7 @@ import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
 import { LazyDrawer } from "../lazy.js";
-import { defaultMode, fieldsFor, mode as modeInfo, modesFor, modesOfView, quantileField as qField } from "../modes.js";
+import { defaultMode, fieldsFor, ilrField, mode as modeInfo, modesFor, modesOfView, quantileField as qField } from "../modes.js";
 import { overviewEpochMap } from "./shared.js";
 
 const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
@@ -19,8 +20,9 @@ const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
 const PARALLEL = 6;
 const chunkSize = (n) => Math.max(10, Math.ceil(n / PARALLEL));
 
-export function modeOf(state, view, tensor) {
-  const ok = modesFor(tensor);
+/** The mode a panel opens in; `ovView`: the view's `./overview` entry (what the run logged). */
+export function modeOf(state, view, tensor, ovView) {
+  const ok = modesFor(tensor, ovView);
   for (const m of [state.modes[tensor.tag], state.lmode]) if (m && ok.includes(m)) return m;
   return defaultMode(view);
 }
@@ -54,9 +56,10 @@ export async function renderLayers(ctx) {
   const all = info.views[view] || [];
   const filter = compileFilter(state.filter);
   const tensors = all.filter(filter.test);
+  const ovView = ov.views && ov.views[view];
   const head = h("div.view-head",
     h("h2", `${VIEW_LABELS[view]}: ${tensors.length} of ${all.length} tensors`),
-    modeAllSwitch(ctx, view));
+    modeAllSwitch(ctx, view, ovView));
   root.append(head);
   if (!all.length) {
     root.append(emptyNote(`No ${VIEW_LABELS[view].toLowerCase()} statistics were logged in run “${state.run}”.`,
@@ -69,10 +72,10 @@ export async function renderLayers(ctx) {
   }
   const grid = h("div.grid");
   root.append(grid);
-  const ovView = ov.views && ov.views[view];
   const L = {
     ctx,
     view,
+    ovView,
     width: 0,
     // One step -> epoch map for every panel, from the run's overview.
     epochMap: overviewEpochMap(ov),
@@ -131,7 +134,7 @@ async function loadAndDraw(L, part) {
   }));
 }
 
-function modeAllSwitch(ctx, view) {
+function modeAllSwitch(ctx, view, ovView) {
   const current = ctx.state.lmode || "";
   const btn = (mode, label) => h(`button.seg${current === mode ? ".on" : ""}`, {
     dataset: { mode },
@@ -140,14 +143,14 @@ function modeAllSwitch(ctx, view) {
     on: { click: () => ctx.setState({ lmode: mode, modes: {} }) },
   }, label);
   return h("div.segmented", { role: "group", "aria-label": "mode of all panels" },
-    h("span.seg-label", "all panels:"), btn("", "default"), modesOfView(view).map((m) => btn(m, modeInfo(m).label)));
+    h("span.seg-label", "all panels:"), btn("", "default"), modesOfView(view, ovView).map((m) => btn(m, modeInfo(m).label)));
 }
 
 function panel(L, t) {
   const { ctx, view } = L;
-  const mode = modeOf(ctx.state, view, t);
+  const mode = modeOf(ctx.state, view, t, L.ovView);
   const switcher = h("div.segmented.small", { role: "group", "aria-label": "chart mode" },
-    modesFor(t).map((m) => [m, modeInfo(m).label]).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
+    modesFor(t, L.ovView).map((m) => [m, modeInfo(m).label]).map(([m, label]) => h(`button.seg${m === mode ? ".on" : ""}`, {
       type: "button",
       title: modeInfo(m).help,
       dataset: { mode: m },
@@ -278,12 +281,18 @@ function drawPanel(L, p, s) {
     });
     return;
   }
+  if (mode === "ilr") {
+    drawIlr(p, s, { common, color, qs, head, nonfinite: (idx) => nonfiniteText(s, idx) });
+    return;
+  }
   // magnitude
   const logRows = qs.map((q) => s.values[qField(q, true)]);
   const zf = s.values.zero_fraction;
   const { rows, floor } = magnitudeRows(qs, logRows, zf);
   const { series, bands } = percentileBands(qs, rows, color, (q) => `|x| ${q}%`);
+  // Over the non-zero values (format 2): a ReLU output reads +100 %, its zeros are the grey line.
   series.push({ label: "sign balance", values: s.values.sign_balance, color: t.sign, width: 1, scale: "y2" });
+  if (zf) series.push({ label: "zeros", values: zf, color: t.muted, width: 1, dash: [3, 3], scale: "y2" });
   p.chart = chart(p.plot, {
     ...common,
     title,
@@ -294,9 +303,51 @@ function drawPanel(L, p, s) {
     readout: (idx) => {
       if (idx == null) return "";
       const pairs = quantilePairs(qs, rows.map((r) => r.map((v) => (v === floor ? 0 : v))), idx, "|x| ");
-      pairs.push(["zeros", pct(zf ? zf[idx] : null)],
+      pairs.push(["zeros", pct(zf ? zf[idx] : null), t.muted],
         ["sign", s.values.sign_balance[idx] == null ? "—" : `${s.values.sign_balance[idx] > 0 ? "+" : ""}${pct(s.values.sign_balance[idx])}`, t.sign]);
       return readoutLine(head(idx), pairs, nonfiniteText(s, idx));
+    },
+  });
+}
+
+/**
+ * The implicit learning rate's percentile bands on a log axis. The axis fits
+ * the inner percentiles (12.5–87.5 % by default) with a decade to spare: the
+ * extremes come from elements whose gradient sum nearly cancels over the
+ * window (or whose update rounds to 0 in float32) and reach 1e20 or 0, which
+ * would flatten the bands that tell layers apart. They run off the plot's
+ * edge; the readout keeps their exact values.
+ */
+function drawIlr(p, s, { common, color, qs, head, nonfinite }) {
+  const rows = qs.map((q) => s.values[ilrField(q)] || common.x.map(() => null));
+  const inner = qs.length > 4 ? rows.slice(1, -1) : rows;
+  let lo = Infinity;
+  let hi = 0;
+  for (const r of inner) {
+    for (const v of r) {
+      if (v != null && v > 0 && Number.isFinite(v)) {
+        lo = Math.min(lo, v);
+        hi = Math.max(hi, v);
+      }
+    }
+  }
+  const logged = hi > 0;
+  const range = logged ? [10 ** (Math.floor(Math.log10(lo)) - 1), 10 ** (Math.ceil(Math.log10(hi)) + 1)] : undefined;
+  // A rate of exactly 0 (the weight did not move) sits below the axis: its band runs off the bottom.
+  const drawn = logged ? rows.map((r) => r.map((v) => (v === 0 ? range[0] / 10 : v))) : rows;
+  const { series, bands } = percentileBands(qs, drawn, color, (q) => `ILR ${q}%`);
+  p.chart = chart(p.plot, {
+    ...common,
+    title: "",
+    series,
+    bands,
+    y: { log: true, range },
+    readout: (idx) => {
+      if (!logged) {
+        return readoutLine("", [["implicit learning rate", "not logged (needs the gradient view and two logged points)"]]);
+      }
+      if (idx == null) return "";
+      return readoutLine(head(idx), quantilePairs(qs, rows, idx, ""), nonfinite(idx));
     },
   });
 }

@@ -1,6 +1,7 @@
 // Overview: the one-page dashboard of a run. Loss/metrics with per-epoch
-// bands, the findings panel, and per view a row of three charts (distribution
-// of per-layer RMS, layer-scale stack plot, activation/dead rates).
+// bands, the findings panel, per view a row of three charts (distribution
+// of per-layer RMS, layer-scale stack plot, activation/dead rates), and after
+// the weights the implicit learning rate (./ilr.js).
 
 import { chart, depthColors, percentileBands, readoutLine, stackDrawer } from "../charts.js";
 import { VIEW_HELP, VIEW_LABELS, VIEWS, emptyNote, joinParts, pointLabel, xValues } from "../common.js";
@@ -8,6 +9,7 @@ import { h } from "../dom.js";
 import { fmt, pct } from "../format.js";
 import { theme } from "../theme.js";
 import { renderFindings } from "./findings.js";
+import { ILR_HELP, renderIlrRow } from "./ilr.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
 export async function renderOverview(ctx) {
@@ -65,6 +67,12 @@ export async function renderOverview(ctx) {
     stackChart(cells[1], view, v, x, xLabel, ctx);
     activityChart(cells[2], view, v, x, xLabel);
   }
+
+  // Right under the weights' row: it reads the weights' movement against their gradients.
+  const ilrSec = h("section.ilr-row", { id: "sec-ilr" },
+    h("h2", "Implicit learning rate", h("span.h-help", ` — ${ILR_HELP}`)));
+  root.querySelector("#sec-variable").after(ilrSec);
+  renderIlrRow(ilrSec, ov.views && ov.views.variable, ctx, { xMode, xLabel, epochMap });
 }
 
 function metricOrder(a, b) {
