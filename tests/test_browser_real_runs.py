@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -338,3 +340,321 @@ def test_every_view_of_a_real_run(browser, real_tb, run):
         p.check("compare", run)
     finally:
         p.close()
+
+
+# -- per-channel and spatial activity maps -------------------------------------------------
+
+# The maps section of the Activity view: its state and what it shows.
+AMAP_JS = """
+() => {
+  const s = document.querySelector('section.amap');
+  if (!s) return null;
+  const o = s.querySelector('.amap-overlay');
+  return {
+    state: s.dataset.state, layer: s.dataset.layer ?? null, epoch: s.dataset.epoch ?? null,
+    label: s.querySelector('.amap-epoch-label')?.textContent ?? null,
+    overlay: o ? o.textContent : null, level: o ? o.dataset.level : null,
+    charts: [...s.querySelectorAll('.chart')].map((c) => c.dataset.chart),
+    nospatial: !!s.querySelector('.amap-nospatial'),
+    text: s.innerText,
+  };
+}
+"""
+
+# A checksum of one canvas' pixels: tells whether a redraw changed the picture.
+CANVAS_SUM_JS = """
+(sel) => {
+  const c = document.querySelector(sel);
+  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let h = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    h = (h * 31 + d[i] * 7 + d[i + 1] * 3 + d[i + 2]) % 1000000007;
+  }
+  return h;
+}
+"""
+
+# True once the section shows layer `name`, drawn.
+AMAP_READY_JS = """
+(name) => {
+  const s = document.querySelector('section.amap');
+  return !!s && s.dataset.state === 'ready' && (name === null || s.dataset.layer === name);
+}
+"""
+
+AMAP_CHART = '.amap .chart[data-chart="{}"] canvas'
+
+
+def amap(p: Probe) -> dict:
+    return p.f.evaluate(AMAP_JS)
+
+
+def amap_pixels(p: Probe, chart: str) -> int:
+    (n,) = p.f.evaluate(COLOURED_PIXELS_JS, AMAP_CHART.format(chart))
+    return n
+
+
+def expected_default(maps: list[dict]) -> str:
+    """The layer the section opens: the highest final dead rate, first in depth order."""
+    best = maps[0]
+    for m in maps:
+        if (m["final_dead_rate"] or 0) > (best["final_dead_rate"] or 0):
+            best = m
+    return best["name"]
+
+
+def check_map_drawn(p: Probe, label: str, doc: dict, epoch_index: int) -> None:
+    """The section shows ``doc`` (./activity) at ``epoch_index``: histogram, maps, overlay."""
+    state = amap(p)
+    assert state["state"] == "ready" and state["layer"] == doc["name"], (label, state)
+    assert state["epoch"] == str(doc["epochs"][epoch_index]), (label, state)
+    rates = [r for r in doc["channel_rates"][epoch_index] if r is not None]
+    dead = sum(1 for r in rates if r == 0)
+    assert state["overlay"].startswith(f"{len(rates)} channel"), (label, state["overlay"])
+    assert state["level"] == ("ok" if not dead else "all" if dead == len(rates) else "some")
+    assert amap_pixels(p, "amap-hist") >= MIN_PIXELS, label
+    if doc["positions"]:
+        assert state["charts"] == ["amap-hist", "amap-heat", "amap-alive"], (label, state)
+        assert amap_pixels(p, "amap-heat") >= MIN_PIXELS, label
+        assert amap_pixels(p, "amap-alive") >= MIN_PIXELS, label
+    else:
+        assert state["charts"] == ["amap-hist"] and state["nospatial"], (label, state)
+
+
+def check_hover_readout(p: Probe, doc: dict, epoch_index: int, fx: float, fy: float) -> None:
+    """The heat map's readout names the cell under the mouse and its rate."""
+    dims = doc["spatial_shape"]
+    rows, cols = (1, dims[0]) if len(dims) == 1 else (math.prod(dims[:-1]), dims[-1])
+    row, col = int(fy * rows), int(fx * cols)
+    canvas = p.f.locator(AMAP_CHART.format("amap-heat"))
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    # The middle of the cell: a cell of 112 is 2 px wide.
+    p.s.page.mouse.move(box["x"] + (col + 0.5) / cols * box["width"],
+                        box["y"] + (row + 0.5) / rows * box["height"])
+    rate = doc["spatial_rates"][epoch_index][row * cols + col]
+    text = p.f.locator('.amap .chart[data-chart="amap-heat"] .readout').text_content()
+    where = f"position {col}" if len(dims) == 1 else f"row {row}, col {col}"
+    assert text.startswith(where + ": "), (text, where)
+    value = text[len(where) + 2:]
+    if rate == 0:
+        assert value == "dead (0%)", text
+    elif rate < 0.0005:
+        assert value == "<0.1%", text
+    elif 0.9995 < rate < 1:
+        assert value == ">99.9%", text
+    else:
+        assert abs(float(value.rstrip("%")) - 100 * rate) <= 0.051, (text, rate)
+
+
+def histogram_bins(rates: list) -> list[int]:
+    """The histogram's bars: dead (exactly 0), then 10 bins over (0, 1]."""
+    bars = [0] * 11
+    for r in rates:
+        if r is not None:
+            bars[0 if r <= 0 else 1 + min(9, math.floor(r * 10))] += 1
+    return bars
+
+
+def pictures(p: Probe) -> dict[str, int]:
+    charts = amap(p)["charts"]
+    return {c: p.f.evaluate(CANVAS_SUM_JS, AMAP_CHART.format(c)) for c in charts}
+
+
+def check_pictures_follow(label: str, doc: dict, a: int, b: int, was: dict, now: dict) -> None:
+    """Epoch ``a`` drawn as ``was``, then ``b`` as ``now``: a picture changes when its data does."""
+    hist_a, hist_b = (histogram_bins(doc["channel_rates"][i]) for i in (a, b))
+    assert (was["amap-hist"] != now["amap-hist"]) == (hist_a != hist_b), (label, hist_a, hist_b)
+    if not doc["positions"]:
+        return
+    sa, sb = doc["spatial_rates"][a], doc["spatial_rates"][b]
+    if sa == sb:
+        assert (was["amap-heat"], was["amap-alive"]) == (now["amap-heat"], now["amap-alive"])
+    # Four steps of the 256-colour scale always change a cell's colour.
+    if any(abs((x or 0) - (y or 0)) > 4 / 255 for x, y in zip(sa, sb, strict=True)):
+        assert was["amap-heat"] != now["amap-heat"], label
+    if [x == 0 for x in sa] != [y == 0 for y in sb]:
+        assert was["amap-alive"] != now["amap-alive"], label
+
+
+def step_epochs(p: Probe, label: str, doc: dict) -> None:
+    """◀ and ▶ and the keyboard on the slider: the label, the URL and the pictures follow."""
+    n = len(doc["epochs"])
+    assert n >= 2, f"{label}: one epoch only"
+    before, was = amap(p), pictures(p)
+    p.f.evaluate(WATCH_FIRST_DRAW_JS)  # marks the start of the long-task window
+    p.f.locator(".amap-prev").click()
+    after = amap(p)
+    assert after["label"] != before["label"], (label, after["label"])
+    check_map_drawn(p, label + " ◀", doc, n - 2)
+    check_pictures_follow(label, doc, n - 1, n - 2, was, pictures(p))
+    p.s.wait_url(f"p.introspect.aepoch={doc['epochs'][n - 2]}")
+    p.f.locator(".amap-next").click()
+    check_map_drawn(p, label + " ▶", doc, n - 1)
+    assert p.f.locator(".amap-next").is_disabled()
+    # The keyboard: arrows on the focused slider.
+    p.f.locator("input.amap-epoch").focus()
+    p.s.page.keyboard.press("ArrowLeft")
+    check_map_drawn(p, label + " ←", doc, n - 2)
+    p.s.page.keyboard.press("ArrowRight")
+    check_map_drawn(p, label + " →", doc, n - 1)
+    long = p.f.evaluate(LONG_TASKS_SINCE_MARK_JS)
+    budget = long_task_budget_ms()
+    assert max(long, default=0) <= budget, f"{label}: long tasks {long} ms > {budget:.0f}"
+
+
+def switch_layer(p: Probe, name: str) -> None:
+    p.f.evaluate(WATCH_FIRST_DRAW_JS)
+    p.f.locator("select.amap-layer").select_option(name)
+    p.f.wait_for_function(AMAP_READY_JS, arg=name, timeout=60_000, polling=100)
+    long = p.f.evaluate(LONG_TASKS_SINCE_MARK_JS)
+    budget = long_task_budget_ms()
+    assert max(long, default=0) <= budget, f"{name}: long tasks {long} ms > {budget:.0f}"
+
+
+def sweep_activity_maps(p: Probe, tb, run: str) -> None:
+    """Open the section, check the default layer, step epochs, switch to a conv and a dense map."""
+    maps = tb.get_json(f"run?run={urllib.parse.quote(run)}")["activity"]
+    assert maps, f"{run}: no activity maps"
+    p.open(f"p.introspect.run={urllib.parse.quote(run)}&p.introspect.tab=activity")
+    p.check("activity maps", run)
+    p.f.wait_for_function(AMAP_READY_JS, arg=None, timeout=60_000, polling=100)
+    first = expected_default(maps)
+    by_name = {m["name"]: m for m in maps}
+    chosen = [first]
+    # The widest map of each kind: spatial (most positions), then dense (most channels).
+    spatial = [m for m in maps if m["positions"]]
+    dense = [m for m in maps if not m["positions"]]
+    for group, key in ((spatial, "positions"), (dense, "channels")):
+        if group:
+            pick = max(group, key=lambda m: (m[key], m["channels"]))["name"]
+            if pick not in chosen:
+                chosen.append(pick)
+    for i, name in enumerate(chosen):
+        if i:
+            switch_layer(p, name)
+            p.s.wait_url(f"p.introspect.alayer={urllib.parse.quote(name, safe='')}")
+        doc = tb.get_json(
+            f"activity?run={urllib.parse.quote(run)}&tag={urllib.parse.quote(by_name[name]['tag'])}")
+        check_map_drawn(p, f"{run} {name}", doc, len(doc["epochs"]) - 1)
+        if doc["positions"]:
+            check_hover_readout(p, doc, len(doc["epochs"]) - 1, 0.5, 0.5)
+            check_hover_readout(p, doc, len(doc["epochs"]) - 1, 0.02, 0.98)
+        step_epochs(p, f"{run} {name}", doc)
+    assert p.s.errors == [], p.s.errors
+
+
+@pytest.mark.parametrize("run", [*DEMO_RUNS, APP_RUN])
+def test_activity_maps_of_a_real_run(browser, real_tb, run):
+    p = Probe(browser, real_tb)
+    try:
+        sweep_activity_maps(p, real_tb, run)
+    finally:
+        p.close()
+
+
+def write_big_maps_run(logdir: Path, run: str = "big_maps", epochs: int = 12) -> None:
+    """Maps of a 224x224 model's sizes: 112x112 positions, 1280 channels, a 500-long sequence.
+
+    Output statistics of the browser fixture beside them; the maps have a dead border (padding)
+    that grows with the epochs and dead channels, so every epoch draws differently.
+    """
+    import numpy as np
+
+    outputs = [("stem", 0, (-1, 112, 112, 32)), ("tokens", 1, (-1, 500, 64)),
+               ("head", 2, (-1, 7, 7, 1280)), ("logits", 3, (-1, 1000))]
+    rng = np.random.default_rng(0)
+    writer = NumpyWriter(logdir / run)
+    for epoch in range(epochs):
+        step = (epoch + 1) * 10
+        summary = summary_pb2.Summary()
+        for index, (name, depth, shape) in enumerate(outputs):
+            summary.value.extend(summary_pb.tensor_stats_pb(
+                stats_vector(run, "output", index, step, shape), view="output", name=name,
+                layer=name, depth=depth, shape=shape).value)
+            channels = rng.uniform(0.05, 0.95, shape[-1]) ** (1 + epoch / 4)
+            channels[: shape[-1] // 10] = 0.0
+            dims = shape[1:-1]
+            if dims:
+                grids = np.meshgrid(*[np.linspace(-1, 1, d) for d in dims], indexing="ij")
+                radius = np.sqrt(sum(g**2 for g in grids))
+                spatial = np.clip(1.0 - radius / 1.5 + 0.02 * epoch, 0.0, 1.0)
+                border = 1 + epoch // 4
+                edge = np.zeros(dims, dtype=bool)
+                for axis, d in enumerate(dims):
+                    idx = np.arange(d)
+                    mask = (idx < border) | (idx >= d - border)
+                    edge |= mask.reshape([-1 if a == axis else 1 for a in range(len(dims))])
+                spatial[edge] = 0.0
+                spatial = spatial.reshape(-1)
+            else:
+                spatial = np.empty(0)
+            summary.value.extend(summary_pb.activity_pb(
+                channels, spatial, name=name, samples=640, epoch=epoch, layer=name,
+                depth=depth, shape=shape).value)
+        writer.add_summary(summary, step, wall_time=1.7e9 + step)
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def big_maps_tb(tmp_path_factory):
+    root = tmp_path_factory.mktemp("big_maps") / "logs"
+    write_big_maps_run(root)
+    with tensorboard(root) as server:
+        yield server
+
+
+def test_large_activity_maps_draw_without_long_tasks(browser, big_maps_tb):
+    """112x112 positions (a 224x224 model's first layers), 1280 channels, a 500-long strip."""
+    p = Probe(browser, big_maps_tb)
+    try:
+        sweep_activity_maps(p, big_maps_tb, "big_maps")
+        # Every map of the run, including the 1-D strip the sweep may not pick.
+        for name in ("stem", "tokens", "head", "logits"):
+            if amap(p)["layer"] != name:
+                switch_layer(p, name)
+        assert p.s.errors == [], p.s.errors
+    finally:
+        p.close()
+
+
+# -- format version 1 is still read and drawn -----------------------------------------------
+
+FORMAT_V1 = Path(__file__).resolve().parent / "data" / "format_v1"
+
+
+@pytest.fixture(scope="module")
+def v1_tb(tmp_path_factory):
+    # A copy: TensorBoard's log goes beside the logdir, never into the repository.
+    root = tmp_path_factory.mktemp("format_v1") / "logs"
+    shutil.copytree(FORMAT_V1 / "adam_cnn", root / "adam_cnn")
+    with tensorboard(root) as server:
+        yield server
+
+
+def test_format_v1_run_opens_every_view_and_has_no_activity_map(browser, v1_tb):
+    listed = {r["run"]: r for r in v1_tb.get_json("runs")["runs"]}["adam_cnn"]
+    assert listed["format_version"] == 1
+    doc = v1_tb.get_json("run?run=adam_cnn")
+    assert doc["activity"] == [] and all(t["activity_tag"] is None
+                                         for t in doc["views"]["output"])
+    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
+    assert "output" in views, listed
+    p = Probe(browser, v1_tb)
+    try:
+        p.open("p.introspect.run=adam_cnn")
+        p.check("overview", "adam_cnn")
+        p.sweep_layers("adam_cnn", views)
+        p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
+        if p.f.locator("select.view-select").input_value() != "output":
+            p.act(lambda: p.f.locator("select.view-select").select_option("output"))
+        p.check("activity", "adam_cnn")
+        state = amap(p)
+        assert state["state"] == "none" and state["charts"] == [], state
+        assert "No activity maps in run “adam_cnn”" in state["text"], state["text"]
+        assert "format version 1" in state["text"], state["text"]
+        p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
+        p.check("compare", "adam_cnn")
+    finally:
+        p.close()
+

@@ -64,6 +64,11 @@ export class Api {
     return this.cached(`overview\0${run}`, () => getJSON("./overview", [["run", run]]));
   }
 
+  /** One activity map, every epoch (./activity; can be megabytes: read when shown). */
+  activity(run, tag) {
+    return this.cached(`activity\0${run}\0${tag}`, () => getJSON("./activity", [["run", run], ["tag", tag]]));
+  }
+
   /**
    * Series of many tags, narrowed to `fields`. Tags are fetched in chunks
    * (parallel requests keep URLs short and let the server work while the

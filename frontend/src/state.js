@@ -14,6 +14,9 @@ export const DEFAULTS = {
   run: "",
   view: "gradient",
   aview: "output",
+  // Activity view's map: layer output name ("" = the default) and epoch ("" = the last).
+  alayer: "",
+  aepoch: "",
   lmode: "",
   filter: "",
   x: "step",

@@ -8,6 +8,7 @@ import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
 import { LazyDrawer } from "../lazy.js";
+import { renderActivityMaps } from "./activitymap.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
 const FIELDS = ["activation_rate", "dead_rate", "spatial_dead_rate"];
@@ -52,8 +53,11 @@ export async function renderActivity(ctx) {
       readout,
     });
   }
+  // Layer outputs only: the maps count non-zero activations. Drawn while the grid loads.
+  const maps = view === "output" ? renderActivityMaps(ctx, root, info) : null;
   if (!tensors.length) {
     root.append(emptyNote(`No tensor name matches the filter “${state.filter}”.`));
+    await maps;
     return;
   }
   const grid = h("div.grid.activity");
@@ -93,7 +97,7 @@ export async function renderActivity(ctx) {
       }
     }));
   }
-  await Promise.all(jobs);
+  await Promise.all([...jobs, maps]);
   if (!ctx.alive()) return;
   await lazy.drawNear();
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
