@@ -7,7 +7,11 @@ headless Chromium (/usr/bin/chromium), for each demo run:
 
 * ``overview-<run>.png``: the whole Overview;
 * ``<run>-<chart>.png``: single charts of the Overview (``CHARTS``) and the findings
-  panel, for the chart-by-chart guide. ``--no-charts`` skips them.
+  panel, for the chart-by-chart guide. ``--no-charts`` skips them;
+* ``<run>-layers-<view>-<mode>.png``: the Layers grid of a view in one mode (``LAYER_MODES``).
+
+``--only NAME ...`` saves only the images whose ``<chart>`` or ``layers-<view>-<mode>`` part
+is listed (and not the whole Overview), so that adding a chart regenerates only its images.
 
 ``<run>`` is the run name without its ``N_`` prefix (``healthy_cnn``).
 """
@@ -32,7 +36,17 @@ CHARTS = (
     "gradient-stack",
     "variable-stack",
     "output-activity",
+    "variable-ilr-bands",
+    "variable-ilr-layers",
 )
+
+#: (view, mode) of the Layers grids shot whole.
+LAYER_MODES = (("variable", "ilr"),)
+
+# True once every panel of the grid has its chart (off-screen ones draw in idle time).
+ALL_DRAWN_JS = """
+() => [...document.querySelectorAll('.panel')].every((p) => p.querySelector('.chart canvas'))
+"""
 
 
 def short_name(run: str) -> str:
@@ -46,13 +60,17 @@ def main() -> None:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--height", type=int, default=2600, help="viewport height in pixels")
     parser.add_argument("--no-charts", action="store_true", help="only the whole Overview")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="only these charts / layers-<view>-<mode> grids")
     args = parser.parse_args()
+    wanted = (lambda label: label in args.only) if args.only else (lambda label: True)
     args.outdir.mkdir(parents=True, exist_ok=True)
     runs = sorted(p.name for p in args.logdir.iterdir() if p.is_dir())
     with bs.tensorboard(args.logdir, wait_runs=len(runs)) as tb, sync_playwright() as p:
         browser = bs.launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": args.height})
         for run in runs:
+            page.goto("about:blank")  # the last run's Layers grid left the hash elsewhere
             page.goto(tb.url + "#introspect")
             frame = bs.plugin_frame(page)
             frame.wait_for_selector("select")
@@ -62,22 +80,43 @@ def main() -> None:
                 "() => document.body.innerText.includes('Findings')", timeout=120_000
             )
             page.wait_for_timeout(3000)
-            path = args.outdir / f"overview-{run}.png"
-            page.screenshot(path=str(path))
-            print(path)
+            if not args.only:
+                path = args.outdir / f"overview-{run}.png"
+                page.screenshot(path=str(path))
+                print(path)
             if args.no_charts:
                 continue
             stem = short_name(run)
             shots = [(f'.chart[data-chart="{c}"]', c) for c in CHARTS]
             shots.append(("section.findings", "findings"))
             for selector, label in shots:
+                if not wanted(label):
+                    continue
                 el = frame.locator(selector)
                 if el.count() != 1:
                     continue  # e.g. no val_loss logged in this run
                 path = args.outdir / f"{stem}-{label}.png"
                 el.screenshot(path=str(path))
                 print(path)
+            for view, mode in LAYER_MODES:
+                label = f"layers-{view}-{mode}"
+                if wanted(label):
+                    path = args.outdir / f"{stem}-{label}.png"
+                    print(shoot_layers(page, tb.url, run, view, mode, path))
         browser.close()
+
+
+def shoot_layers(page, url: str, run: str, view: str, mode: str, path: Path) -> Path:
+    """The Layers grid of ``view`` with every panel in ``mode``."""
+    page.goto("about:blank")  # a hash-only change would not load the tab again
+    page.goto(f"{url}#introspect&p.introspect.run={run}&p.introspect.tab=layers"
+              f"&p.introspect.view={view}&p.introspect.lmode={mode}")
+    frame = bs.plugin_frame(page)
+    frame.wait_for_selector("html[data-status=ready]", timeout=120_000)
+    frame.wait_for_function(ALL_DRAWN_JS, timeout=120_000, polling=200)
+    page.wait_for_timeout(1000)
+    frame.locator(".grid").screenshot(path=str(path))
+    return path
 
 
 if __name__ == "__main__":

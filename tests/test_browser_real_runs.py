@@ -32,9 +32,10 @@ import pytest
 from browser_support import TENSORS, launch_chromium, stats_vector, tensorboard
 from playwright.sync_api import sync_playwright
 from tensorboard.compat.proto import summary_pb2
-from test_browser_tab import COLOURED_PIXELS_JS, Session
+from test_browser_tab import COLOURED_PIXELS_JS, Session, readout_pairs
 
 from tb_introspect import metadata, summary_pb
+from tb_introspect.demo.models import HEALTHY_LR, MOMENTUM
 from tb_introspect.writer import NumpyWriter
 
 pytestmark = pytest.mark.browser
@@ -334,6 +335,8 @@ def test_every_view_of_a_real_run(browser, real_tb, run):
         p.open(f"p.introspect.run={run}")
         p.check("overview", run)
         p.sweep_layers(run, views)
+        # Weights and gradients logged in format 2: the implicit-learning-rate mode was swept.
+        assert (run, "layers variable ilr") in {(r, label) for r, label, _ in TIMINGS}
         p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
         p.check("activity", run)
         p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
@@ -658,3 +661,85 @@ def test_format_v1_run_opens_every_view_and_has_no_activity_map(browser, v1_tb):
     finally:
         p.close()
 
+
+# -- the implicit learning rate ------------------------------------------------------------
+
+ILR_CHARTS = ("variable-ilr-bands", "variable-ilr-layers")
+
+
+def test_overview_ilr_row_of_the_healthy_demo_run(browser, real_tb):
+    """The row draws; its readout is the document's median; a click on a line opens the layer."""
+    run = "1_healthy_cnn"
+    v = real_tb.get_json(f"overview?run={run}")["views"]["variable"]
+    ilr = v["ilr"]
+    mid = ilr["band_quantiles"].index(50)
+    p = Probe(browser, real_tb)
+    try:
+        p.open(f"p.introspect.run={run}")
+        p.check("overview", run)
+        for name in ILR_CHARTS:
+            (pixels,) = p.f.evaluate(COLOURED_PIXELS_JS, f'.chart[data-chart="{name}"] canvas')
+            assert pixels > MIN_PIXELS, name
+        bands = p.f.locator(f'.chart[data-chart="{ILR_CHARTS[0]}"]')
+        pairs = readout_pairs(bands)
+        assert pairs["@"].startswith(f"step {v['steps'][-1]} "), pairs
+        median = float(pairs["median"])
+        assert median == pytest.approx(ilr["band"][mid][-1], rel=1e-5)
+        # SGD with momentum m: a steady gradient moves the weights by lr / (1 - m) per unit
+        # gradient (0.3 here); the window's gradients are not steady, so about that.
+        effective = HEALTHY_LR / (1.0 - MOMENTUM)
+        assert 0.5 * effective < median < 1.5 * effective, (median, effective)
+        last = [row[-1] for row in ilr["median"]]
+        assert all(0.5 * effective < m < 1.5 * effective for m in last), last
+
+        # Hover: down the plot until the cursor meets a line and the readout names its layer.
+        lines = p.f.locator(f'.chart[data-chart="{ILR_CHARTS[1]}"]')
+        names = {e["layer"]: e["tag"] for e in ilr["layers"]}
+        named = None
+        for k in range(1, 60):
+            p.s.hover(lines, 0.5, k / 60)
+            found = lines.locator(".readout .layer-name")
+            if found.count():
+                named = found.text_content()
+                break
+        assert named in names, named
+        assert "median ILR" in readout_pairs(lines)
+        p.act(lambda: p.s.page.mouse.down() or p.s.page.mouse.up())
+        assert p.f.locator(".tab.on").text_content() == "Layers"
+        focused = p.f.locator(".panel.focused")
+        assert focused.get_attribute("data-tag") == names[named]
+        assert focused.get_attribute("data-drawn") == "ilr"
+        p.check("layers after a click on an ILR line", run)
+    finally:
+        p.close()
+
+
+def test_format_v1_run_has_no_implicit_learning_rate(browser, v1_tb):
+    """Version-1 data has no ILR slots: the row says so, the mode is not offered (not even from
+    the URL), and the magnitude mode shows the converted sign balance beside the zeros."""
+    p = Probe(browser, v1_tb)
+    try:
+        p.open("p.introspect.run=adam_cnn")
+        p.check("overview", "adam_cnn")
+        note = p.f.locator("#sec-ilr .empty")
+        assert "No implicit learning rate in this run" in note.text_content()
+        assert p.f.locator("#sec-ilr canvas").count() == 0
+
+        p.s.page.goto("about:blank")  # a hash-only change would not load the page again
+        p.open("p.introspect.run=adam_cnn&p.introspect.tab=layers&p.introspect.view=variable"
+               "&p.introspect.lmode=ilr")
+        p.check("layers variable, ilr asked", "adam_cnn")
+        assert p.f.locator('.segmented button[data-mode="ilr"]').count() == 0
+        modes = p.f.locator(".panel").evaluate_all("ps => ps.map((x) => x.dataset.drawn)")
+        assert modes and set(modes) == {"values"}, modes
+
+        p.s.page.goto("about:blank")
+        p.open("p.introspect.run=adam_cnn&p.introspect.tab=layers&p.introspect.view=output"
+               "&p.introspect.lmode=magnitude")
+        p.check("layers output magnitude", "adam_cnn")
+        # The ReLU conv output: v1 wrote +53 % (zeros counted); read as version 2, +100 %.
+        conv = p.f.locator('.panel[data-tag="introspect/output/conv"]')
+        pairs = readout_pairs(conv)
+        assert pairs["sign"] == "+100.0%" and pairs["zeros"] == "49.2%", pairs
+    finally:
+        p.close()

@@ -54,8 +54,8 @@ export const MODES = [
     label: "ILR",
     help: "implicit learning rate |Δw| / |mean gradient| per element between logged points: percentiles over the"
       + " elements (log axis). Plain SGD: every percentile is the learning rate (with momentum m about"
-      + " rate / (1 − m)); Adam/RMSprop: the spread is the per-element step sizes. Compare layers: one far below"
-      + " the others barely learns",
+      + " rate / (1 − m)); Adam/RMSprop: the spread is the per-element step sizes, about rate / |g|. Compare"
+      + " layers: one far from the others is scaled by something else (clipping, its own rate, no update)",
     view: "variable",
     prefix: "ilr_",
     fields: (qs) => qs.map((q) => ilrField(q)),

@@ -26,6 +26,11 @@ from typing import Any
 #: Defaults shared by every scenario.
 BATCH_SIZE = 32
 EPOCHS = 20
+#: SGD momentum of every scenario; with it a constant gradient moves the weights by
+#: ``rate / (1 - MOMENTUM)`` per step (the implicit learning rate the tab shows).
+MOMENTUM = 0.9
+#: Learning rate of the healthy CNN.
+HEALTHY_LR = 0.03
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,12 @@ def _mlp(name: str, width: int, depth: int, activation: str) -> Any:
 def _sgd(learning_rate: Any) -> Any:
     import keras
 
-    return keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
+    return keras.optimizers.SGD(learning_rate=learning_rate, momentum=MOMENTUM)
 
 
 def build_healthy_cnn(total_steps: int) -> tuple[Any, Any]:
     """The reference CNN at a learning rate it trains well with."""
-    return _cnn("healthy_cnn"), _sgd(0.03)
+    return _cnn("healthy_cnn"), _sgd(HEALTHY_LR)
 
 
 def build_lr_too_high_cnn(total_steps: int) -> tuple[Any, Any]:
