@@ -8,7 +8,10 @@ headless Chromium (/usr/bin/chromium), for each demo run:
 * ``overview-<run>.png``: the whole Overview;
 * ``<run>-<chart>.png``: single charts of the Overview (``CHARTS``) and the findings
   panel, for the chart-by-chart guide. ``--no-charts`` skips them;
-* ``<run>-layers-<view>-<mode>.png``: the Layers grid of a view in one mode (``LAYER_MODES``).
+* ``<run>-layers-<view>-<mode>.png``: the Layers grid of a view in one mode (``LAYER_MODES``);
+* ``<run>-activity-map.png``: the Activity view's per-channel and spatial activity of the layer
+  it opens (the highest final dead rate), and ``<run>-activity-map-<layer>.png`` of the layers
+  in ``MAP_LAYERS`` the run has.
 
 ``--only NAME ...`` saves only the images whose ``<chart>`` or ``layers-<view>-<mode>`` part
 is listed (and not the whole Overview), so that adding a chart regenerates only its images.
@@ -42,6 +45,9 @@ CHARTS = (
 
 #: (view, mode) of the Layers grids shot whole.
 LAYER_MODES = (("variable", "ilr"),)
+
+#: Layer outputs whose activity map is shot besides the one the section opens.
+MAP_LAYERS = ("conv1", "upsample")
 
 # True once every panel of the grid has its chart (off-screen ones draw in idle time).
 ALL_DRAWN_JS = """
@@ -103,6 +109,12 @@ def main() -> None:
                 if wanted(label):
                     path = args.outdir / f"{stem}-{label}.png"
                     print(shoot_layers(page, tb.url, run, view, mode, path))
+            for layer in (None, *MAP_LAYERS):
+                label = "activity-map" + (f"-{layer}" if layer else "")
+                if wanted(label):
+                    path = args.outdir / f"{stem}-{label}.png"
+                    shot = shoot_activity_map(page, tb.url, run, layer, path)
+                    print(shot or f"({run}: no {label})")
         browser.close()
 
 
@@ -116,6 +128,23 @@ def shoot_layers(page, url: str, run: str, view: str, mode: str, path: Path) -> 
     frame.wait_for_function(ALL_DRAWN_JS, timeout=120_000, polling=200)
     page.wait_for_timeout(1000)
     frame.locator(".grid").screenshot(path=str(path))
+    return path
+
+
+def shoot_activity_map(page, url: str, run: str, layer: str | None, path: Path) -> Path | None:
+    """The Activity view's per-channel and spatial activity of ``layer`` (None: the one it
+    opens); None when the run has no map of that layer."""
+    page.goto("about:blank")
+    page.goto(f"{url}#introspect&p.introspect.run={run}&p.introspect.tab=activity"
+              f"&p.introspect.aview=output" + (f"&p.introspect.alayer={layer}" if layer else ""))
+    frame = bs.plugin_frame(page)
+    frame.wait_for_selector("html[data-status=ready]", timeout=120_000)
+    section = frame.locator("section.amap")
+    if section.get_attribute("data-state") != "ready" or (
+            layer and section.get_attribute("data-layer") != layer):
+        return None  # no maps, or the layer is not in this run (the section opened another)
+    page.wait_for_timeout(500)
+    section.screenshot(path=str(path))
     return path
 
 
