@@ -122,7 +122,9 @@ export async function renderActivityMaps(ctx, parent, info) {
   function build(d) {
     const nodes = [];
     const hist = card("amap-hist", "Per-channel activation rate", () =>
-      exportPNG({ ctx: histCanvas.getContext("2d") }, `${d.name}: per-channel activation rate, ${epochLabel.textContent}`, null, `activity-channels-${d.name}`));
+      // The summary line goes into the PNG as its legend, in its colour.
+      exportPNG({ ctx: histCanvas.getContext("2d") }, `${d.name}, epoch ${d.epochs[index]}: channel rates`,
+        [[overlay.textContent, { ok: t.active, some: t.spatial, all: t.dead }[overlay.dataset.level]]], `activity-channels-${d.name}`));
     const histCanvas = h("canvas.amap-hist-canvas", { role: "img" });
     const overlay = h("div.amap-overlay");
     hist.el.append(overlay, h("div.amap-plot", histCanvas), hist.readout);
@@ -144,10 +146,10 @@ export async function renderActivityMaps(ctx, parent, info) {
       v.cell = cellSize(v.grid);
       const strip = v.grid.strip;
       const where = (c) => (strip ? `position ${c.col}` : `row ${c.row}, col ${c.col}`);
-      const mapCard = (name, title, legend, colorOf, text) => {
+      const mapCard = (name, title, legend, colorOf, text, keys) => {
         const canvas = h("canvas.amap-map", { role: "img" });
         const c = card(name, title, () =>
-          exportPNG({ ctx: canvas.getContext("2d") }, `${d.name}: ${title.toLowerCase()}, ${epochLabel.textContent}`, null, `${name}-${d.name}`));
+          exportPNG({ ctx: canvas.getContext("2d") }, `${d.name}, epoch ${d.epochs[index]}`, keys(), `${name}-${d.name}`));
         c.el.append(h("div.chart-sub", `${shapeText(d.spatial_shape)} positions${strip ? " (a sequence: one row)" : ", row-major"}`),
           h("div.amap-canvas-box", canvas), legend, c.readout);
         const idle = () => (c.readout.textContent = text());
@@ -165,12 +167,12 @@ export async function renderActivityMaps(ctx, parent, info) {
       v.heat = mapCard("amap-heat", "Activation rate per position", scale, rateColor, () => {
         const s = rateStats(d.spatial_rates[index]);
         return s.n ? `mean ${ratePct(s.mean)} · min ${ratePct(s.min)} · max ${ratePct(s.max)}` : "not logged";
-      });
+      }, () => [0, 0.5, 1].map((r) => [pct(r, 0), `rgb(${rateColor(r).join(",")})`]));
       const aliveKeys = h("div.chart-legend");
       v.alive = mapCard("amap-alive", "Alive and dead positions", aliveKeys, aliveColor(alive, t.dead), () => {
         const s = rateStats(d.spatial_rates[index]);
         return s.n ? `${s.dead} of ${s.n} positions dead (${pct(s.dead / s.n)})` : "not logged";
-      });
+      }, () => [["alive (rate > 0)", alive], ["dead (0)", t.dead]]);
       v.aliveKeys = aliveKeys;
     } else {
       nodes.push(h("p.hint.amap-nospatial",
