@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from plugin_testlib import stats_vector
+from plugin_testlib import fetch, get_json, stats_vector, tensorboard, wait_for
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 from test_plugin_routes import App
@@ -202,3 +202,18 @@ def test_gzip_and_new_epochs(tmp_path) -> None:
     assert doc["epochs"] == [0, 1, 2]
     np.testing.assert_allclose(doc["channel_rates"][2], known_map("conv", OUTPUTS[1][3], 2)[0],
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("load_fast", ["false", "true"])
+def test_both_loaders_of_a_real_tensorboard_serve_the_same_maps(app, tmp_path, load_fast) -> None:
+    """A real ``tensorboard`` process, Python loader and Rust data server, against the WSGI app."""
+    write_maps_run(tmp_path / "maps")
+    url = f"activity?run=maps&tag={tag('conv')}"
+    with tensorboard("--logdir", str(tmp_path), load_fast=load_fast) as tb:
+        # The loader reads the logdir after it starts: 404 until the run is in.
+        wait_for(lambda: fetch(tb.url("run?run=maps"))[0] == 200, timeout=90)
+        listed = get_json(tb.url("run?run=maps"))["activity"]
+        doc = get_json(tb.url(url), gzip_ok=True)
+        assert get_json(tb.url(f"activity?run=maps&tag={tag('nope')}"), expect=404)["error"]
+    assert listed == [m for m in app.get("run?run=maps")["activity"] if m["name"] != "broken"]
+    assert doc == app.get(url)
