@@ -132,6 +132,29 @@ class NumpyWriter:
         """Write the per-epoch band of the per-step ``values`` of a metric."""
         self.add_summary(summary_pb.metric_epoch_pb(name, values, epoch=epoch), step)
 
+    def add_activity(
+        self,
+        name: str,
+        channel_rates: Sequence[float] | np.ndarray,
+        step: int,
+        *,
+        spatial_rates: Sequence[float] | np.ndarray = (),
+        samples: float,
+        epoch: int,
+        layer: str = "",
+        depth: int = 0,
+        shape: Sequence[int | None] = (),
+    ) -> None:
+        """Write one epoch's activation rate of each channel and spatial position of a layer
+        output (``summary_pb.activity_pb``)."""
+        self.add_summary(
+            summary_pb.activity_pb(
+                channel_rates, spatial_rates, name=name, samples=samples, epoch=epoch,
+                layer=layer, depth=depth, shape=shape,
+            ),
+            step,
+        )
+
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:

@@ -193,3 +193,21 @@ def test_activity_map_layout_and_metadata():
     assert tuple(data.fields) == ("epoch", "samples", "c0", "c1", "c2", "s0", "s1")
     assert pb.value[0].tag == metadata.activity_tag("conv") == "introspect/activity/conv"
     np.testing.assert_array_equal(summary_pb.vector_of(pb), [3, 64, 0.5, 0.0, 1.0, 0.25, 0.75])
+
+
+def test_numpy_writer_activity_map_reads_back(tmp_path):
+    from tb_introspect.plugin import reader
+
+    with writer.NumpyWriter(str(tmp_path / "run")) as w:
+        for epoch in range(2):
+            w.add_activity("conv", [0.5, 0.0, 1.0 - epoch / 4], 10 * (epoch + 1),
+                           spatial_rates=[0.25, 0.75, 1.0, 0.0], samples=64, epoch=epoch,
+                           layer="conv", depth=2, shape=(None, 2, 2, 3))
+    run = reader.read_logdir(str(tmp_path))["run"]
+    assert not run.tensors and not run.metrics and not run.metric_epochs
+    amap = run.activity["conv"]
+    assert amap.info.kind == reader.KIND_ACTIVITY_MAP and amap.info.shape == (-1, 2, 2, 3)
+    assert amap.steps.tolist() == [10, 20]
+    np.testing.assert_array_equal(amap.values[:, :5], [[0, 64, 0.5, 0.0, 1.0],
+                                                       [1, 64, 0.5, 0.0, 0.75]])
+    np.testing.assert_array_equal(amap.field("s3"), [0.0, 0.0])

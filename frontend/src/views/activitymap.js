@@ -56,7 +56,7 @@ export async function renderActivityMaps(ctx, parent, info) {
   const maps = info.activity || [];
   const section = h("section.amap", { dataset: { state: "loading" } },
     h("h2", "Per-channel and spatial activity ",
-      h("span.h-help", "share of samples in which each channel, and each spatial position, is non-zero, over one epoch")));
+      h("span.h-help", "share of non-zero values of each channel (over every sample and position) and of each spatial position (over every sample and channel), over one epoch")));
   parent.append(section);
   if (!maps.length) {
     section.dataset.state = "none";
