@@ -41,7 +41,12 @@ def test_application(tmp_path, name):
             continue
         assert series.steps == [2], tag
         v = series.at(2)
+        if "/activity/" in tag:  # the epoch's per-channel and per-position rates
+            rates = [x for f, x in v.items() if f[0] in "cs" and f[1:].isdigit()]
+            assert v["samples"] == 8 and rates and all(0 <= r <= 1 for r in rates), tag
+            continue
         assert v["count"] > 0 and v["nan_count"] == 0, tag
         assert np.isfinite(v["rms"]) and np.isfinite(v["q50"]), tag
+    assert len(lib.tags_of(run, "activity")) >= len(outputs) // 2
     head = run[f"introspect/output/{layers[-1]}"].at(2)
     assert head["count"] == 8 * 10 and 0 <= head["min"] <= head["max"] <= 1  # softmax
