@@ -77,6 +77,12 @@ def test_per_epoch_custom_loop(tmp_path, jit):
     out = run["introspect/output/hidden"]
     assert out.field("count").tolist() == [4 * 8 * 8] * 2  # every batch of the epoch
     assert out.data.layer == "hidden" and out.data.cadence == "epoch"
+    # end_epoch writes the epoch's activity map, consistent with the epoch's statistics.
+    amap = run["introspect/activity/hidden"]
+    assert amap.steps == [4, 8] and amap.field("samples").tolist() == [32, 32]
+    channels = [f for f in amap.data.fields if f.startswith("c")]
+    np.testing.assert_allclose([np.mean([amap.at(s)[f] for f in channels]) for s in (4, 8)],
+                               out.field("activation_rate"), rtol=1e-12)
     loss = run["introspect/metric/loss"]
     assert loss.steps == list(range(1, 9))
     np.testing.assert_allclose(loss.field("value"), losses, rtol=1e-6)
