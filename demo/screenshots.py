@@ -44,7 +44,7 @@ CHARTS = (
 )
 
 #: (view, mode) of the Layers grids shot whole.
-LAYER_MODES = (("variable", "ilr"),)
+LAYER_MODES = (("variable", "ilr"), ("output", "magnitude"))
 
 #: Layer outputs whose activity map is shot besides the one the section opens.
 MAP_LAYERS = ("conv1", "upsample")
