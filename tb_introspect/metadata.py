@@ -152,7 +152,7 @@ def create_activity_metadata(
         layer=layer or name,
         depth=int(depth),
         name=name,
-        shape=[-1 if d is None else int(d) for d in shape],
+        shape=_shape_field(shape),
         cadence="epoch",
         fields=activity_fields(channels, positions),
     )
@@ -218,7 +218,7 @@ def create_tensor_stats_metadata(
         layer=layer or name,
         depth=int(depth),
         name=name,
-        shape=[-1 if d is None else int(d) for d in shape],
+        shape=_shape_field(shape),
         dtype=str(dtype),
         cadence=cadence,
         fields=tensor_stats_fields(view, quantiles),
@@ -239,6 +239,11 @@ def create_metric_metadata(
         fields=METRIC_EPOCH_FIELDS if per_epoch else METRIC_FIELDS,
     )
     return _summary_metadata(data, f"metric {name}")
+
+
+def _shape_field(shape: Sequence[int | None]) -> list[int]:
+    """``PluginData.shape``: the static shape with -1 for unknown dimensions."""
+    return [-1 if d is None else int(d) for d in shape]
 
 
 def _summary_metadata(
