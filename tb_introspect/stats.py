@@ -777,7 +777,6 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     it holds every non-zero value). ``seed`` is an int64 pair.
     """
     x = to_float(x)
-    rank = x.shape.rank
     flat = tf.reshape(x, [-1])
     n = tf.size(flat, out_type=tf.int64)
     count = tf.cast(n, _F64)
@@ -796,21 +795,9 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
     # A sum is finite only when every value is (an overflow takes the slow path, still exact).
     finite_sum = tf.math.is_finite(total)
     z, nf, posinf, neginf = tf.cond(finite_sum, finite_case, nonfinite_case)
-    rows = tf.reshape(z, [tf.shape(z)[0], tf.reduce_prod(tf.shape(z)[1:])])
-    # One sign tensor gives the activity of every column (the norm of a column of
-    # signs is sqrt of its non-zero count: exact small integers) and the balance
-    # of positives and negatives; the norms are single fused kernels.
-    signs = tf.sign(rows)
-    per_column = tf.round(_sum_of_squares(signs, axis=0))
-    nnz = tf.reduce_sum(per_column)
+    signs, channel, spatial = _unit_counts(z)
+    nnz = tf.reduce_sum(channel)
     balance = tf.round(tf.cast(tf.reduce_sum(signs), _F64))
-    if rank == 3:
-        block = tf.cast(tf.reshape(per_column, tf.shape(z)[1:]), _F64)
-        channel = tf.reduce_sum(block, axis=0)
-        spatial = tf.reduce_sum(block, axis=1)
-    else:
-        channel = tf.cast(per_column, _F64)
-        spatial = tf.zeros([0], _F64)
     has = nf > 0
     finite_all = tf.equal(nf, count)
 
@@ -848,6 +835,36 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
         "sample_keys": keys,
         "sample_values": vals,
     }
+
+
+def _unit_counts(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sign tensor ``[B, P*C]``, per-channel and per-position non-zero counts) of a canonical
+    batch. The norm of a column of signs is the square root of its non-zero count (exact
+    small integers), so the counts of every column cost one sign pass and one fused norm
+    kernel. A NaN makes the counts of its column NaN."""
+    rows = tf.reshape(x, [tf.shape(x)[0], tf.reduce_prod(tf.shape(x)[1:])])
+    signs = tf.sign(rows)
+    per_column = tf.round(_sum_of_squares(signs, axis=0))
+    if x.shape.rank == 3:
+        block = tf.reshape(per_column, tf.shape(x)[1:])
+        return signs, tf.reduce_sum(block, axis=0), tf.reduce_sum(block, axis=1)
+    return signs, per_column, tf.zeros([0], _F64)
+
+
+def activity_state(x: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The exact activity part of ``batch_state``: ``count``, ``channel_nnz`` and
+    ``spatial_nnz`` of one batch ``x`` (canonical ``[B, C]`` or ``[B, P, C]``).
+
+    This is what every step of a window pays when the other statistics come from some
+    of its steps only (``Options.stats_every``): two passes over ``x`` instead of
+    ``batch_state``'s seven. Non-finite values are not masked out (a NaN makes its
+    column's counts NaN, an infinity counts as non-zero); a caller that sees a NaN
+    takes ``batch_state`` for that batch.
+    """
+    x = to_float(x)
+    _, channel, spatial = _unit_counts(x)
+    return {"count": tf.cast(tf.size(x, out_type=tf.int64), _F64),
+            "channel_nnz": channel, "spatial_nnz": spatial}
 
 
 def _sum_of_squares(x: tf.Tensor, axis: int | None = None) -> tf.Tensor:

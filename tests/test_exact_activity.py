@@ -37,7 +37,8 @@ def test_dead_rate_is_exact_over_every_sample(tmp_path):
               callbacks=[Introspect(str(tmp_path), views=("output",))])
     run = lib.read_run(str(tmp_path))
     wide = run[metadata.stats_tag("output", "wide")].at(SAMPLES // BATCH)
-    assert wide["count"] == x.size
+    # Moments and percentiles come from the statistics steps: the first of the 8 here.
+    assert wide["count"] == x.size / (SAMPLES // BATCH)
     assert wide["dead_rate"] == 0.0
     assert wide["spatial_dead_rate"] == 0.0
     assert wide["activation_rate"] == SAMPLES / x.size
@@ -74,3 +75,50 @@ def test_activity_map_counts_every_step_of_the_epoch_at_step_cadence(tmp_path):
         assert v["epoch"] == epoch and v["samples"] == 96
         np.testing.assert_allclose([v[f"c{c}"] for c in range(3)], (x > 0).mean(axis=(0, 1)))
         np.testing.assert_allclose([v[f"s{p}"] for p in range(4)], (x > 0).mean(axis=(0, 2)))
+
+
+def _wide_model() -> keras.Model:
+    """Its first layer's output is its input (ReLU of non-negative data): independent of
+    the weights, so of the NaN that training makes of them."""
+    inp = keras.Input((SIDE, SIDE, CHANNELS))
+    h = keras.layers.ReLU(name="wide")(inp)
+    out = keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inp, out)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_statistics_steps_are_each_windows_first_and_every_nth(tmp_path):
+    """stats_every=3 over 8-step epochs: steps 0, 3 and 6 of each epoch give the moments,
+    extremes and counts; activity still counts all 8."""
+    keras.utils.set_random_seed(0)
+    x = one_hot_activations()
+    x[np.arange(SAMPLES) // BATCH == 1] *= 100.0  # step 1 only: not a statistics step
+    steps = SAMPLES // BATCH
+    _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=2, shuffle=False,
+                      verbose=0, callbacks=[Introspect(str(tmp_path), views=("output",),
+                                                       stats_every=3)])
+    run = lib.read_run(str(tmp_path))
+    batches = x.reshape(steps, BATCH, -1)
+    taken = batches[[0, 3, 6]]
+    for step in (steps, 2 * steps):  # the window starts again at each epoch
+        wide = run[metadata.stats_tag("output", "wide")].at(step)
+        assert wide["count"] == taken.size
+        assert wide["max"] == taken.max() < x.max()
+        np.testing.assert_allclose(wide["mean"], taken.mean(), rtol=1e-6)
+        assert wide["activation_rate"] == (x != 0).mean()
+        assert wide["dead_rate"] == 0.0
+
+
+def test_a_step_with_nan_outputs_is_always_a_statistics_step(tmp_path):
+    keras.utils.set_random_seed(0)
+    x = one_hot_activations()
+    last = SAMPLES // BATCH - 1  # a step that stats_every=8 would skip; the last, because
+    x[last * BATCH + 5, 0, 0, 0] = np.nan  # the NaN weights make every later step NaN
+    _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=1, shuffle=False,
+                      verbose=0, callbacks=[Introspect(str(tmp_path), views=("output",))])
+    wide = lib.read_run(str(tmp_path))[metadata.stats_tag("output", "wide")].at(
+        SAMPLES // BATCH)
+    assert wide["nan_count"] == 1
+    assert wide["count"] == 2 * x.size / (SAMPLES // BATCH)  # steps 0 and 7
+    assert wide["dead_rate"] == 0.0

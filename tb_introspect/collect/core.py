@@ -7,7 +7,12 @@ Split of the work (why it is split this way):
   and output gradients (every row of the batch) are turned into ``stats``
   states by ``stats.batch_state`` and folded, all tensors at once, into one
   stacked state per view with ``stats.merge_pair``; a step counter advances.
-  With ``every=N`` this happens only on sampled steps (``tf.cond``).
+  With ``every=N`` this happens only on sampled steps (``tf.cond``). With
+  ``every="epoch"`` the statistics states take the epoch's first step and every
+  ``stats_every``-th step after it (and any step whose outputs hold a NaN); every
+  other step adds only the exact activity counts of the layer outputs
+  (``stats.activity_state``, two passes instead of seven), because a dead unit
+  is one that is zero for every sample of the epoch.
 * **At logging time** (the host calls ``log`` when a point is due; one traced
   function): gradient sums are read with a SUM over replicas, variables and
   gradient sums become states with ``stats.many_states`` (segment reductions
@@ -24,7 +29,7 @@ gradients merged over every batch of the epoch, on every replica.
 Memory: three copies of the trainable variables (gradient accumulator,
 previous gradient for ``cos_prev``, previous weights for ``update_ratio``)
 plus ``[tensors, ~2 * step_sample_size + channels + positions]`` float64 per
-output view.
+output view and ``[tensors, 1 + channels + positions]`` for the activity counts.
 """
 
 from __future__ import annotations
@@ -103,6 +108,13 @@ class BatchLayout:
         self.empty_row = {k: np.asarray(empty[k], np.float64) for k in self.keys}
         row = np.concatenate([self.empty_row[k].reshape(-1) for k in self.keys])
         self.empty = np.tile(row, (max(self.n, 1), 1))
+        # Activity rows: [count, channel non-zero counts, position non-zero counts].
+        self.act_width = 1 + self.cmax + self.smax
+
+    def activity_row(self, state: dict[str, tf.Tensor]) -> tf.Tensor:
+        """[N, act_width] activity rows of stacked states (or ``activity_state`` parts)."""
+        return tf.concat([tf.reshape(state["count"], [-1, 1]), state["channel_nnz"],
+                          state["spatial_nnz"]], axis=1)
 
     def pack(self, stacked: dict[str, tf.Tensor]) -> tf.Tensor:
         """[N, ...] fields -> [N, L]."""
@@ -141,6 +153,8 @@ class Collector:
         self.quantiles = options.quantiles
         self.sample_size = options.sample_size
         self.step_sample_size = options.step_sample_size
+        # Every step's statistics when a window is a single sampled step anyway.
+        self.stats_every = options.stats_every if options.every == "epoch" else 1
         self.seed = options.seed
         self.strategy = strategy or tf.distribute.get_strategy()
         self.writer = writer
@@ -246,6 +260,16 @@ class Collector:
                         self.layout.empty, trainable=False, name=f"{view}_states",
                         synchronization=_ON_READ, aggregation=_AGG.NONE,
                     )
+            if "output" in self.out_vars:
+                self.act_var = tf.Variable(
+                    np.zeros([self.layout.n, self.layout.act_width]), trainable=False,
+                    name="activity", synchronization=_ON_READ, aggregation=_AGG.NONE,
+                )
+            # Steps since the last logged point: which of them are statistics steps.
+            self.window = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="window",
+                synchronization=_ON_READ, aggregation=_AGG.ONLY_FIRST_REPLICA,
+            )
             m = max(len(self.metric_names), 1)
             self.metric_total = tf.Variable(
                 tf.zeros([self.metric_rows, m], tf.float64), trainable=False,
@@ -477,9 +501,12 @@ class Collector:
         layout, views = self.layout, list(self.out_vars)
         local = tf.stack([self.out_vars[v].read_value() for v in views])  # [V, N, L]
         replicas = ctx.num_replicas_in_sync if ctx is not None else 1
+        activity = self.act_var.read_value() if "output" in views else None
         if replicas > 1:
             gathered = ctx.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
             gathered = tf.reshape(gathered, [replicas, len(views), layout.n, sum(layout.sizes)])
+            if activity is not None:
+                activity = tf.reduce_sum(ctx.all_gather(activity[tf.newaxis], axis=0), 0)
         blocks = []
         for vi, view in enumerate(views):
             if replicas > 1:
@@ -488,17 +515,23 @@ class Collector:
                     state = stats.merge_pair(state, layout.unpack(gathered[r, vi]))
             else:
                 state = layout.unpack(local[vi])
+            if view == "output":  # the dead rates count every step of the window
+                cmax = layout.cmax
+                state = dict(state, channel_nnz=activity[:, 1:1 + cmax],
+                             spatial_nnz=activity[:, 1 + cmax:])
             block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
+            if view == "output":
+                block = _exact_activation_rate(block, activity, cmax, self.quantiles)
             epoch_col = tf.fill([layout.n, 1], tf.cast(epoch, tf.float64))
             blocks.append(tf.concat([epoch_col, block[:, 1:]], axis=1))
-            if view == "output":
-                counts = [state["count"][:, tf.newaxis], state["channel_nnz"], state["spatial_nnz"]]
-                activity = tf.concat(counts, axis=1)
-        if "output" in views:
+        if activity is not None:
             blocks.append(activity)
         with tf.control_dependencies(blocks):
             for view in views:
                 self.out_vars[view].assign(tf.constant(layout.empty))
+            if activity is not None:
+                self.act_var.assign(tf.zeros_like(activity))
+            self.window.assign(0)
         return [tf.identity(b) for b in blocks]
 
 
@@ -520,6 +553,7 @@ class StepRecorder:
         self.anchor = anchors
         with tf.control_dependencies(anchors):
             self.step = collector.counter.read_value() + 1
+            self.window_step = collector.window.read_value()  # 0-based, in this window
         self.sampled = collector.sampled(self.step)
         self.loss_scale = loss_scale
         ctx = tf.distribute.get_replica_context()
@@ -612,16 +646,63 @@ class StepRecorder:
         c = self.c
         if any(self.stash.values()):
             try:
-                self._when_sampled(self._fold)
+                self._fold()
             except Exception as e:
                 c.fail("output view", e)
-        with tf.control_dependencies(self.anchor + [self.step]):
+        with tf.control_dependencies(self.anchor + [self.step, self.window_step]):
             c.counter.assign_add(1)
+            c.window.assign_add(1)
 
     def _fold(self) -> None:
+        """Statistics states on statistics steps, activity counts on every step."""
+        c, layout = self.c, self.c.layout
+        wants_activity = "output" in c.out_vars
+        none = tf.zeros([layout.n, layout.act_width if wants_activity else 0], tf.float64)
+        if c.stats_every > 1:
+            activity = self._activity() if wants_activity else none
+            stat = tf.equal(self.window_step % c.stats_every, 0)
+            # A NaN makes its column's counts NaN: that step is taken exactly by the
+            # statistics (non-finite values counted, the activity of the finite ones).
+            stat = stat | tf.logical_not(tf.math.is_finite(tf.reduce_sum(activity)))
+            rows = tf.cond(stat, self._fold_stats, lambda: activity)
+        elif self.sampled is True:
+            rows = self._fold_stats()
+        else:
+            rows = tf.cond(self.sampled, self._fold_stats, lambda: none)
+        if wants_activity:
+            c.act_var.assign_add(rows)
+
+    def _activity(self) -> tf.Tensor:
+        """[N, act_width] exact activity counts of this step's stashed outputs."""
+        c, layout = self.c, self.c.layout
+        xla = stats.in_xla_context()
+        rows = []
+        for j in range(layout.n):
+            t = self.stash["output"].get(j)
+            part = None
+            if t is not None:
+                try:
+                    part = kernels.activity_fn(t.shape.rank, t.dtype.name, xla)(t)
+                    part["channel_nnz"].set_shape([layout.widths[j][0]])
+                    part["spatial_nnz"].set_shape([layout.widths[j][1]])
+                    part = kernels.pad_state(part, layout.cmax, layout.smax)
+                except Exception as e:  # this tensor only
+                    c.fail(f"output {c.out_specs[j].name}", e)
+                    part = None
+            if part is None:
+                part = {k: tf.constant(layout.empty_row[k])
+                        for k in ("count", "channel_nnz", "spatial_nnz")}
+            rows.append(part)
+        return layout.activity_row({k: tf.stack([r[k] for r in rows])
+                                    for k in ("count", "channel_nnz", "spatial_nnz")})
+
+    def _fold_stats(self) -> tf.Tensor:
+        """Fold this step into the statistics states; its output activity rows."""
         c, layout = self.c, self.c.layout
         xla = stats.in_xla_context()
         empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
+        activity = tf.zeros([layout.n, layout.act_width if "output" in c.out_vars else 0],
+                            tf.float64)
         for view, stash in self.stash.items():
             if not stash:
                 continue
@@ -644,6 +725,9 @@ class StepRecorder:
             var = c.out_vars[view]
             state = layout.unpack(var.read_value())
             var.assign(layout.pack(stats.merge_pair(state, new)))
+            if view == "output":
+                activity = layout.activity_row(new)
+        return activity
 
     # -- gradients (called by the optimizer wrapper)
 
@@ -719,6 +803,21 @@ def _value(v: Any) -> Any:
     if isinstance(v, tf.Variable):
         return v
     return getattr(v, "value", v)
+
+
+def _exact_activation_rate(block: tf.Tensor, activity: tf.Tensor, channels: int,
+                           quantiles: Sequence[float]) -> tf.Tensor:
+    """Output statistics ``block`` with the activation rate and zero fraction of every
+    step of the window (``activity`` rows, ``channels`` channel counts wide), not only of
+    its statistics steps."""
+    fields = metadata.tensor_stats_fields("output", quantiles)
+    count = activity[:, 0]
+    nnz = tf.reduce_sum(activity[:, 1:1 + channels], axis=1)
+    rate = tf.where(count > 0, nnz / tf.maximum(count, 1.0), np.nan)
+    cols = tf.unstack(block, num=len(fields), axis=1)
+    cols[fields.index("activation_rate")] = rate
+    cols[fields.index("zero_fraction")] = 1.0 - rate
+    return tf.stack(cols, axis=1)
 
 
 def _fill(block: tf.Tensor, view: str, quantiles: Sequence[float], epoch: tf.Tensor,

@@ -26,6 +26,7 @@ from tb_introspect.collect.core import (
 from tb_introspect.collect.host import HostLogger, is_chief, make_writer
 from tb_introspect.collect.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_STATS_EVERY,
     DEFAULT_STEP_SAMPLE_SIZE,
     Options,
     check_log_dir,
@@ -45,7 +46,8 @@ class Introspector:
     step and ``end_epoch()`` after each epoch, from Python; ``close()`` at the
     end (or use it as a context manager). ``every`` is ``"epoch"`` (gradients
     summed over the epoch, outputs merged over all its batches, variables at its
-    end) or ``N`` (statistics of every N-th step).
+    end) or ``N`` (statistics of every N-th step). The keyword arguments are
+    those of ``tb_introspect.keras.Introspect``.
 
     Example:
         >>> import tempfile, keras, tensorflow as tf
@@ -76,6 +78,7 @@ class Introspector:
         *,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        stats_every: int = DEFAULT_STATS_EVERY,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
@@ -83,7 +86,7 @@ class Introspector:
         initial_epoch: int = 0,
     ):
         options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                               flush_secs, seed)
+                               flush_secs, seed, stats_every)
         self.log_dir = check_log_dir(log_dir)
         strategy = tf.distribute.get_strategy()
         self.writer = make_writer(self.log_dir, flush_secs) if is_chief(strategy) else None

@@ -40,6 +40,7 @@ from tb_introspect.collect.core import (
 from tb_introspect.collect.host import HostLogger, is_chief, is_multi_worker, make_writer
 from tb_introspect.collect.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_STATS_EVERY,
     DEFAULT_STEP_SAMPLE_SIZE,
     Options,
     check_log_dir,
@@ -191,8 +192,12 @@ class Introspect(keras.callbacks.Callback):
             metrics and their per-epoch bands are written in both cases.
         sample_size: percentile sample bound for variables and gradients.
         step_sample_size: percentile sample bound of the in-step output
-            accumulators; smaller is faster (rank error ~0.5/sqrt(k)). Counts,
-            moments, extremes and activity always count every row of every batch.
+            accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
+        stats_every: with ``every="epoch"``, the statistics of outputs and output
+            gradients (moments, extremes, percentiles) come from the epoch's first
+            step and every ``stats_every``-th step after it; the output view's
+            activity (activation rate, dead rates, activity maps) counts every row
+            of every batch. 1 takes every step (slower).
         quantiles: percentile points (0..100) recorded.
         flush_secs: longest time logged data waits before it is flushed to disk
             (TensorBoard's live view); epoch ends always flush.
@@ -215,13 +220,14 @@ class Introspect(keras.callbacks.Callback):
         *,
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
+        stats_every: int = DEFAULT_STATS_EVERY,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
     ):
         super().__init__()
         self.options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                                    flush_secs, seed)
+                                    flush_secs, seed, stats_every)
         self.log_dir = check_log_dir(log_dir)
         self.writer = None
         self.collector: Collector | None = None

@@ -19,6 +19,10 @@ DEFAULT_LOG_SAMPLE_SIZE = 2**14
 #: It is paid on every accumulated step, so it is kept small; rank error is
 #: about 0.5/sqrt(k) (1.1 percentile points at 2048, one sigma).
 DEFAULT_STEP_SAMPLE_SIZE = 2**11
+#: With ``every="epoch"``, outputs and output gradients get their full statistics from the
+#: first step of the epoch and every ``stats_every``-th step after it; the output view's
+#: activity counts still come from every step (see ``Collector``).
+DEFAULT_STATS_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Options:
     every: str | int = "epoch"
     sample_size: int = DEFAULT_LOG_SAMPLE_SIZE
     step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE
+    stats_every: int = DEFAULT_STATS_EVERY
     quantiles: tuple[float, ...] = metadata.DEFAULT_QUANTILES
     flush_secs: float = 5.0
     seed: int = 0
@@ -43,6 +48,7 @@ class Options:
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
+        stats_every: int = DEFAULT_STATS_EVERY,
     ) -> Options:
         """Validated options; raises ``ValueError`` naming the bad argument."""
         q = tuple(float(x) for x in quantiles)
@@ -51,6 +57,7 @@ class Options:
             views=check_views(views), every=check_every(every),
             sample_size=check_positive("sample_size", sample_size),
             step_sample_size=check_positive("step_sample_size", step_sample_size),
+            stats_every=check_positive("stats_every", stats_every),
             quantiles=q, flush_secs=float(flush_secs), seed=int(seed),
         )
 
