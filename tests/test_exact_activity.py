@@ -34,7 +34,7 @@ def test_dead_rate_is_exact_over_every_sample(tmp_path):
     # Each channel fires in 8 of the 512 samples, one sample per step at most for
     # most channels: any subsample of rows would report some of them dead.
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-              callbacks=[Introspect(str(tmp_path), views=("output",))])
+              callbacks=[Introspect(str(tmp_path), views=("output",), stats_every=8)])
     run = lib.read_run(str(tmp_path))
     wide = run[metadata.stats_tag("output", "wide")].at(SAMPLES // BATCH)
     # Moments and percentiles come from the statistics steps: the first of the 8 here.
@@ -116,7 +116,8 @@ def test_a_step_with_nan_outputs_is_always_a_statistics_step(tmp_path):
     last = SAMPLES // BATCH - 1  # a step that stats_every=8 would skip; the last, because
     x[last * BATCH + 5, 0, 0, 0] = np.nan  # the NaN weights make every later step NaN
     _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=1, shuffle=False,
-                      verbose=0, callbacks=[Introspect(str(tmp_path), views=("output",))])
+                      verbose=0, callbacks=[Introspect(str(tmp_path), views=("output",),
+                                                       stats_every=8)])
     wide = lib.read_run(str(tmp_path))[metadata.stats_tag("output", "wide")].at(
         SAMPLES // BATCH)
     assert wide["nan_count"] == 1
