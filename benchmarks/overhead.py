@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import statistics
 import sys
@@ -139,6 +140,9 @@ def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
         cadence = every if every == "epoch" else int(every)
         label = "Introspect(every='epoch')" if every == "epoch" else f"Introspect(every={every})"
         out.append((label, False, lambda d, c=cadence: Introspect(d, every=c)))
+    for n in filter(None, args.stats_every.split(",")):  # sampled statistics steps
+        out.append((f"Introspect(every='epoch', stats_every={n})", False,
+                    lambda d, n=int(n): Introspect(d, every="epoch", stats_every=n)))
     if args.view_rows:  # where the per-epoch cost comes from
         for views in (("variable", "gradient"), ("output",), ("output_gradient",)):
             out.append((f"Introspect(every='epoch', views={'+'.join(views)})", False,
@@ -198,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=5, help="interleaved rounds (median over them)")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="add plain and per-epoch rows with jit_compile=True")
+    p.add_argument("--stats-every", default="",
+                   help="add per-epoch rows with these stats_every values, comma separated")
     p.add_argument("--view-rows", action="store_true",
                    help="add per-epoch rows with one or two views only")
     p.add_argument("--profile", action="store_true", help="logging and drain time per epoch")
@@ -215,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.models.split(","):
         rows = run_model(kind.strip(), args, timers)
         for row in rows:
-            every = row["label"].split("every=")[-1].rstrip(")").strip("'") \
-                if "every=" in row["label"] else None
-            target = TARGETS.get(every) if "jit" not in row["label"] else None
+            m = re.search(r"\(every='?(\w+)'?", row["label"])
+            every = m.group(1) if m else None
+            partial = "jit" in row["label"] or "views=" in row["label"]
+            target = None if partial else TARGETS.get(every)
             goal = f"<= {target:.2f}x" if target else "-"
             line = (f"| {MODELS[kind][0]} | {row['label']} |"
                     f" {statistics.median(row['epoch_s']):.2f} |"
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 line += (f" {statistics.median(row['log']):.3f} |"
                          f" {statistics.median(row['drain']):.3f} |")
             print(line, flush=True)
-            if row["state"] and every == "epoch" and "jit" not in row["label"]:
+            if row["state"] and row["label"] == "Introspect(every='epoch')":
                 memory.append((kind, row))
     print("\n| model | trainable params MiB | in-step state MiB | per monitored tensor KiB |"
           " target MiB (3 x params + 64) | peak RSS MiB: plain models / after warm-up |")

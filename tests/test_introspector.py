@@ -75,7 +75,7 @@ def test_per_epoch_custom_loop(tmp_path, jit):
             lib.assert_stats_match(run[f"introspect/variable/{v.path}"].at(step), end[e][i],
                                    rtol=1e-6)
     out = run["introspect/output/hidden"]
-    assert out.field("count").tolist() == [4 * 8 * 8] * 2  # every batch of the epoch
+    assert out.field("count").tolist() == [8 * 8] * 2  # the first of 4 steps (stats_every=8)
     assert out.data.layer == "hidden" and out.data.cadence == "epoch"
     # end_epoch writes the epoch's activity map, consistent with the epoch's statistics.
     amap = run["introspect/activity/hidden"]

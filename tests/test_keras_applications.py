@@ -49,4 +49,4 @@ def test_application(tmp_path, name):
         assert np.isfinite(v["rms"]) and np.isfinite(v["q50"]), tag
     assert len(lib.tags_of(run, "activity")) >= len(outputs) // 2
     head = run[f"introspect/output/{layers[-1]}"].at(2)
-    assert head["count"] == 8 * 10 and 0 <= head["min"] <= head["max"] <= 1  # softmax
+    assert head["count"] == 4 * 10 and 0 <= head["min"] <= head["max"] <= 1  # softmax

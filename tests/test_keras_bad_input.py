@@ -54,7 +54,8 @@ def test_no_trainable_variables(tmp_path):
     assert lib.tags_of(run, "variable") == lib.tags_of(run, "gradient") == []
     assert lib.tags_of(run, "output") == ["frozen", "frozen0"]
     assert lib.tags_of(run, "output_gradient") == []
-    assert run["introspect/output/frozen"].field("count").tolist() == [64.0, 64.0]
+    # 8 samples x 2 units: the epoch's first step, its only statistics step (stats_every=8)
+    assert run["introspect/output/frozen"].field("count").tolist() == [16.0, 16.0]
     assert run["introspect/metric/loss"].steps == list(range(1, 9))
 
 
@@ -162,7 +163,9 @@ def test_dataset_of_unknown_length(tmp_path):
             if epoch == 1:  # epoch 0 is readable while training runs
                 live.append(lib.read_run(str(tmp_path)))
 
-    model.fit(ds, epochs=2, verbose=0, callbacks=[Introspect(str(tmp_path)), Reader()])
+    # stats_every=1: every step's values are counted, so an empty last step would show
+    model.fit(ds, epochs=2, verbose=0,
+              callbacks=[Introspect(str(tmp_path), stats_every=1), Reader()])
     assert live and live[0]["introspect/output/head"].steps == [5]
     run = lib.read_run(str(tmp_path))
     out = run["introspect/output/head"]

@@ -59,12 +59,13 @@ class Snapshots(keras.callbacks.Callback):
 
 
 def test_per_epoch_aggregation(tmp_path):
-    """Per epoch: variables at the end, gradients summed over all steps, outputs over all batches"""
+    """Per epoch: variables at the end, gradients summed over all steps, outputs over all
+    batches (stats_every=1)."""
     model = make_cnn()
     x, y = data(64)
     snaps = Snapshots()
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
-              callbacks=[Introspect(str(tmp_path), every="epoch"), snaps])
+              callbacks=[Introspect(str(tmp_path), every="epoch", stats_every=1), snaps])
     run = lib.read_run(str(tmp_path))
     paths = [v.path for v in model.trainable_variables]
     assert lib.tags_of(run, "variable") == sorted(paths)

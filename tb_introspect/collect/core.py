@@ -553,7 +553,9 @@ class StepRecorder:
         self.anchor = anchors
         with tf.control_dependencies(anchors):
             self.step = collector.counter.read_value() + 1
-            self.window_step = collector.window.read_value()  # 0-based, in this window
+            # 0-based step in this window; only statistics steps need it
+            self.window_step = (collector.window.read_value()
+                                if collector.stats_every > 1 else None)
         self.sampled = collector.sampled(self.step)
         self.loss_scale = loss_scale
         ctx = tf.distribute.get_replica_context()
@@ -649,16 +651,18 @@ class StepRecorder:
                 self._fold()
             except Exception as e:
                 c.fail("output view", e)
-        with tf.control_dependencies(self.anchor + [self.step, self.window_step]):
+        read = [self.step] + ([self.window_step] if self.window_step is not None else [])
+        with tf.control_dependencies(self.anchor + read):
             c.counter.assign_add(1)
-            c.window.assign_add(1)
+            if self.window_step is not None:
+                c.window.assign_add(1)
 
     def _fold(self) -> None:
         """Statistics states on statistics steps, activity counts on every step."""
-        c, layout = self.c, self.c.layout
+        c = self.c
         wants_activity = "output" in c.out_vars
-        none = tf.zeros([layout.n, layout.act_width if wants_activity else 0], tf.float64)
-        if c.stats_every > 1:
+        none = self._no_activity()
+        if self.window_step is not None:
             activity = self._activity() if wants_activity else none
             stat = tf.equal(self.window_step % c.stats_every, 0)
             # A NaN makes its column's counts NaN: that step is taken exactly by the
@@ -671,6 +675,12 @@ class StepRecorder:
             rows = tf.cond(self.sampled, self._fold_stats, lambda: none)
         if wants_activity:
             c.act_var.assign_add(rows)
+
+    def _no_activity(self) -> tf.Tensor:
+        """The activity rows of a step that adds none (zero width without the output view)."""
+        c = self.c
+        width = c.layout.act_width if "output" in c.out_vars else 0
+        return tf.zeros([c.layout.n, width], tf.float64)
 
     def _activity(self) -> tf.Tensor:
         """[N, act_width] exact activity counts of this step's stashed outputs."""
@@ -701,8 +711,7 @@ class StepRecorder:
         c, layout = self.c, self.c.layout
         xla = stats.in_xla_context()
         empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
-        activity = tf.zeros([layout.n, layout.act_width if "output" in c.out_vars else 0],
-                            tf.float64)
+        activity = self._no_activity()
         for view, stash in self.stash.items():
             if not stash:
                 continue
