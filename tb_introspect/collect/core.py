@@ -515,15 +515,16 @@ class Collector:
                     state = stats.merge_pair(state, layout.unpack(gathered[r, vi]))
             else:
                 state = layout.unpack(local[vi])
-            if view == "output":  # the dead rates count every step of the window
+            columns = {}
+            if view == "output":  # activity counts every step of the window, not a sample
                 cmax = layout.cmax
                 state = dict(state, channel_nnz=activity[:, 1:1 + cmax],
                              spatial_nnz=activity[:, 1 + cmax:])
+                count, nnz = activity[:, 0], tf.reduce_sum(activity[:, 1:1 + cmax], axis=1)
+                rate = tf.where(count > 0, nnz / tf.maximum(count, 1.0), np.nan)
+                columns = {"activation_rate": rate, "zero_fraction": 1.0 - rate}
             block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
-            if view == "output":
-                block = _exact_activation_rate(block, activity, cmax, self.quantiles)
-            epoch_col = tf.fill([layout.n, 1], tf.cast(epoch, tf.float64))
-            blocks.append(tf.concat([epoch_col, block[:, 1:]], axis=1))
+            blocks.append(_fill(block, view, self.quantiles, epoch, **columns))
         if activity is not None:
             blocks.append(activity)
         with tf.control_dependencies(blocks):
@@ -812,21 +813,6 @@ def _value(v: Any) -> Any:
     if isinstance(v, tf.Variable):
         return v
     return getattr(v, "value", v)
-
-
-def _exact_activation_rate(block: tf.Tensor, activity: tf.Tensor, channels: int,
-                           quantiles: Sequence[float]) -> tf.Tensor:
-    """Output statistics ``block`` with the activation rate and zero fraction of every
-    step of the window (``activity`` rows, ``channels`` channel counts wide), not only of
-    its statistics steps."""
-    fields = metadata.tensor_stats_fields("output", quantiles)
-    count = activity[:, 0]
-    nnz = tf.reduce_sum(activity[:, 1:1 + channels], axis=1)
-    rate = tf.where(count > 0, nnz / tf.maximum(count, 1.0), np.nan)
-    cols = tf.unstack(block, num=len(fields), axis=1)
-    cols[fields.index("activation_rate")] = rate
-    cols[fields.index("zero_fraction")] = 1.0 - rate
-    return tf.stack(cols, axis=1)
 
 
 def _fill(block: tf.Tensor, view: str, quantiles: Sequence[float], epoch: tf.Tensor,
