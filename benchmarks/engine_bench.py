@@ -2,7 +2,8 @@
 
 * ``stats.batch_state`` of one 2M-element activation ([64, 1024, 32], ReLU-like
   and normal data): what every monitored output and output gradient costs per
-  accumulated step (every row counts);
+  accumulated step (every row counts); ``stats.activity_state``, what a step that is not a
+  statistics step pays (``stats_every``), and a bare ``tf.reduce_sum``, the floor of one read;
 * ``Collector.log`` of one point for MobileNetV2 (32x32, ``weights=None``):
   statistics of every variable, gradient sum and output state, plus writing.
 
@@ -46,10 +47,13 @@ def batch_state_rows(repeats: int) -> None:
     for kind, x in (("ReLU-like", np.maximum(rng.normal(size=(64, 1024, 32)), 0)),
                     ("normal", rng.normal(size=(64, 1024, 32)))):
         v = tf.Variable(x.astype("float32"))
-        fn = tf.function(lambda v=v: stats.batch_state(v.read_value(), 2048, seed),
-                         autograph=False)
-        w, c = timed(lambda fn=fn: tf.nest.map_structure(lambda t: t.numpy(), fn()), repeats)
-        print(f"| `stats.batch_state`, 2M elements, {kind} | {w:.1f} | {c:.1f} |", flush=True)
+        # A skipped step's exact activity counts, and the floor of any full read.
+        for what, f in (("stats.batch_state", lambda t: stats.batch_state(t, 2048, seed)),
+                        ("stats.activity_state", stats.activity_state),
+                        ("tf.reduce_sum", tf.reduce_sum)):
+            fn = tf.function(lambda v=v, f=f: f(v.read_value()), autograph=False)
+            w, c = timed(lambda fn=fn: tf.nest.map_structure(lambda t: t.numpy(), fn()), repeats)
+            print(f"| `{what}`, 2M elements, {kind} | {w:.1f} | {c:.1f} |", flush=True)
 
 
 def log_row(repeats: int) -> None:
