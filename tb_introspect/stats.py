@@ -13,7 +13,7 @@ Everything else (counts, moments, min, max, dead rates) is exact.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -1012,7 +1012,9 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     For logging time (variables, gradient sums): the tensors, each seen as
     ``[rows, channels]`` (last axis = channels), are concatenated into one
     buffer and every field is a segment reduction over it, so the cost is a
-    few dozen ops whatever the number of tensors. Channel counts are zero-padded
+    few dozen ops (and one fill per tensor) whatever the number of tensors. Values are
+    finite unless a tensor's sum is not, so the masking of non-finite values is
+    paid only then. Channel counts are zero-padded
     to the widest tensor; there are no spatial counts. The percentile sample of
     each tensor is every non-zero value when it has at most ``k``, otherwise
     ``k`` uniform draws among its non-zero values. Sums are taken in float64.
@@ -1023,31 +1025,40 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     chans = np.array([int(m.shape[-1]) for m in mats], np.int64)
     cmax = int(max(chans.max(initial=0), 1))
     values = _concat_flat(mats)
-    seg = _segment_ids(sizes)
+    segs = _Segments(sizes)
     # Each element's (tensor, channel) cell of the padded [n, cmax] count block.
     cell = np.concatenate([i * cmax + np.arange(s) % max(c, 1)
                            for i, (s, c) in enumerate(zip(sizes, chans, strict=True))]
                           or [np.zeros(0, np.int64)])
-    finite = tf.math.is_finite(values)
-    z = tf.where(finite, values, 0.0)
-    nz = tf.not_equal(z, 0.0)
-
-    def seg_sum(v):
-        return tf.math.unsorted_segment_sum(v, seg, n)
-
     count = tf.constant(sizes, _F64)
-    nf = seg_sum(tf.cast(finite, _F64))
-    vmin = tf.math.unsorted_segment_min(tf.where(finite, values, _INF), seg, n)
-    vmax = tf.math.unsorted_segment_max(tf.where(finite, values, -_INF), seg, n)
+    total = segs.sum(values)
+    # Finite sums mean finite values (an overflowing sum takes the slow path, still exact).
+    all_finite = tf.reduce_all(tf.math.is_finite(total))
+
+    def finite_case():
+        zeros = tf.zeros_like(count)
+        return values, count, zeros, zeros, segs.min(values), segs.max(values), total
+
+    def nonfinite_case():
+        finite = tf.math.is_finite(values)
+        z = tf.where(finite, values, 0.0)
+        return (z, segs.sum(tf.cast(finite, _F64)),
+                segs.sum(tf.cast(tf.equal(values, _INF), _F64)),
+                segs.sum(tf.cast(tf.equal(values, -_INF), _F64)),
+                segs.min(tf.where(finite, values, _INF)),
+                segs.max(tf.where(finite, values, -_INF)), segs.sum(z))
+
+    z, nf, posinf, neginf, vmin, vmax, s = tf.cond(all_finite, finite_case, nonfinite_case)
+    nz = tf.not_equal(z, 0.0)
     has = nf > 0
     vmin, vmax = _where(has, vmin, _INF), _where(has, vmax, -_INF)
-    mean = seg_sum(z) / tf.maximum(nf, 1.0)
+    mean = s / tf.maximum(nf, 1.0)
     e = _scale_exponent(_where(has, vmin, 0.0), _where(has, vmax, 0.0))
-    scaled = z * tf.gather(_pow2(-e), seg)
-    mean_s = mean * _pow2(-e)
-    dev = tf.where(finite, scaled - tf.gather(mean_s, seg), 0.0)
-    nnz = seg_sum(tf.cast(nz, _F64))
-    pos = seg_sum(tf.cast(z > 0, _F64))
+    dev = z * segs.spread(_pow2(-e)) - segs.spread(mean * _pow2(-e))
+    m2 = tf.cond(all_finite, lambda: segs.sum(dev * dev),
+                 lambda: segs.sum(tf.square(tf.where(tf.math.is_finite(values), dev, 0.0))))
+    nnz = segs.sum(tf.cast(nz, _F64))
+    pos = segs.sum(tf.cast(z > 0, _F64))
     per_channel = tf.math.unsorted_segment_sum(tf.cast(nz, _F64), tf.constant(cell, tf.int32),
                                                n * cmax)
     # The sample: uniform draws among each tensor's non-zero values (all of them when few).
@@ -1066,15 +1077,15 @@ def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[s
     return {
         "count": count,
         "finite_count": nf,
-        "posinf_count": seg_sum(tf.cast(tf.equal(values, _INF), _F64)),
-        "neginf_count": seg_sum(tf.cast(tf.equal(values, -_INF), _F64)),
+        "posinf_count": posinf,
+        "neginf_count": neginf,
         "pos_count": pos,
         "neg_count": nnz - pos,
         "mean": _where(has, mean, 0.0),
-        "m2": seg_sum(dev * dev),
+        "m2": m2,
         "min": vmin,
         "max": vmax,
-        "min_abs": tf.math.unsorted_segment_min(tf.where(nz, tf.abs(z), _INF), seg, n),
+        "min_abs": segs.min(tf.where(nz, tf.abs(z), _INF)),
         "channel_nnz": tf.reshape(per_channel, [n, cmax]),
         "spatial_nnz": tf.zeros([n, 0], _F64),
         # Finalize reads only which slots are filled: every kept value is in the sample.
@@ -1088,17 +1099,46 @@ def segment_dots(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor] | None = None) -
     as one segment sum over their concatenation (norms, update ratios, cosines)."""
     fa = _concat_flat(a)
     prod = fa * fa if b is None else fa * _concat_flat(b)
-    return tf.math.unsorted_segment_sum(
-        prod, _segment_ids([int(t.shape.num_elements()) for t in a]), len(a))
+    return _Segments([int(t.shape.num_elements()) for t in a]).sum(prod)
 
 
 def _concat_flat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    return tf.concat([tf.reshape(tf.cast(t, _F64), [-1]) for t in tensors], 0)
+    flat = [tf.reshape(t, [-1]) for t in tensors]
+    if len({t.dtype for t in flat}) == 1:  # one cast of the concatenation: fewer, wider ops
+        return tf.cast(tf.concat(flat, 0), _F64)
+    return tf.concat([tf.cast(t, _F64) for t in flat], 0)
 
 
-def _segment_ids(sizes: Sequence[int]) -> tf.Tensor:
-    """Element -> tensor index of a concatenation of tensors of ``sizes`` elements."""
-    return tf.constant(np.repeat(np.arange(len(sizes)), sizes), tf.int32)
+class _Segments:
+    """Reductions over, and broadcasts onto, a concatenation of tensors of ``sizes`` elements.
+
+    The segments are contiguous, so the sorted segment kernels apply; they are 2-3x
+    faster on CPU than the unsorted ones, and than a gather of one value per element.
+    """
+
+    def __init__(self, sizes: Sequence[int]):
+        self.sizes = [int(s) for s in sizes]
+        self.ids = tf.constant(np.repeat(np.arange(len(self.sizes)), self.sizes), tf.int32)
+        self.empty = np.array([s == 0 for s in self.sizes], bool)
+
+    def _reduce(self, op: Callable, v: tf.Tensor, identity: float) -> tf.Tensor:
+        r = op(v, self.ids)  # as long as the last non-empty segment; empty ones hold 0
+        r = tf.pad(r, [[0, len(self.sizes) - tf.shape(r)[0]]])
+        return tf.where(self.empty, tf.constant(identity, r.dtype), r) if self.empty.any() else r
+
+    def sum(self, v: tf.Tensor) -> tf.Tensor:
+        return self._reduce(tf.math.segment_sum, v, 0.0)
+
+    def min(self, v: tf.Tensor) -> tf.Tensor:
+        return self._reduce(tf.math.segment_min, v, _INF)
+
+    def max(self, v: tf.Tensor) -> tf.Tensor:
+        return self._reduce(tf.math.segment_max, v, -_INF)
+
+    def spread(self, per_segment: tf.Tensor) -> tf.Tensor:
+        """Each segment's value repeated over its elements."""
+        parts = tf.unstack(per_segment, num=len(self.sizes))
+        return tf.concat([tf.fill([s], p) for s, p in zip(self.sizes, parts, strict=True)], 0)
 
 
 def as_rows(x: tf.Tensor) -> tf.Tensor:

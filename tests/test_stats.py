@@ -318,3 +318,27 @@ def test_merge_replicas_under_mirrored_strategy():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK 2" in proc.stdout
+
+
+def test_many_tensors_at_once_match_each_tensor_alone():
+    """The logging path (``many_states`` over a concatenation, one stacked finalize) gives
+    every tensor the statistics it has alone, whatever its neighbours hold: non-finite
+    values, nothing, a sum that overflows, a mean far above the spread."""
+    from tb_introspect.collect import kernels
+
+    bad = RNG.normal(size=(50, 8)).astype(np.float32)
+    bad[3, 2], bad[7, 1], bad[9, 0] = np.inf, -np.inf, np.nan
+    tensors = [
+        bad,
+        np.zeros((0, 4), np.float32),
+        RNG.normal(size=30).astype(np.float32),
+        np.zeros((5, 3), np.float32),
+        (5e3 + 1e-3 * RNG.normal(size=(40, 2))).astype(np.float32),
+        relu((6, 3, 3, 4)),
+    ]
+    seed = tf.constant([3, 4], tf.int64)
+    for group in (tensors, tensors[2:], [np.array([1e300, 1e300, -1.0]), EDGE_CASES["inf_mix"]]):
+        block = kernels.matrix_stats([tf.constant(t) for t in group], "variable", Q, 4096, seed)
+        for t, row in zip(group, block.numpy(), strict=True):
+            want = reference_stats(t if t.ndim != 4 else t.reshape(-1, t.shape[-1]), "variable")
+            assert_stats_close(as_dict(row, "variable"), want, rtol=1e-7)
