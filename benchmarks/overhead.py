@@ -8,6 +8,11 @@ warm-up epoch each (tracing), rounds of one epoch per variant are interleaved
 the per-round ratio to plain ``fit``. ``--jit`` adds a pair with
 ``jit_compile=True``. ``--profile`` splits the instrumented epoch into logging
 time (statistics at the logged points + writing) and metric draining.
+``--view-rows`` shows where the per-epoch cost comes from: rows with one or two
+views, and the two output views with statistics from each epoch's first step
+only (what the steps between statistics steps pay: the exact activity counts,
+the capture of output gradients). "added CPU ms/step" is the CPU time above
+plain ``fit`` divided by the epoch's steps, logging included.
 
     python benchmarks/overhead.py                      # the README table
     python benchmarks/overhead.py --models cnn --quick # a fast smoke run
@@ -34,6 +39,7 @@ from tb_introspect.collect import core, host  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 
 TARGETS = {"epoch": 1.05, "16": 1.05, "1": 1.25}
+ONCE = 10**9  # a stats_every no epoch reaches
 
 
 def cifar_cnn(head: str = "gap") -> keras.Model:
@@ -147,6 +153,12 @@ def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
         for views in (("variable", "gradient"), ("output",), ("output_gradient",)):
             out.append((f"Introspect(every='epoch', views={'+'.join(views)})", False,
                         lambda d, v=views: Introspect(d, every="epoch", views=v)))
+        # Statistics on each epoch's first step only: what the other steps pay alone,
+        # the exact activity counts (output) and the capture of output gradients.
+        for view in ("output", "output_gradient"):
+            out.append((f"Introspect(every='epoch', views={view}, stats_every=epoch)", False,
+                        lambda d, v=view: Introspect(d, every="epoch", views=(v,),
+                                                     stats_every=ONCE)))
     if args.jit:
         out.append(("plain fit, jit_compile=True", True, None))
         out.append(("Introspect(every='epoch'), jit_compile=True", True,
@@ -162,7 +174,8 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
     for _label, jit, factory in vs:
         models.append(make(kind, jit))
         cbs.append([factory(tempfile.mkdtemp(prefix="tbi_overhead_"))] if factory else [])
-    rows = [{"label": label, "wall": [], "cpu": [], "log": [], "drain": []} for label, _, _ in vs]
+    rows = [{"label": label, "wall": [], "cpu": [], "cpu_ms": [], "log": [], "drain": []}
+            for label, _, _ in vs]
     for m, cb in zip(models, cbs, strict=True):  # warm-up: tracing, first writes
         m.fit(ds, epochs=1, verbose=0, callbacks=cb)
     rss1 = rss_mib()
@@ -182,6 +195,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
             b = base["jit"] if jit else base["plain"]
             rows[i]["wall"].append(wall[i] / wall[b])
             rows[i]["cpu"].append(cpu[i] / cpu[b])
+            rows[i]["cpu_ms"].append(1e3 * (cpu[i] - cpu[b]) / args.steps)
             rows[i].setdefault("epoch_s", []).append(wall[i])
     for row, cb in zip(rows, cbs, strict=True):
         ours = [c for c in cb if isinstance(c, Introspect)]
@@ -214,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     timers = Timers()
     print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {args.batch},"
           f" {args.steps} steps/epoch, median of {args.pairs} interleaved rounds, default settings")
-    print("| model | configuration | epoch s | wall | CPU | target |"
+    print("| model | configuration | epoch s | wall | CPU | added CPU ms/step | target |"
           + (" logging s/epoch | drain s/epoch |" if args.profile else ""))
-    print("|---|---|---:|---:|---:|---|" + ("---:|---:|" if args.profile else ""))
+    print("|---|---|---:|---:|---:|---:|---|" + ("---:|---:|" if args.profile else ""))
     memory = []
     for kind in args.models.split(","):
         rows = run_model(kind.strip(), args, timers)
@@ -230,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" {statistics.median(row['epoch_s']):.2f} |"
                     f" {statistics.median(row['wall']):.2f}x |"
                     f" {statistics.median(row['cpu']):.2f}x |"
+                    f" {statistics.median(row['cpu_ms']):.1f} |"
                     f" {goal} |")
             if args.profile:
                 line += (f" {statistics.median(row['log']):.3f} |"
