@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tb_introspect.collect import core
 from tb_introspect.keras import Introspect
 
 
@@ -93,6 +94,30 @@ def test_jit_compile_and_steps_per_execution(tmp_path):
     assert out.steps == [2, 4]
     assert np.all(out.field("count") == 16 * 144) and np.all(np.isfinite(out.field("l2")))
     assert run["introspect/metric/loss"].steps == [1, 2, 3, 4]
+
+
+def test_jit_compile_keeps_a_bounded_spread_of_layer_outputs(tmp_path, monkeypatch):
+    """Under XLA only ``XLA_STEP_TENSORS`` outputs/output gradients get in-step statistics
+    (compiling each costs seconds and memory); the rest are off with one warning, evenly
+    spread over the model, and training and the other views go on."""
+    monkeypatch.setattr(core, "XLA_STEP_TENSORS", 6)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,))]
+                             + [keras.layers.Dense(8, activation="relu", name=f"d{i}")
+                                for i in range(8)] + [keras.layers.Dense(3, name="head")])
+    model.compile(keras.optimizers.SGD(0.05), LOSS, jit_compile=True)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype("float32"), rng.integers(0, 3, 64)
+    with pytest.warns(RuntimeWarning, match="statistics of 6 of 18 layer outputs") as record:
+        history = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                            callbacks=[Introspect(str(tmp_path))])
+    assert len([w for w in record if "jit_compile=True" in str(w.message)]) == 1
+    assert np.all(np.isfinite(history.history["loss"]))
+    run = lib.read_run(str(tmp_path))
+    for view in ("output", "output_gradient"):
+        assert lib.tags_of(run, view) == ["d0", "d4", "head"], view
+        assert run[f"introspect/{view}/head"].steps == [4, 8]
+    assert len(lib.tags_of(run, "gradient")) == 18
 
 
 def test_mixed_precision_gradients_are_unscaled(tmp_path):
