@@ -181,7 +181,9 @@ class Introspect(keras.callbacks.Callback):
     Pass it to an unmodified ``model.fit``; open TensorBoard's Introspect tab on
     ``log_dir``. Statistics are computed in the training step (also under
     ``jit_compile=True`` and ``tf.distribute`` strategies) and written between
-    steps; all replicas' data count; only the chief writes.
+    steps; all replicas' data count; only the chief writes. Under
+    ``jit_compile=True`` at most 48 layer outputs and output gradients are
+    monitored (XLA's compile grows with each), evenly spread over the model.
 
     Args:
         log_dir: run directory for the event files (created; must be writable).
