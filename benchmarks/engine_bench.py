@@ -4,8 +4,12 @@
   and normal data): what every monitored output and output gradient costs per
   accumulated step (every row counts); ``stats.activity_state``, what a step that is not a
   statistics step pays (``stats_every``), and a bare ``tf.reduce_sum``, the floor of one read;
+* other ways to count the non-zero values of every column of the same activation
+  (ReLU-like), interleaved with ``activity_state``;
 * ``Collector.log`` of one point for MobileNetV2 (32x32, ``weights=None``):
-  statistics of every variable, gradient sum and output state, plus writing.
+  statistics of every variable, gradient sum and output state, plus writing;
+* the XLA compile of a step holding N ``batch_state`` computations (each in a fresh
+  process: seconds to the first result, peak RSS), why ``core.XLA_STEP_TENSORS`` exists.
 
 Medians of ``--repeats`` runs after a warm-up call (tracing).
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +61,73 @@ def batch_state_rows(repeats: int) -> None:
             print(f"| `{what}`, 2M elements, {kind} | {w:.1f} | {c:.1f} |", flush=True)
 
 
+def counting_rows(repeats: int) -> None:
+    """Per-column non-zero counts of a [64, 32768] ReLU-like activation, interleaved."""
+    x = np.maximum(np.random.default_rng(0).normal(size=(64, 1024, 32)), 0).astype("float32")
+    v = tf.Variable(x.reshape(64, -1))
+
+    def cast_sum(t):
+        return tf.reduce_sum(tf.cast(tf.not_equal(t, 0.0), tf.float32), axis=0)
+
+    ways = {
+        "stats.activity_state (sign, column norm)":
+            lambda t: stats.activity_state(t)["channel_nnz"],
+        "divide_no_nan(x, x), column sum":
+            lambda t: tf.reduce_sum(tf.math.divide_no_nan(t, t), axis=0),
+        "not_equal, cast, column sum": cast_sum,
+        "ones @ cast(not_equal)": lambda t: tf.matmul(
+            tf.ones([1, 64]), tf.cast(tf.not_equal(t, 0.0), tf.float32)),
+        "tf.math.count_nonzero(axis=0)": lambda t: tf.math.count_nonzero(t, axis=0),
+        "not_equal, cast, column sum under XLA": tf.function(cast_sum, jit_compile=True),
+    }
+    fns = {k: tf.function(lambda f=f: tf.reduce_sum(f(v.read_value())), autograph=False)
+           for k, f in ways.items()}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn().numpy()
+            wall[k].append(1e3 * (time.perf_counter() - t0))
+            cpu[k].append(1e3 * (time.process_time() - c0))
+    for k in fns:
+        print(f"| counts, {k} | {statistics.median(wall[k]):.1f} |"
+              f" {statistics.median(cpu[k]):.1f} |", flush=True)
+
+
+def xla_compile_child(n: int) -> None:
+    """Compile and run one XLA function holding ``n`` ``batch_state`` computations of
+    differently shaped tensors (as a model's layer outputs are); print s and peak MiB."""
+    xs = [tf.random.normal((8, 4 + i, 16 + i % 5)) for i in range(n)]
+
+    @tf.function(jit_compile=True)
+    def step(xs, flag):
+        def stat(x, i):
+            return tf.cond(flag, lambda: stats.batch_state(x, 2048, tf.constant([1, i],
+                                                                              tf.int64))["m2"],
+                           lambda: tf.constant(0.0, tf.float64))
+        return tf.add_n([stat(x, i) for i, x in enumerate(xs)])
+
+    t0 = time.perf_counter()
+    step(xs, tf.constant(True)).numpy()
+    # VmHWM, not ru_maxrss: the latter keeps the parent's peak across exec.
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    print(f"{time.perf_counter() - t0:.1f} {peak:.0f}")
+
+
+def xla_compile_rows(sizes: tuple[int, ...]) -> None:
+    print("\n| XLA step with N `batch_state` | compile + first run s | peak RSS MiB |")
+    print("|---:|---:|---:|")
+    for n in sizes:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--xla-compile-child",
+                            str(n)], capture_output=True, text=True, timeout=1800)
+        s, mib = r.stdout.split()[-2:] if r.returncode == 0 else ("failed", "-")
+        print(f"| {n} | {s} | {mib} |", flush=True)
+
+
 def log_row(repeats: int) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from overhead import dataset, make
@@ -76,12 +148,20 @@ def log_row(repeats: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--xla-sizes", default="4,16,32",
+                   help="numbers of batch_state computations in the XLA compile rows")
+    p.add_argument("--xla-compile-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.xla_compile_child:
+        xla_compile_child(args.xla_compile_child)
+        return 0
     print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}),"
           f" median of {args.repeats}")
     print("| what | wall ms | CPU ms |\n|---|---:|---:|")
     batch_state_rows(args.repeats)
+    counting_rows(2 * args.repeats)
     log_row(max(3, args.repeats // 3))
+    xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
     return 0
 
 

@@ -57,8 +57,9 @@ ILR_SAMPLE = 2048
 
 #: Under XLA, the most layer outputs and output gradients (both views together) whose
 #: statistics are compiled into the training step. XLA inlines every ``batch_state`` into
-#: one module, and compiling it grows faster than linearly: 16 tensors took 9 s and
-#: 1.1 GB, 32 took 23 s and 1.5 GB (2-core CPU), MobileNetV2's ~300 ran out of 24 GB.
+#: one module, and compiling it grows faster than linearly (``benchmarks/engine_bench.py``:
+#: 16 tensors 11 s and 1.2 GB, 32 tensors 24 s and 1.6 GB on a 2-core CPU); MobileNetV2's
+#: ~300 ran out of 24 GB in ``benchmarks/overhead.py``.
 #: 48 keeps both benchmark CNNs whole.
 XLA_STEP_TENSORS = 48
 
@@ -303,10 +304,14 @@ class Collector:
     def fail(self, what: str, error: BaseException) -> None:
         """Report one instrumentation failure once; the tensor/part is off from then on."""
         self.off.add(what)
-        if what not in self._warned:
-            self._warned.add(what)
-            warn(f"{what}: instrumentation failed ({type(error).__name__}: {error});"
-                 " it is off for the rest of training, training goes on")
+        self.warn_once(what, f"{what}: instrumentation failed ({type(error).__name__}: {error});"
+                       " it is off for the rest of training, training goes on")
+
+    def warn_once(self, key: str, message: str) -> None:
+        """``warn(message)`` the first time ``key`` is seen (traces repeat)."""
+        if key not in self._warned:
+            self._warned.add(key)
+            warn(message)
 
     # ------------------------------------------------------------------ host side
 
@@ -704,12 +709,10 @@ class StepRecorder:
                     del stash[j]
                     c.switch_off(f"{view} {c.out_specs[j].name}")
                     dropped += 1
-        if "xla limit" not in c._warned:
-            c._warned.add("xla limit")
-            warn(f"jit_compile=True: statistics of {total - dropped} of {total} layer outputs"
-                 " and output gradients are compiled into the training step (XLA's compile"
-                 " time and memory grow with each); the others are off. Train with"
-                 " jit_compile=False to monitor every layer.")
+        c.warn_once("xla limit", f"jit_compile=True: statistics of {total - dropped} of"
+                    f" {total} layer outputs and output gradients are compiled into the"
+                    " training step (XLA's compile time and memory grow with each); the others"
+                    " are off. Train with jit_compile=False to monitor every layer.")
 
     def _no_activity(self) -> tf.Tensor:
         """The activity rows of a step that adds none (zero width without the output view)."""
