@@ -1,4 +1,5 @@
-"""The collection options shared by the Keras callback and ``Introspector``, validated once."""
+"""The collection options shared by every writer (Keras callback, ``Introspector``, PyTorch),
+validated once. No TensorFlow import here: the PyTorch side uses these options too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 
 from tb_introspect import metadata
 
@@ -97,10 +97,18 @@ def check_log_dir(log_dir: str) -> str:
     log_dir = os.fspath(log_dir)
     probe = os.path.join(log_dir, f".tb_introspect_probe_{uuid.uuid4().hex}")
     try:
-        tf.io.gfile.makedirs(log_dir)
-        with tf.io.gfile.GFile(probe, "w") as f:
-            f.write("ok")
-        tf.io.gfile.remove(probe)
+        if "://" in log_dir:  # gs://, s3://: only TensorFlow's file systems reach them
+            import tensorflow as tf
+
+            tf.io.gfile.makedirs(log_dir)
+            with tf.io.gfile.GFile(probe, "w") as f:
+                f.write("ok")
+            tf.io.gfile.remove(probe)
+        else:
+            os.makedirs(log_dir, exist_ok=True)
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
     except Exception as e:
         raise OSError(f"tb_introspect: log_dir {log_dir!r} is not writable: {e}") from e
     return log_dir
