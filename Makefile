@@ -25,6 +25,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard frontend/package.json frontend/pack
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e '.[tf-cpu,demo,test,bench]'
 	$(BIN)/pip install --no-deps 'tf-keras>=2.16,<2.22'
+	$(BIN)/pip install 'torch==2.13.0'
 	touch $(STAMP)
 
 # Rebuild the frontend bundle after editing frontend/src.

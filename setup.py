@@ -70,6 +70,8 @@ setup(
         # The writer side. TensorBoard itself runs the plugin without TensorFlow.
         "tf": ["tensorflow>=2.20,<2.22", "keras>=3.10,<3.16"],
         "tf-cpu": ["tensorflow-cpu>=2.20,<2.22", "keras>=3.10,<3.16"],
+        # The PyTorch writer side (tb_introspect.torch); the CPU build is enough for the tests.
+        "torch": ["torch>=2.4,<2.14"],
         "demo": ["scikit-learn>=1.3,<2", "tqdm>=4.66,<5"],
         "test": [
             "pytest>=8,<10",
@@ -80,7 +82,7 @@ setup(
         ],
         # tfp also needs tf-keras, whose own requirement on `tensorflow` would install a second
         # TensorFlow over tensorflow-cpu: the Makefile installs tf-keras with --no-deps.
-        "bench": ["tensorflow-probability>=0.24,<0.26"],
+        "bench": ["tensorflow-probability>=0.24,<0.26", "wandb>=0.31,<0.32"],
     },
     entry_points={
         "tensorboard_plugins": [
