@@ -1,0 +1,278 @@
+"""Fixed-shape statistics states of layer outputs and output gradients, on the device.
+
+One flat float64 buffer per view holds a segment per monitored tensor. A training step
+only adds to it (device ops, no host sync); the host copies the buffer once per logged
+point and finalizes every segment with numpy (``finalize``).
+
+A segment of a tensor with ``C`` channels, ``P`` spatial positions and sample size ``k``:
+
+* additive part (summed over steps, calls and ranks): ``ADD`` counts and sums, then the
+  non-zero count of each channel and of each position;
+* extremes (merged with a minimum): ``min``, ``-max``, smallest non-zero ``|x|``;
+* the bottom-``k`` sample: ``k`` keys then ``k`` values. Each statistics step offers ``k``
+  uniform draws from the tensor carrying the ``k`` smallest of ``n`` uniform keys
+  (exponential spacings; every element when ``n <= k``), and the segment keeps the ``k``
+  smallest keys of the union: a uniform sample of every value folded in, whatever the batch
+  sizes. The finite non-zero values among them give the percentiles; the exact sign counts
+  place each order statistic in its stratum (``stats_np.sample_quantiles``).
+
+The per-step sums are taken in float32 (float64 for float64 tensors) and the within-step
+second moment is two-pass, so ``std`` does not cancel when ``|mean| >> std``. Counts are
+integer reductions, exact (float64 holds them exactly up to 2**53).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tb_introspect import metadata, stats_np
+
+#: The additive scalars of a segment, in order.
+ADD = ("count", "nan", "posinf", "neginf", "pos", "neg", "sum", "m2", "nmm", "act_count")
+EXT = ("min", "neg_max", "min_abs")
+_MOD = 2**31
+
+
+@dataclass
+class Segment:
+    """Where one tensor's state lives in its view's buffer, and what its axes are."""
+
+    channels: int
+    positions: int
+    k: int
+    offset: int = 0
+    channel_dims: tuple[int, ...] = ()   # dims reduced for the per-channel counts
+    position_dims: tuple[int, ...] = ()  # dims reduced for the per-position counts
+    rank: int = 2
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(ADD) + self.channels + self.positions + len(EXT) + 2 * self.k
+
+    @property
+    def ext_at(self) -> int:
+        return self.offset + len(ADD) + self.channels + self.positions
+
+    @property
+    def sample_at(self) -> int:
+        return self.ext_at + len(EXT)
+
+    def empty(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        seg = torch.zeros(self.length, dtype=torch.float64, device=device)
+        e = len(ADD) + self.channels + self.positions
+        seg[e:e + len(EXT)] = math.inf
+        seg[e + len(EXT):e + len(EXT) + self.k] = math.inf
+        return seg
+
+
+def layout(shape: Sequence[int], channels_first: bool, k: int) -> Segment:
+    """The segment of a tensor of ``shape`` (batch first). Rank <= 1: one channel; rank 2:
+    ``(batch, features)``; rank >= 3: ``(batch, C, *spatial)`` when ``channels_first``
+    (PyTorch's convolution layout) else ``(batch, *spatial, C)``."""
+    rank = len(shape)
+    if rank <= 1:
+        return Segment(1, 0, k, channel_dims=tuple(range(rank)), rank=rank)
+    if rank == 2:
+        return Segment(int(shape[1]), 0, k, channel_dims=(0,), rank=2)
+    c_axis = 1 if channels_first else rank - 1
+    spatial = [d for d in range(1, rank) if d != c_axis]
+    positions = int(np.prod([shape[d] for d in spatial], dtype=np.int64))
+    return Segment(
+        int(shape[c_axis]), positions, k,
+        channel_dims=tuple(d for d in range(rank) if d != c_axis),
+        position_dims=(0, c_axis), rank=rank,
+    )
+
+
+def channels_last_shape(shape: Sequence[int], channels_first: bool) -> tuple[int, ...]:
+    """``shape`` with the channel axis last and the batch unknown (-1), as the format's
+    metadata describes a layer output (the plugin reads spatial axes as ``shape[1:-1]``)."""
+    shape = [int(d) for d in shape]
+    if len(shape) >= 3 and channels_first:
+        shape = [shape[0], *shape[2:], shape[1]]
+    return tuple([-1, *shape[1:]]) if shape else ()
+
+
+def _hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+    """Deterministic uniforms in (0, 1) from integer ``index`` and a device ``seed``: no
+    generator state (the user's RNG stream stays untouched, and ``torch.compile`` sees only
+    integer ops). Products stay below 2**62, inside int64."""
+    h = (index * 1103515245 + seed * 12345 + 1) % _MOD
+    h = h ^ (h >> 15)
+    h = (h * 747796405 + 289133645) % _MOD
+    h = h ^ (h >> 13)
+    h = (h * 1103515245 + 12345) % _MOD
+    h = h ^ (h >> 16)
+    return (h.to(torch.float64) + 0.5) / _MOD
+
+
+def _sums(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    return x.sum(dim=dims) if dims else x
+
+
+def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
+         full: bool, arange: torch.Tensor) -> None:
+    """Add tensor ``x`` to its segment of ``buf``. ``full``: every part (a statistics step);
+    otherwise only the activity counts (``act_count`` and the channel/position non-zero
+    counts), two passes over ``x``."""
+    o, c, p = seg.offset, seg.channels, seg.positions
+    xf = x.detach()
+    if xf.dtype != torch.float64:
+        xf = xf.float()
+    if not full:
+        active = xf != 0
+        parts = [_sums(active, seg.channel_dims).reshape(-1)]
+        if p:
+            parts.append(_sums(active, seg.position_dims).reshape(-1))
+        nnz = torch.cat(parts).to(torch.float64)
+        buf[o + len(ADD):o + len(ADD) + c + p].add_(nnz)
+        buf[o + len(ADD) - 1].add_(float(xf.numel()))
+        return
+    n = xf.numel()
+    fin = torch.isfinite(xf)
+    xz = torch.where(fin, xf, 0.0)
+    nfin = fin.sum()
+    posinf = (xf == math.inf).sum()
+    neginf = (xf == -math.inf).sum()
+    pos = (xz > 0).sum()
+    neg = (xz < 0).sum()
+    s = xz.sum()
+    mean = s / nfin.clamp(min=1)
+    dev = torch.where(fin, xf - mean, 0.0)
+    m2 = dev.square().sum()
+    active = xz != 0
+    parts = [
+        torch.stack([
+            torch.tensor(float(n), dtype=torch.float64, device=xf.device),
+            (n - nfin - posinf - neginf).to(torch.float64),
+            posinf.to(torch.float64), neginf.to(torch.float64),
+            pos.to(torch.float64), neg.to(torch.float64),
+            s.to(torch.float64), m2.to(torch.float64),
+            (nfin * mean.to(torch.float64) * mean.to(torch.float64)).to(torch.float64),
+            torch.tensor(float(n), dtype=torch.float64, device=xf.device),
+        ]),
+        _sums(active, seg.channel_dims).reshape(-1).to(torch.float64),
+    ]
+    if p:
+        parts.append(_sums(active, seg.position_dims).reshape(-1).to(torch.float64))
+    buf[o:o + len(ADD) + c + p].add_(torch.cat(parts))
+    inf = torch.tensor(math.inf, dtype=xf.dtype, device=xf.device)
+    ext = torch.stack([
+        torch.where(fin, xf, inf).amin(), -torch.where(fin, xf, -inf).amax(),
+        torch.where(active, xz.abs(), inf).amin(),
+    ]).to(torch.float64)
+    e = seg.ext_at
+    buf[e:e + len(EXT)] = torch.minimum(buf[e:e + len(EXT)], ext)
+    _merge_sample(buf, seg, xf.reshape(-1), seed, arange)
+
+
+def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: torch.Tensor,
+                  arange: torch.Tensor) -> None:
+    k, n = seg.k, flat.numel()
+    if n == 0:
+        return
+    u_key = _hash_uniform(arange, seed * 2)
+    if n <= k:  # every element, each with its own uniform key
+        keys = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
+        keys[:n] = u_key[:n]
+        vals = torch.zeros(k, dtype=torch.float64, device=flat.device)
+        vals[:n] = flat.to(torch.float64)
+    else:  # k uniform positions carrying the k smallest of n uniform keys
+        pos = (_hash_uniform(arange, seed * 2 + 1) * n).long().clamp_(max=n - 1)
+        keys = torch.cumsum(-torch.log(u_key), 0) / (n + 1)
+        vals = flat[pos].to(torch.float64)
+    s = seg.sample_at
+    all_keys = torch.cat([buf[s:s + k], keys])
+    all_vals = torch.cat([buf[s + k:s + 2 * k], vals])
+    keep = torch.topk(all_keys, k, largest=False, sorted=False).indices
+    buf[s:s + 2 * k] = torch.cat([all_keys[keep], all_vals[keep]])
+
+
+# ---------------------------------------------------------------------- host side
+
+def merge_ranks(segs: np.ndarray, seg: Segment) -> np.ndarray:
+    """One segment from the segments ``[ranks, length]`` of every rank."""
+    if segs.shape[0] == 1:
+        return segs[0]
+    a = len(ADD) + seg.channels + seg.positions
+    out = segs[0].copy()
+    out[:a] = segs[:, :a].sum(axis=0)
+    out[a:a + len(EXT)] = segs[:, a:a + len(EXT)].min(axis=0)
+    s, k = a + len(EXT), seg.k
+    keys = segs[:, s:s + k].reshape(-1)
+    vals = segs[:, s + k:s + 2 * k].reshape(-1)
+    keep = np.argsort(keys, kind="stable")[:k]
+    out[s:s + k], out[s + k:s + 2 * k] = keys[keep], vals[keep]
+    return out
+
+
+def finalize(segment: np.ndarray, seg: Segment, view: str,
+             quantiles: Sequence[float], activity_rates: bool) -> np.ndarray:
+    """The packed vector of one merged segment (``epoch`` and extra slots NaN).
+
+    ``activity_rates``: the activation rate, zero fraction and dead rates come from the
+    activity counts of every counted step (the output view) instead of the statistics
+    steps' values only."""
+    fields = metadata.tensor_stats_fields(view, quantiles)
+    v = dict(zip(ADD, segment[:len(ADD)], strict=True))
+    c, p = seg.channels, seg.positions
+    cnz = segment[len(ADD):len(ADD) + c]
+    snz = segment[len(ADD) + c:len(ADD) + c + p]
+    a = len(ADD) + c + p
+    vmin, neg_max, min_abs = segment[a:a + len(EXT)]
+    vmax = -neg_max
+    s, k = a + len(EXT), seg.k
+    keys, vals = segment[s:s + k], segment[s + k:s + 2 * k]
+    out = dict.fromkeys(fields, np.nan)
+    n = v["count"]
+    nfin = n - v["nan"] - v["posinf"] - v["neginf"]
+    out.update(count=n, finite_count=nfin, nan_count=v["nan"], posinf_count=v["posinf"],
+               neginf_count=v["neginf"])
+    if v["act_count"] > 0 and (c or p):
+        out["dead_rate"] = float(np.mean(cnz == 0)) if c else np.nan
+        out["spatial_dead_rate"] = float(np.mean(snz == 0)) if p else np.nan
+    if nfin > 0:
+        npos, nneg = v["pos"], v["neg"]
+        nzero = nfin - npos - nneg
+        mean = v["sum"] / nfin
+        sumsq = v["m2"] + v["nmm"]
+        between = max(v["nmm"] - nfin * mean * mean, 0.0)
+        var = max((v["m2"] + between) / nfin, 0.0)
+        rate = (npos + nneg) / nfin
+        out.update(
+            zero_fraction=1.0 - rate, activation_rate=rate,
+            sign_balance=(npos - nneg) / (npos + nneg) if npos + nneg else np.nan,
+            mean=mean, std=math.sqrt(var), rms=math.sqrt(max(sumsq, 0.0) / nfin),
+            l2=math.sqrt(max(sumsq, 0.0)), min=vmin, max=vmax,
+        )
+        taken = np.isfinite(keys)
+        sample = vals[taken]
+        sample = sample[np.isfinite(sample) & (sample != 0)]
+        vq, lq = stats_np.sample_quantiles(
+            sample, n_neg=nneg, n_zero=nzero, n_pos=npos, vmin=vmin, vmax=vmax,
+            min_abs=min_abs if np.isfinite(min_abs) else np.nan, quantiles=quantiles,
+        )
+        for q, vv, lv in zip(quantiles, vq, lq, strict=True):
+            out[metadata.quantile_field(q)] = vv
+            out[metadata.quantile_field(q, log=True)] = lv
+    if activity_rates and v["act_count"] > 0:
+        rate = float(cnz.sum() / v["act_count"]) if c else np.nan
+        if np.isfinite(rate):
+            out["activation_rate"], out["zero_fraction"] = rate, 1.0 - rate
+    return np.array([out[f] for f in fields], dtype=np.float64)
+
+
+def activity_rates(segment: np.ndarray, seg: Segment) -> tuple[np.ndarray, np.ndarray, float]:
+    """(per-channel rates, per-position rates, samples) of one merged output segment."""
+    c, p = seg.channels, seg.positions
+    count = segment[len(ADD) - 1]
+    cnz = segment[len(ADD):len(ADD) + c]
+    snz = segment[len(ADD) + c:len(ADD) + c + p]
+    units = max(p, 1) * c
+    return cnz * c / count, snz * max(p, 1) / count, count / units
