@@ -66,8 +66,12 @@ VIEW_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     "variable": ("update_ratio",),
     # cosine between this gradient aggregate and the previous logged one.
     "gradient": ("cos_prev",),
-    "output": (),
-    "output_gradient": (),
+    # How many of the window's steps the statistics (moments, extremes, percentiles) came
+    # from, how many the activity counts (activation, dead rates) came from, and the
+    # window's steps: activity is exact when ``activity_steps == steps`` (rectifier outputs)
+    # and sampled from the statistics steps otherwise. NaN from writers that do not know.
+    "output": ("stats_steps", "activity_steps", "steps"),
+    "output_gradient": ("stats_steps", "steps"),
 }
 
 #: Prefix of the implicit-learning-rate percentile slots of the variable view:

@@ -34,7 +34,8 @@ def test_dead_rate_is_exact_over_every_sample(tmp_path):
     # Each channel fires in 8 of the 512 samples, one sample per step at most for
     # most channels: any subsample of rows would report some of them dead.
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-              callbacks=[Introspect(str(tmp_path), views=("output",), stats_every=8)])
+              callbacks=[Introspect(str(tmp_path), views=("output",), stats_every=8,
+                                         overhead=None)])
     run = lib.read_run(str(tmp_path))
     wide = run[metadata.stats_tag("output", "wide")].at(SAMPLES // BATCH)
     # Moments and percentiles come from the statistics steps: the first of the 8 here.
@@ -97,7 +98,7 @@ def test_statistics_steps_are_each_windows_first_and_every_nth(tmp_path):
     steps = SAMPLES // BATCH
     _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=2, shuffle=False,
                       verbose=0, callbacks=[Introspect(str(tmp_path), views=("output",),
-                                                       stats_every=3)])
+                                                       stats_every=3, overhead=None)])
     run = lib.read_run(str(tmp_path))
     batches = x.reshape(steps, BATCH, -1)
     taken = batches[[0, 3, 6]]
@@ -117,9 +118,65 @@ def test_a_step_with_nan_outputs_is_always_a_statistics_step(tmp_path):
     x[last * BATCH + 5, 0, 0, 0] = np.nan  # the NaN weights make every later step NaN
     _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=1, shuffle=False,
                       verbose=0, callbacks=[Introspect(str(tmp_path), views=("output",),
-                                                       stats_every=8)])
+                                                       stats_every=8, overhead=None)])
     wide = lib.read_run(str(tmp_path))[metadata.stats_tag("output", "wide")].at(
         SAMPLES // BATCH)
     assert wide["nan_count"] == 1
     assert wide["count"] == 2 * x.size / (SAMPLES // BATCH)  # steps 0 and 7
     assert wide["dead_rate"] == 0.0
+
+
+def test_only_rectifier_outputs_count_activity_on_every_step(tmp_path):
+    """A ReLU's output is counted on every step (exact); a convolution's output before any
+    activation is counted on the statistics steps only, and is written as sampled."""
+    keras.utils.set_random_seed(0)
+    x = one_hot_activations()
+    steps = SAMPLES // BATCH
+    inp = keras.Input((SIDE, SIDE, CHANNELS))
+    h = keras.layers.ReLU(name="wide")(inp)
+    h = keras.layers.Conv2D(4, 1, name="mix")(h)
+    h = keras.layers.Conv2D(4, 1, activation="relu", name="mix_relu")(h)
+    out = keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inp, out)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[Introspect(str(tmp_path), stats_every=4, overhead=None)])
+    run = lib.read_run(str(tmp_path))
+    point = {name: run[metadata.stats_tag("output", name)].at(steps)
+             for name in ("wide", "mix", "mix_relu", "head")}
+    for name, v in point.items():
+        assert v["steps"] == steps and v["stats_steps"] == 2, name  # steps 0 and 4
+    for name in ("wide", "mix_relu"):
+        assert point[name]["activity_steps"] == steps, name
+    for name in ("mix", "head"):
+        assert point[name]["activity_steps"] == 2, name
+    # The exact one still sees every sample; the sampled one only the statistics steps'.
+    assert point["wide"]["activation_rate"] == (x != 0).mean()
+    amap = run[metadata.activity_tag("mix")].at(steps)
+    assert amap["samples"] == 2 * BATCH
+    assert run[metadata.activity_tag("wide")].at(steps)["samples"] == SAMPLES
+    grad = run[metadata.stats_tag("output_gradient", "mix")].at(steps)
+    assert grad["stats_steps"] == 2 and grad["steps"] == steps
+
+
+def test_the_governor_keeps_each_epochs_first_step_and_the_exact_counts(tmp_path):
+    """With a budget no statistics step fits, each epoch keeps its first statistics step,
+    and the rectifier's activity still counts every sample."""
+    keras.utils.set_random_seed(0)
+    x = one_hot_activations()
+    steps = SAMPLES // BATCH
+    cb = Introspect(str(tmp_path), views=("output", "output_gradient"), stats_every=2,
+                    overhead=1e-9)
+    _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=3, shuffle=False,
+                      verbose=0, callbacks=[cb])
+    run = lib.read_run(str(tmp_path))
+    for epoch in range(3):
+        wide = run[metadata.stats_tag("output", "wide")].at(steps * (epoch + 1))
+        assert wide["steps"] == steps and wide["activity_steps"] == steps
+        assert wide["activation_rate"] == (x != 0).mean()
+        assert wide["dead_rate"] == 0.0
+        # Epoch 0 learns the two step times: statistics on steps 0 and 2.
+        if epoch:
+            assert wide["stats_steps"] == 1
+            assert wide["count"] == x.size / steps
+    assert set(cb.governor.compile_seconds) == {True, False}  # both functions compiled once

@@ -97,6 +97,27 @@ def layers_to_capture(model: keras.Model) -> list[CapturedLayer]:
     return found
 
 
+#: Activations whose output is exactly zero on a whole half-line: only there does a unit that
+#: is zero for every sample mean something (a dead unit).
+RECTIFIER_ACTIVATIONS = frozenset({"relu", "relu6"})
+
+
+def is_rectifier(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer``'s own function makes exact zeros: ReLU, ReLU6, thresholded ReLU
+    (``keras.layers.ReLU`` without a negative slope, ``Activation("relu")``), or a layer
+    whose ``activation`` is one of these (``Dense(..., activation="relu")``, Conv...)."""
+    kind = type(layer).__name__
+    if kind == "ReLU":
+        return not float(getattr(layer, "negative_slope", 0.0) or 0.0)
+    if kind == "ThresholdedReLU":
+        return True
+    if kind == "LeakyReLU":
+        return float(getattr(layer, "negative_slope", 0.3)) == 0.0
+    act = getattr(layer, "activation", None)
+    name = act if isinstance(act, str) else getattr(act, "__name__", None)
+    return name in RECTIFIER_ACTIVATIONS
+
+
 class LayerPatcher:
     """Installs and removes the capturing ``call`` wrappers on a model's layers."""
 

@@ -8,11 +8,17 @@ Split of the work (why it is split this way):
   states by ``stats.batch_state`` and folded, all tensors at once, into one
   stacked state per view with ``stats.merge_pair``; a step counter advances.
   With ``every=N`` this happens only on sampled steps (``tf.cond``). With
-  ``every="epoch"`` the statistics states take the epoch's first step and every
-  ``stats_every``-th step after it (and any step whose outputs hold a NaN); every
-  other step adds only the exact activity counts of the layer outputs
-  (``stats.activity_state``, two passes instead of seven), because a dead unit
-  is one that is zero for every sample of the epoch.
+  ``every="epoch"`` the statistics states take the epoch's *statistics steps*
+  (its first step, then one in ``stats_every``, and any step whose outputs or
+  metrics hold a NaN); every other step adds only the exact activity counts
+  (``stats.activity_state``) of the *rectifier* outputs (``Monitored.exact``):
+  a dead unit is one that is zero for every sample of the epoch, and only a
+  rectifier's own function makes exact zeros. Every other output's activity
+  comes from the statistics steps and is written as sampled (the
+  ``activity_steps`` slot). Which steps are statistics steps is decided in the
+  graph (``StepMode.AUTO``: the custom loop) or on the host, which then runs
+  one of two compiled steps (``StepMode.STATS`` / ``StepMode.LEAN``: the Keras
+  callback with its overhead governor, ``collect/governor.py``).
 * **At logging time** (the host calls ``log`` when a point is due; one traced
   function): gradient sums are read with a SUM over replicas, variables and
   gradient sums become states with ``stats.many_states`` (segment reductions
@@ -34,6 +40,7 @@ output view and ``[tensors, 1 + channels + positions]`` for the activity counts.
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import warnings
@@ -68,9 +75,22 @@ _AGG = tf.VariableAggregation
 
 
 def warn(message: str) -> None:
-    """One user-visible warning line (also logged)."""
+    """One user-visible warning line (a ``RuntimeWarning``; not logged a second time)."""
     warnings.warn(f"tb_introspect: {message}", RuntimeWarning, stacklevel=3)
-    logger.warning(message)
+
+
+class StepMode(enum.Enum):
+    """How one traced training step treats layer outputs and output gradients."""
+
+    #: The graph decides: statistics on the window's first step, every ``stats_every``-th
+    #: and NaN steps; the rectifiers' activity counts on the others.
+    AUTO = "auto"
+    #: Every step is a statistics step (the host chose it; ``every=N``'s sampled steps
+    #: still decide in the graph).
+    STATS = "stats"
+    #: No statistics and no output-gradient probes: the rectifiers' activity counts, the
+    #: gradient sum and the metrics only (a NaN step still gets the output statistics).
+    LEAN = "lean"
 
 
 @dataclass
@@ -84,6 +104,9 @@ class Monitored:
     shape: tuple[int | None, ...]
     dtype: str
     has_grad: bool = True  # outputs only: does a gradient reach it?
+    # Outputs only: a rectifier's output, whose activity is counted on every step (exact);
+    # any other output's activity comes from the statistics steps (sampled).
+    exact: bool = False
 
     @property
     def tag(self) -> str:
@@ -228,6 +251,11 @@ class Collector:
         self.out_specs = list(specs)
         self.out_index = {s.name: j for j, s in enumerate(self.out_specs)}
 
+    @property
+    def exact_rows(self) -> np.ndarray:
+        """Per output: is its activity counted on every step (a rectifier)?"""
+        return np.array([s.exact for s in self.out_specs], bool).reshape(-1)
+
     def set_metrics(self, names: Sequence[str], rows: int) -> None:
         """Per-step scalars buffered in the step (``rows`` steps between two reads)."""
         self.metric_names = list(names)
@@ -273,9 +301,14 @@ class Collector:
                     np.zeros([self.layout.n, self.layout.act_width]), trainable=False,
                     name="activity", synchronization=_ON_READ, aggregation=_AGG.NONE,
                 )
-            # Steps since the last logged point: which of them are statistics steps.
+            # Steps since the last logged point, and how many of them were statistics
+            # steps (the ``steps`` and ``stats_steps`` slots of the output views).
             self.window = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="window",
+                synchronization=_ON_READ, aggregation=_AGG.ONLY_FIRST_REPLICA,
+            )
+            self.stat_steps = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="stat_steps",
                 synchronization=_ON_READ, aggregation=_AGG.ONLY_FIRST_REPLICA,
             )
             m = max(len(self.metric_names), 1)
@@ -514,6 +547,10 @@ class Collector:
         local = tf.stack([self.out_vars[v].read_value() for v in views])  # [V, N, L]
         replicas = ctx.num_replicas_in_sync if ctx is not None else 1
         activity = self.act_var.read_value() if "output" in views else None
+        window = tf.cast(self.window.read_value(), tf.float64)
+        stat_steps = tf.cast(self.stat_steps.read_value(), tf.float64)
+        n = layout.n
+        steps = {"stats_steps": tf.fill([n], stat_steps), "steps": tf.fill([n], window)}
         if replicas > 1:
             gathered = ctx.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
             gathered = tf.reshape(gathered, [replicas, len(views), layout.n, sum(layout.sizes)])
@@ -527,14 +564,16 @@ class Collector:
                     state = stats.merge_pair(state, layout.unpack(gathered[r, vi]))
             else:
                 state = layout.unpack(local[vi])
-            columns = {}
-            if view == "output":  # activity counts every step of the window, not a sample
+            columns = dict(steps)
+            if view == "output":  # the rectifiers' activity counts every step of the window
                 cmax = layout.cmax
                 state = dict(state, channel_nnz=activity[:, 1:1 + cmax],
                              spatial_nnz=activity[:, 1 + cmax:])
                 count, nnz = activity[:, 0], tf.reduce_sum(activity[:, 1:1 + cmax], axis=1)
                 rate = tf.where(count > 0, nnz / tf.maximum(count, 1.0), np.nan)
-                columns = {"activation_rate": rate, "zero_fraction": 1.0 - rate}
+                exact = tf.constant(self.exact_rows & (self.every == "epoch"))
+                columns.update(activation_rate=rate, zero_fraction=1.0 - rate,
+                               activity_steps=tf.where(exact, window, stat_steps))
             block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
             blocks.append(_fill(block, view, self.quantiles, epoch, **columns))
         if activity is not None:
@@ -545,6 +584,7 @@ class Collector:
             if activity is not None:
                 self.act_var.assign(tf.zeros_like(activity))
             self.window.assign(0)
+            self.stat_steps.assign(0)
         return [tf.identity(b) for b in blocks]
 
 
@@ -557,8 +597,9 @@ class StepRecorder:
     """
 
     def __init__(self, collector: Collector, loss_scale: tf.Tensor | None = None,
-                 anchor: Any = None):
+                 anchor: Any = None, mode: StepMode = StepMode.AUTO):
         self.c = collector
+        self.mode = mode
         # Ops without data inputs run as soon as the function starts, even when
         # fetching the batch then fails (end of a dataset of unknown length):
         # tie the counter to the batch so that a step without data counts nothing.
@@ -566,10 +607,9 @@ class StepRecorder:
         self.anchor = anchors
         with tf.control_dependencies(anchors):
             self.step = collector.counter.read_value() + 1
-            # 0-based step in this window; only statistics steps need it
-            self.window_step = (collector.window.read_value()
-                                if collector.stats_every > 1 else None)
+            self.window_step = collector.window.read_value()  # 0-based step in the window
         self.sampled = collector.sampled(self.step)
+        self.metrics_finite: tf.Tensor | None = None
         self.loss_scale = loss_scale
         ctx = tf.distribute.get_replica_context()
         rid = ctx.replica_id_in_sync_group if ctx is not None else 0
@@ -613,11 +653,14 @@ class StepRecorder:
     def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
         c = self.c
         spec = c.out_specs[j]
+        if self.mode is StepMode.LEAN and c.every != "epoch":
+            return x  # nothing between sampled steps
         if "output" in c.out_vars and not _off(c, "output", spec.name):
             self.output_value(j, x)
             c.output_seen.add(j)
         if (
             "output_gradient" in c.out_vars
+            and self.mode is not StepMode.LEAN
             and spec.has_grad
             and capture.is_float(x.dtype)
             and not _off(c, "output_gradient", spec.name)
@@ -664,30 +707,38 @@ class StepRecorder:
                 self._fold()
             except Exception as e:
                 c.fail("output view", e)
-        read = [self.step] + ([self.window_step] if self.window_step is not None else [])
-        with tf.control_dependencies(self.anchor + read):
+        with tf.control_dependencies(self.anchor + [self.step, self.window_step]):
             c.counter.assign_add(1)
-            if self.window_step is not None:
-                c.window.assign_add(1)
+            c.window.assign_add(1)
 
     def _fold(self) -> None:
-        """Statistics states on statistics steps, activity counts on every step."""
+        """Statistics states on statistics steps; the rectifiers' activity counts on the
+        others (every step with ``every="epoch"``)."""
         c = self.c
         if stats.in_xla_context():
             self._limit_for_xla()
         wants_activity = "output" in c.out_vars
         none = self._no_activity()
-        if self.window_step is not None:
-            activity = self._activity() if wants_activity else none
-            stat = tf.equal(self.window_step % c.stats_every, 0)
-            # A NaN makes its column's counts NaN: that step is taken exactly by the
-            # statistics (non-finite values counted, the activity of the finite ones).
-            stat = stat | tf.logical_not(tf.math.is_finite(tf.reduce_sum(activity)))
-            rows = tf.cond(stat, self._fold_stats, lambda: activity)
-        elif self.sampled is True:
+        if c.every != "epoch":
+            rows = self._fold_stats() if self.sampled is True else tf.cond(
+                self.sampled, self._fold_stats, lambda: none)
+        elif self.mode is StepMode.STATS:
             rows = self._fold_stats()
         else:
-            rows = tf.cond(self.sampled, self._fold_stats, lambda: none)
+            activity = self._activity() if wants_activity else none
+            # A NaN makes its column's counts NaN: that step is taken exactly by the
+            # statistics (non-finite values counted, the activity of the finite ones).
+            stat = tf.logical_not(tf.math.is_finite(tf.reduce_sum(activity)))
+            if self.metrics_finite is not None:
+                stat = stat | tf.logical_not(self.metrics_finite)
+            if self.mode is StepMode.AUTO:
+                stat = stat | tf.equal(self.window_step % c.stats_every, 0)
+            if self.mode is StepMode.LEAN and stats.in_xla_context():
+                # XLA compiles both branches of a cond: a statistics branch would make the
+                # lean step's compile as large as the full one's. NaN columns count nothing.
+                rows = tf.where(tf.math.is_finite(activity), activity, 0.0)
+            else:
+                rows = tf.cond(stat, self._fold_stats, lambda: activity)
         if wants_activity:
             c.act_var.assign_add(rows)
 
@@ -721,12 +772,13 @@ class StepRecorder:
         return tf.zeros([c.layout.n, width], tf.float64)
 
     def _activity(self) -> tf.Tensor:
-        """[N, act_width] exact activity counts of this step's stashed outputs."""
+        """[N, act_width] exact activity counts of this step's stashed rectifier outputs
+        (zero rows for the others: their activity comes from the statistics steps)."""
         c, layout = self.c, self.c.layout
         xla = stats.in_xla_context()
         rows = []
         for j in range(layout.n):
-            t = self.stash["output"].get(j)
+            t = self.stash["output"].get(j) if c.out_specs[j].exact else None
             part = None
             if t is not None:
                 try:
@@ -774,6 +826,7 @@ class StepRecorder:
             var.assign(layout.pack(stats.merge_pair(state, new)))
             if view == "output":
                 activity = layout.activity_row(new)
+        c.stat_steps.assign_add(1)
         return activity
 
     # -- gradients (called by the optimizer wrapper)
@@ -821,6 +874,7 @@ class StepRecorder:
         row = (self.step - 1) % c.metric_rows
         t = tf.cast(tf.stack([tf.cast(x, tf.float64) for x in totals]), tf.float64)
         n = tf.cast(tf.stack([tf.cast(x, tf.float64) for x in counts]), tf.float64)
+        self.metrics_finite = tf.reduce_all(tf.math.is_finite(t))  # a NaN loss: statistics
         idx = tf.reshape(row, [1, 1])
         c.metric_total.assign(tf.tensor_scatter_nd_update(c.metric_total, idx, t[tf.newaxis]))
         c.metric_count.assign(tf.tensor_scatter_nd_update(c.metric_count, idx, n[tf.newaxis]))

@@ -30,6 +30,7 @@ from tb_introspect.collect.options import (
     DEFAULT_STEP_SAMPLE_SIZE,
     Options,
     check_log_dir,
+    matches,
 )
 
 
@@ -47,7 +48,12 @@ class Introspector:
     end (or use it as a context manager). ``every`` is ``"epoch"`` (gradients
     summed over the epoch, outputs merged over all its batches, variables at its
     end) or ``N`` (statistics of every N-th step). The keyword arguments are
-    those of ``tb_introspect.keras.Introspect``.
+    those of ``tb_introspect.keras.Introspect`` but ``overhead`` (the statistics
+    steps are chosen in the graph: the first of each epoch, every
+    ``stats_every``-th, NaN steps). ``layers`` and ``rectifiers`` match the
+    names given to ``record``; the activity of every recorded output is counted
+    on every step (exact dead rates) unless ``rectifiers`` names the ones to count
+    so, the others then counting on the statistics steps only.
 
     Example:
         >>> import tempfile, keras, tensorflow as tf
@@ -84,9 +90,12 @@ class Introspector:
         seed: int = 0,
         initial_step: int = 0,
         initial_epoch: int = 0,
+        layers: str | Sequence[str] | None = None,
+        rectifiers: str | Sequence[str] | None = None,
     ):
         options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                               flush_secs, seed, stats_every)
+                               flush_secs, seed, stats_every, layers, rectifiers,
+                               overhead=None)
         self.log_dir = check_log_dir(log_dir)
         strategy = tf.distribute.get_strategy()
         self.writer = make_writer(self.log_dir, flush_secs) if is_chief(strategy) else None
@@ -162,7 +171,9 @@ class Introspector:
         metrics: dict[str, Any],
     ) -> None:
         c = self.collector
-        names = list(outputs) + [n for n in output_gradients if n not in outputs]
+        chosen = c.options.layers
+        names = [n for n in list(outputs) + [n for n in output_gradients if n not in outputs]
+                 if chosen is None or matches(chosen, n)]
         specs = []
         for depth, name in enumerate(names):
             t = outputs.get(name)
@@ -173,11 +184,18 @@ class Introspector:
             specs.append(Monitored(
                 view="output", name=sanitize(name), layer=name, depth=depth,
                 shape=tuple(shape), dtype=t.dtype.name, has_grad=name in output_gradients,
+                # The outputs of a custom loop are the user's choice: all exact unless
+                # ``rectifiers`` says which are.
+                exact=c.options.rectifiers is None or matches(c.options.rectifiers, name),
             ))
         c.set_outputs(specs)
         depth_of = {name: d for d, name in enumerate(names)}
         var_names = [_variable_name(v) for v in variables]
         layers = [n.rsplit("/", 1)[0] if "/" in n else n for n in var_names]
+        if chosen is not None:
+            keep = [i for i, layer in enumerate(layers) if matches(chosen, layer)]
+            variables = [variables[i] for i in keep]
+            var_names, layers = [var_names[i] for i in keep], [layers[i] for i in keep]
         for layer in layers:
             depth_of.setdefault(layer, len(depth_of))
         c.set_variables(variables, var_names, layers, [depth_of[n] for n in layers])

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
+import logging
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -33,20 +35,25 @@ from tb_introspect.collect import capture
 from tb_introspect.collect.core import (
     Collector,
     Monitored,
+    StepMode,
     StepRecorder,
     sanitize,
     warn,
 )
+from tb_introspect.collect.governor import Governor
 from tb_introspect.collect.host import HostLogger, is_chief, is_multi_worker, make_writer
 from tb_introspect.collect.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_OVERHEAD,
     DEFAULT_STATS_EVERY,
     DEFAULT_STEP_SAMPLE_SIZE,
     Options,
     check_log_dir,
+    matches,
 )
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
+logger = logging.getLogger("tb_introspect")
 
 
 class _Discovery:
@@ -185,6 +192,14 @@ class Introspect(keras.callbacks.Callback):
     ``jit_compile=True`` at most 48 layer outputs and output gradients are
     monitored (XLA's compile grows with each), evenly spread over the model.
 
+    With ``every="epoch"`` an overhead governor keeps the added time within
+    ``overhead`` of the plain step: two train functions are compiled, and the
+    full one (statistics of outputs and output gradients) runs on each epoch's
+    first step and then only as often as the budget allows; the other steps count
+    the rectifier outputs' activity (exact dead rates), sum the gradients and
+    record the metrics. The cadence it reached is written with every point
+    (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step in N").
+
     Args:
         log_dir: run directory for the event files (created; must be writable).
         views: any of ``"variable"``, ``"gradient"``, ``"output"``, ``"output_gradient"``.
@@ -197,9 +212,21 @@ class Introspect(keras.callbacks.Callback):
             accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
         stats_every: with ``every="epoch"``, the statistics of outputs and output
             gradients (moments, extremes, percentiles) come from the epoch's first
-            step and every ``stats_every``-th step after it; the output view's
-            activity (activation rate, dead rates, activity maps) counts every row
-            of every batch. 1 takes every step (slower).
+            step and at most every ``stats_every``-th step after it (the densest
+            cadence the governor may choose); the activity (activation rate, dead
+            rates, activity maps) of rectifier outputs counts every row of every
+            batch, that of other outputs comes from the statistics steps (it is
+            written as sampled). 1 allows every step (slower).
+        layers: the layers monitored at all (all four views): a regular
+            expression matched against the full layer name (``"conv.*|head"``)
+            or a list of names. Default: every layer.
+        rectifiers: more layers whose outputs make exact zeros (a custom
+            activation), as a regular expression or names; ReLU, ReLU6,
+            thresholded ReLU and layers with ``activation="relu"``/``"relu6"`` are
+            recognised already.
+        overhead: with ``every="epoch"``, the share of the plain step time that
+            the statistics may add (default 0.05); None turns the governor off
+            (statistics on every ``stats_every``-th step).
         quantiles: percentile points (0..100) recorded.
         flush_secs: longest time logged data waits before it is flushed to disk
             (TensorBoard's live view); epoch ends always flush.
@@ -226,10 +253,14 @@ class Introspect(keras.callbacks.Callback):
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
+        layers: str | Sequence[str] | None = None,
+        rectifiers: str | Sequence[str] | None = None,
+        overhead: float | None = DEFAULT_OVERHEAD,
     ):
         super().__init__()
         self.options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                                    flush_secs, seed, stats_every)
+                                    flush_secs, seed, stats_every, layers, rectifiers,
+                                    overhead)
         self.log_dir = check_log_dir(log_dir)
         self.writer = None
         self.collector: Collector | None = None
@@ -270,6 +301,10 @@ class Introspect(keras.callbacks.Callback):
                                    strategy=self.strategy, writer=self.writer)
         self.host = HostLogger(self.collector, self.writer, self.options.flush_secs,
                                lockstep=is_multi_worker(self.strategy))
+        per_epoch = every == "epoch"
+        self.governor = Governor(self.options.overhead if per_epoch else None,
+                                 self.options.stats_every if per_epoch else 1)
+        self._every_step_noted = False
         self._patcher = capture.LayerPatcher([])
         self._installed = False
         self._optimizer = model.optimizer
@@ -340,7 +375,16 @@ class Introspect(keras.callbacks.Callback):
         ):
             warn("the model has no trainable variables: the variable and gradient views"
                  " are empty")
-        self._captured = capture.layers_to_capture(model)
+        every_layer = capture.layers_to_capture(model)
+        owner: dict[int, str] = {}
+        for entry in every_layer:
+            for v in entry.layer.trainable_variables:
+                owner.setdefault(id(v), entry.name)
+        chosen = self.options.layers
+        self._captured = [e for e in every_layer if chosen is None or matches(chosen, e.name)]
+        if chosen is not None and not self._captured:
+            warn(f"layers={chosen!r} names none of the model's layers"
+                 f" ({', '.join(e.name for e in every_layer[:8])}...): nothing is monitored")
         self._patcher = capture.LayerPatcher(self._captured)
         disc = None
         if want_outputs:
@@ -366,17 +410,19 @@ class Introspect(keras.callbacks.Callback):
             order[entry.name] = (0, first) if first is not None else (1, k)
         ranked = sorted(order, key=lambda n: order[n])
         depth_of = {name: d for d, name in enumerate(ranked)}
+        by_name = {e.name: e.layer for e in self._captured}
         for s in specs:
             s.depth = depth_of.get(s.layer, len(ranked))
+            layer = by_name.get(s.layer)
+            s.exact = (layer is not None and capture.is_rectifier(layer)) or matches(
+                self.options.rectifiers, s.layer)
         if self.options.want("output_gradient") and specs and not any(s.has_grad for s in specs):
             warn("no gradient reaches any layer output (no trainable variables?); the"
                  " output_gradient view is off")
         c.set_outputs(specs)
-        owner: dict[int, str] = {}
-        for entry in self._captured:
-            for v in entry.layer.trainable_variables:
-                owner.setdefault(id(v), entry.name)
         variables = list(model.trainable_variables)
+        if chosen is not None:
+            variables = [v for v in variables if id(v) in owner and owner[id(v)] in by_name]
         names = [getattr(v, "path", None) or v.name for v in variables]
         layers = [owner.get(id(v), model.name) for v in variables]
         c.set_variables(variables, names, layers, [depth_of.get(n, len(ranked)) for n in layers])
@@ -387,19 +433,27 @@ class Introspect(keras.callbacks.Callback):
             initial = int(self._optimizer.iterations.numpy())
         c.build(initial_step=initial)
         self.host.start(initial)
+        self._steps_done = initial
         self._patch_optimizer()
-        # Build the instrumented train function; the instance attribute is only
-        # needed while Keras makes the function (it binds the step then).
-        object.__setattr__(model, "train_step", self._instrumented_step)
-        try:
-            model.make_train_function(force=True)
-        finally:
-            object.__delattr__(model, "train_step")
-        self._instrumented_fn = model.train_function
+        self._instrumented_fn = self._make_train_function(StepMode.STATS)
+        self._lean_fn = self._make_train_function(StepMode.LEAN)
         model.train_function = self._run
         self._checked_trace = False
         self._built_signature = self._signature()
         return True
+
+    def _make_train_function(self, mode: StepMode) -> Any:
+        """Keras' train function around the instrumented step in ``mode`` (traced on its
+        first call). The instance attribute is only needed while Keras makes the function:
+        it binds the step then."""
+        model = self.model
+        object.__setattr__(model, "train_step",
+                           functools.partial(self._instrumented_step, mode=mode))
+        try:
+            model.make_train_function(force=True)
+        finally:
+            object.__delattr__(model, "train_step")
+        return model.train_function
 
     def _patch_optimizer(self) -> None:
         opt = self._optimizer
@@ -428,10 +482,10 @@ class Introspect(keras.callbacks.Callback):
             return tf.convert_to_tensor(opt.dynamic_scale)
         return None
 
-    def _instrumented_step(self, data: Any) -> Any:
+    def _instrumented_step(self, data: Any, mode: StepMode = StepMode.STATS) -> Any:
         """The user's train step, recorded (runs inside Keras' compiled step)."""
         c = self.collector
-        rec = StepRecorder(c, loss_scale=self._loss_scale(), anchor=data)
+        rec = StepRecorder(c, loss_scale=self._loss_scale(), anchor=data, mode=mode)
         before = [(m.total.value, m.count.value) for m in self._metrics]
         before = [(tf.identity(t), tf.identity(n)) for t, n in before]
         with capture.recording(rec):
@@ -452,7 +506,8 @@ class Introspect(keras.callbacks.Callback):
     def _run(self, iterator: Any) -> Any:
         """The installed train function: instrumented, falling back to the original."""
         try:
-            logs = self._instrumented_fn(iterator)
+            logs = self.governor.run(self._instrumented_fn, self._lean_fn, iterator,
+                                     steps=self.spe, full=self._sampled_execution())
         except _CONTROL_FLOW:
             raise
         except Exception as e:
@@ -470,10 +525,18 @@ class Introspect(keras.callbacks.Callback):
         except BaseException:  # KeyboardInterrupt: keep what was logged
             self._flush()
             raise
-        if not self._checked_trace:
-            self._checked_trace = True
+        if not self._checked_trace and True in self.governor.compile_seconds:
+            self._checked_trace = True  # after the first statistics step: probes traced
             self._check_trace()
         return logs
+
+    def _sampled_execution(self) -> bool | None:
+        """With ``every=N``: does the next execution hold a sampled step? (None: the
+        governor decides, ``every="epoch"``)."""
+        every = self.collector.every
+        if every == "epoch":
+            return None
+        return any((self._steps_done + i) % every == 0 for i in range(1, self.spe + 1))
 
     def _check_trace(self) -> None:
         c = self.collector
@@ -493,11 +556,12 @@ class Introspect(keras.callbacks.Callback):
         if not self._collecting():
             return
         steps = max(int(batch) - getattr(self, "_batch_begin", int(batch)) + 1, 1)
+        self._steps_done += steps
         running = None
         if logs and not self.host.is_off("metrics"):
             tracked = set(self.collector.metric_names)
             running = {k: v for k, v in logs.items() if k not in tracked}
-        self.host.after_steps(steps, running or None)
+        self.governor.timed_log(self.host.after_steps, steps, running or None)
 
     def _collecting(self) -> bool:
         return (
@@ -508,12 +572,18 @@ class Introspect(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.host is not None:
             self.host.begin_epoch(epoch)
+            self.governor.begin_window()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._collecting():
             return
         val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
-        self.host.end_epoch(epoch, val)
+        self.governor.timed_log(self.host.end_epoch, epoch, val)
+        if self.options.every == 1 and not self._every_step_noted:
+            line = self.governor.every_step_cost(DEFAULT_OVERHEAD)
+            if line is not None:
+                self._every_step_noted = True
+                logger.warning(line)  # a note, one line: not a warning with a source line
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:

@@ -4,6 +4,7 @@ validated once. No TensorFlow import here: the PyTorch side uses these options t
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,12 @@ DEFAULT_STEP_SAMPLE_SIZE = 2**11
 #: activity counts still come from every step (see ``Collector``). 8 keeps most of the
 #: per-step cost of the two output views off seven steps in eight (README, "Overhead").
 DEFAULT_STATS_EVERY = 8
+#: The share of the plain step time that the Keras callback may add with ``every="epoch"``
+#: (see ``collect/governor.py``): 5 %, what TensorBoard's own histogram callback costs.
+DEFAULT_OVERHEAD = 0.05
+
+#: ``layers=`` / ``rectifiers=``: a regular expression (full match) or layer names.
+LayerNames = str | tuple[str, ...] | None
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,9 @@ class Options:
     quantiles: tuple[float, ...] = metadata.DEFAULT_QUANTILES
     flush_secs: float = 5.0
     seed: int = 0
+    layers: LayerNames = None
+    rectifiers: LayerNames = None
+    overhead: float | None = DEFAULT_OVERHEAD
 
     @classmethod
     def make(
@@ -50,6 +60,9 @@ class Options:
         flush_secs: float = 5.0,
         seed: int = 0,
         stats_every: int = DEFAULT_STATS_EVERY,
+        layers: str | Sequence[str] | None = None,
+        rectifiers: str | Sequence[str] | None = None,
+        overhead: float | None = DEFAULT_OVERHEAD,
     ) -> Options:
         """Validated options; raises ``ValueError`` naming the bad argument."""
         q = tuple(float(x) for x in quantiles)
@@ -60,6 +73,9 @@ class Options:
             step_sample_size=check_positive("step_sample_size", step_sample_size),
             stats_every=check_positive("stats_every", stats_every),
             quantiles=q, flush_secs=float(flush_secs), seed=int(seed),
+            layers=check_layer_names("layers", layers),
+            rectifiers=check_layer_names("rectifiers", rectifiers),
+            overhead=check_overhead(overhead),
         )
 
     def want(self, view: str) -> bool:
@@ -68,6 +84,41 @@ class Options:
     @property
     def wants_outputs(self) -> bool:
         return self.want("output") or self.want("output_gradient")
+
+
+def check_layer_names(name: str, value: str | Sequence[str] | None) -> LayerNames:
+    """None, a regular expression (checked now) or a tuple of layer names."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            re.compile(value)
+        except re.error as e:
+            raise ValueError(f"{name}={value!r} is not a regular expression: {e}") from e
+        return value
+    names = tuple(value)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{name} must be a regular expression or a non-empty list of layer"
+                         f" names, got {value!r}")
+    return names
+
+
+def matches(spec: LayerNames, layer_name: str) -> bool:
+    """Whether ``layer_name`` is named by ``spec`` (a full-match pattern or a name list)."""
+    if spec is None:
+        return False
+    if isinstance(spec, str):
+        return re.fullmatch(spec, layer_name) is not None
+    return layer_name in spec
+
+
+def check_overhead(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"overhead must be None or a share of the step time in (0, 1],"
+                         f" got {value!r}")
+    return float(value)
 
 
 def check_views(views: Sequence[str]) -> tuple[str, ...]:

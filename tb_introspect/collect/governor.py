@@ -1,0 +1,149 @@
+"""The overhead governor: which executions of the Keras train function are statistics steps.
+
+The callback compiles two train functions (``StepMode.STATS`` and ``StepMode.LEAN``). A lean
+step adds only what must be exact (the rectifier outputs' activity counts, the gradient sum,
+the metrics); a statistics step also computes the layer outputs' and output gradients'
+statistics and runs the output-gradient probes. With ``every="epoch"`` the governor runs the
+statistics function on the first execution of each window (epoch), never more often than
+one execution in ``spacing`` (``stats_every``), and otherwise only when the time it has saved
+covers one more: a budget of ``overhead`` times the plain step time accrues with every step,
+and each statistics execution's extra time and each logged point's time are paid from it.
+The plain step time is what the lean steps take (the closest to a plain ``fit`` the callback
+can observe). First calls of each function compile and are not counted.
+
+Deterministic given its clock, so tests inject one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+#: Recent executions the step-time estimates are medians over.
+HISTORY = 32
+
+
+class Governor:
+    """Chooses statistics or lean per execution and keeps the budget.
+
+    Args:
+        overhead: share of the plain step time the statistics may add (None: no budget,
+            a statistics execution every ``spacing``).
+        spacing: the densest cadence, in executions.
+        clock: seconds (``time.perf_counter``; tests pass a fake).
+    """
+
+    def __init__(self, overhead: float | None, spacing: int,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.overhead = overhead
+        self.spacing = max(int(spacing), 1)
+        self.clock = clock
+        self.lean: deque[float] = deque(maxlen=HISTORY)  # seconds per step
+        self.full: deque[float] = deque(maxlen=HISTORY)
+        self.compile_seconds: dict[bool, float] = {}
+        self.credit = 0.0
+        self.log_seconds: deque[float] = deque(maxlen=HISTORY)
+        self.since_stats = 0
+        self.window_start = True
+        self.forced = False
+        self.window_runs = 0
+        self.window_stats_runs = 0
+
+    # -------------------------------------------------------------- decisions
+
+    def begin_window(self) -> None:
+        """A new window (epoch): its first execution is a statistics execution."""
+        self.window_start = True
+        self.window_runs = self.window_stats_runs = 0
+
+    def force(self) -> None:
+        """The next execution is a statistics execution (e.g. a NaN was seen)."""
+        self.forced = True
+
+    def choose(self) -> bool:
+        """True: the next execution computes statistics."""
+        if self.window_start or self.forced:
+            return True
+        if self.since_stats + 1 < self.spacing:
+            return False
+        if self.overhead is None:
+            return True
+        extra = self.extra_per_stats_step()
+        if extra is None:  # no estimate yet: the densest cadence
+            return True
+        return self.credit >= extra
+
+    def extra_per_stats_step(self) -> float | None:
+        """Seconds a statistics step takes beyond a lean one (median estimates)."""
+        if not self.lean or not self.full:
+            return None
+        return max(statistics.median(self.full) - statistics.median(self.lean), 0.0)
+
+    def plain_step(self) -> float | None:
+        """The plain step time it can observe: the lean steps' median."""
+        return statistics.median(self.lean) if self.lean else None
+
+    # -------------------------------------------------------------- accounting
+
+    def run(self, stats_fn: Callable, lean_fn: Callable, *args, steps: int = 1,
+            full: bool | None = None):
+        """Run and account one execution of ``steps`` steps: the statistics function when
+        ``full`` (None: ``choose()``), the lean one otherwise."""
+        full = self.choose() if full is None else full
+        start = self.clock()
+        out = (stats_fn if full else lean_fn)(*args)
+        self.ran(full, self.clock() - start, steps)
+        return out
+
+    def ran(self, full: bool, seconds: float, steps: int = 1) -> None:
+        """Account one execution that took ``seconds`` wall time for ``steps`` steps."""
+        steps = max(int(steps), 1)
+        self.window_start = self.forced = False
+        self.window_runs += 1
+        self.since_stats = 0 if full else self.since_stats + 1
+        self.window_stats_runs += int(full)
+        if full not in self.compile_seconds:  # the first call traces and compiles
+            self.compile_seconds[full] = seconds
+            return
+        (self.full if full else self.lean).append(seconds / steps)
+        plain = self.plain_step()
+        if self.overhead is None or plain is None:
+            return
+        self.credit += self.overhead * plain * steps
+        if full:
+            self.credit -= max(seconds - plain * steps, 0.0)
+
+    def logged(self, seconds: float) -> None:
+        """A logged point (statistics at logging time and writing) took ``seconds``."""
+        self.log_seconds.append(seconds)
+        if self.overhead is not None:
+            self.credit -= seconds
+
+    def timed_log(self, fn: Callable, *args):
+        start = self.clock()
+        try:
+            return fn(*args)
+        finally:
+            self.logged(self.clock() - start)
+
+    # -------------------------------------------------------------- reporting
+
+    def cadence(self) -> tuple[int, int]:
+        """(statistics executions, executions) of the current window."""
+        return self.window_stats_runs, self.window_runs
+
+    def every_step_cost(self, budget: float) -> str | None:
+        """One line on what logging every step costs and which ``every`` fits ``budget``,
+        once both a step and a logged point were timed (``every=1``)."""
+        if not self.full or not self.log_seconds:
+            return None
+        step = statistics.median(self.full)
+        log = statistics.median(self.log_seconds)
+        fits = max(math.ceil(log / (budget * step) - 1e-9), 2) if step > 0 else None
+        share = 100.0 * log / step if step > 0 else float("inf")
+        return (f"every=1: each step's logged point takes {1e3 * log:.0f} ms on top of a"
+                f" {1e3 * step:.0f} ms instrumented step (+{share:.0f} %); every={fits} would"
+                f" keep logging within {100 * budget:.0f} %")
