@@ -55,11 +55,18 @@ def train_logged(
     data: Any = None,
     metrics: bool = True,
     validation: bool = False,
+    loss: Any = None,
+    accuracy: bool = False,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> Trained:
     """Train ``build(total_steps) -> (model, optimizer)`` on the digits; log into ``logdir``.
 
     ``validation`` logs ``val_loss`` after each epoch (inference mode, on the validation
-    split), as the ``Introspect`` callback logs Keras's ``val_*`` values.
+    split), as the ``Introspect`` callback logs Keras's ``val_*`` values. ``loss`` is a Keras
+    loss (default: sparse categorical cross-entropy on probabilities); ``accuracy`` also
+    logs ``accuracy`` (and ``val_accuracy``) as Keras's compiled metric would. ``data`` is
+    any object with ``x_train, y_train, x_val, y_val``. ``on_epoch(epoch)`` is called after
+    each epoch's points are written and flushed (a live reader of the logdir).
     """
     import keras
     import tensorflow as tf
@@ -72,7 +79,8 @@ def train_logged(
     steps_per_epoch = math.ceil(n / batch_size)
     keras.utils.set_random_seed(seed)
     model, optimizer = build(epochs * steps_per_epoch)
-    layers = list(model.layers)
+    # A functional model lists its InputLayer: the data, not a layer that computes.
+    layers = [la for la in model.layers if not isinstance(la, keras.layers.InputLayer)]
     monitor = keras.Model(model.inputs, [model.outputs[0], *[la.output for la in layers]])
     variables, var_layer, var_depth = [], [], []
     for depth, layer in enumerate(layers):
@@ -81,7 +89,13 @@ def train_logged(
             var_layer.append(layer.name)
             var_depth.append(depth)
     optimizer.build(variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    loss_fn = loss if loss is not None else keras.losses.SparseCategoricalCrossentropy()
+    acc_fn = keras.metrics.SparseCategoricalAccuracy() if accuracy else None
+
+    def acc_of(y, pred) -> float:
+        acc_fn.reset_state()
+        acc_fn.update_state(y, pred)
+        return float(acc_fn.result())
     nv = len(variables)
 
     @tf.function
@@ -89,12 +103,17 @@ def train_logged(
         with tf.GradientTape() as tape:
             outs = monitor(x, training=True)
             loss = loss_fn(y, outs[0])
+            if model.losses:  # weight penalties, which Keras adds to the reported loss
+                loss = loss + tf.add_n(model.losses)
         grads = tape.gradient(loss, variables + list(outs[1:]))
+        # An embedding's gradient comes as IndexedSlices; the statistics need it dense.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                 for g in grads]
         # Zeros, not None, for what the loss does not reach (stop_gradient, unused outputs).
         grads = [g if g is not None else tf.zeros_like(v) if i >= nv else tf.zeros(v.shape, v.dtype)
                  for i, (g, v) in enumerate(zip(grads, variables + list(outs[1:]), strict=True))]
         optimizer.apply(grads[:nv], variables)
-        return loss, grads[:nv], outs[1:], grads[nv:]
+        return loss, grads[:nv], outs[1:], grads[nv:], outs[0]
 
     cadence = "epoch" if every == "epoch" else "step"
     rng = np.random.default_rng(seed)
@@ -145,18 +164,21 @@ def train_logged(
             g_sum = [np.zeros(v.shape, np.float64) for v in variables]
             outs_acc: list[list[np.ndarray]] = [[] for _ in layers]
             og_acc: list[list[np.ndarray]] = [[] for _ in layers]
-            epoch_losses = []
+            epoch_losses, epoch_acc = [], []
             for b in range(steps_per_epoch):
                 idx = order[b * batch_size:(b + 1) * batch_size]
-                loss, grads, outs, out_grads = train_step(
+                loss_t, grads, outs, out_grads, pred = train_step(
                     tf.constant(data.x_train[idx]), tf.constant(data.y_train[idx])
                 )
                 step += 1
-                value = float(loss)
+                value = float(loss_t)
                 losses.append(value)
                 epoch_losses.append(value)
                 if metrics:
                     writer.add_metric("loss", value, step, epoch=epoch)
+                    if acc_fn is not None:
+                        epoch_acc.append(acc_of(data.y_train[idx], pred))
+                        writer.add_metric("accuracy", epoch_acc[-1], step, epoch=epoch)
                 grads = [g.numpy() for g in grads]
                 outs = [o.numpy() for o in outs]
                 out_grads = [
@@ -178,9 +200,16 @@ def train_logged(
                 )
             if metrics:
                 writer.add_metric_epoch("loss", epoch_losses, step, epoch=epoch)
+                if acc_fn is not None:
+                    writer.add_metric_epoch("accuracy", epoch_acc, step, epoch=epoch)
             if validation:
                 pred = model(tf.constant(data.x_val), training=False)
                 writer.add_metric("val_loss", float(loss_fn(data.y_val, pred)), step, epoch=epoch)
+                if acc_fn is not None:
+                    writer.add_metric("val_accuracy", acc_of(data.y_val, pred), step, epoch=epoch)
+            if on_epoch is not None:
+                writer.flush()
+                on_epoch(epoch)
     keras.backend.clear_session()
     return Trained(logdir=logdir, steps_per_epoch=steps_per_epoch, losses=np.array(losses))
 

@@ -18,12 +18,14 @@ from collections.abc import Iterable, Sequence
 
 from tb_introspect.diagnose import (  # noqa: F401
     activity,
+    classification,
     flow,
     gradients,
     loss,
     nonfinite,
     overfitting,
     updates,
+    weights,
 )
 from tb_introspect.diagnose.core import (
     DEFAULT_THRESHOLDS,

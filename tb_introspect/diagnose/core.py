@@ -82,6 +82,16 @@ class Thresholds:
     overfit_val_rise: float = 0.1
     overfit_val_rise_warning: float = 0.5
     overfit_train_drop: float = 0.05
+    # ... warning also when the parting has lasted this many epochs and the validation loss
+    # reached this much above its best on the way
+    overfit_climb_epochs: int = 3
+    overfit_climb_rise: float = 0.2
+    # memorisation: training loss at most this share of its first epoch's (or training
+    # accuracy this many times chance) while validation never beat its first epoch and
+    # its accuracy stays below this many times chance
+    memorise_train_drop: float = 0.5
+    memorise_train_accuracy: float = 2.0
+    memorise_val_accuracy: float = 1.5
     # exploding: per-step gradient RMS (lower bound) of the median layer, and growth in orders
     exploding_rms: float = 1.0
     exploding_growth_orders: float = 2.0
@@ -113,6 +123,20 @@ class Thresholds:
     loss_rise_factor: float = 1.5
     loss_spike_factor: float = 10.0
     loss_spike_window: int = 20
+    # chance level (classification): loss median within this share of ln K, accuracy
+    # below this many times 1/K
+    chance_tolerance: float = 0.02
+    chance_accuracy_factor: float = 1.5
+    # early instability: the first epoch's mean loss above ln K and a step this many times
+    # above both ln K and the first step's loss
+    early_jump_factor: float = 1.5
+    # rectified output: share of the output layer's values exactly zero
+    rectified_output_zero: float = 0.25
+    # weight collapse: kernel RMS this many orders below its start, in this share of kernels
+    collapse_orders: float = 1.0
+    collapse_share: float = 0.5
+    # poor initialisation: spread of the hidden layers' output RMS at the first point
+    init_scale_orders: float = 2.0
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -179,6 +203,19 @@ def first_sustained(mask: np.ndarray, k: int) -> int | None:
     if mask[-1] and run[-1] >= min(k, 2):
         return int(n - run[-1])
     return None
+
+
+def trailing_run(mask: np.ndarray) -> int:
+    """How many points at the end of ``mask`` are True in a row (0 when the last is False).
+
+    Rules that decide "on the points so far" report a condition while it holds at the
+    latest points, and drop it when a later point no longer supports it.
+    """
+    mask = np.asarray(mask, dtype=bool)
+    if not mask.size or not mask[-1]:
+        return 0
+    off = np.flatnonzero(~mask)
+    return int(mask.size - (off[-1] + 1 if off.size else 0))
 
 
 def log10_pos(x: np.ndarray) -> np.ndarray:

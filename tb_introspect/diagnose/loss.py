@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tb_introspect.diagnose.core import Finding, RunView, first_sustained, fmt_num, rule
+from tb_introspect.diagnose.task import at_chance, infer_task
 
 _SEGMENTS = 10
 _MIN_STEPS_FOR_SEGMENTS = 30
@@ -38,6 +39,11 @@ def _segments(rv: RunView, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return (np.array([st[g[-1]] for g in groups]),
             np.array([e[g[-1]] if np.isfinite(e[g[-1]]) else np.nan for g in groups]),
             np.array([np.median(v[g]) for g in groups]))
+
+
+def never_decreased(rv: RunView, med: np.ndarray) -> bool:
+    """No later median ``loss_min_decrease`` below the first (``loss_not_decreasing``)."""
+    return bool(float(np.min(med[1:])) >= med[0] * (1 - rv.t.loss_min_decrease))
 
 
 def _epoch_of(e: float) -> int | None:
@@ -104,14 +110,19 @@ def loss_trend(rv: RunView) -> list[Finding]:
         )]
     # Never more than loss_min_decrease below the start, at any later epoch/segment. The
     # earliest point this can be said is the third segment.
-    if float(np.min(med[1:])) < med[0] * (1 - t.loss_min_decrease):
+    if not never_decreased(rv, med):
         return []
     j = 2
+    # A classifier stuck at ln K says more: its output does not depend on its input.
+    task = infer_task(rv)
+    chance = bool(task is not None and at_chance(rv, task, epochs, med)[-1])
     return [Finding(
         kind="loss_not_decreasing",
         severity="warning",
         title=(f"Loss not decreasing: median {fmt_num(med[0])} at the start,"
-               f" {fmt_num(med[-1])} at the end"),
+               f" {fmt_num(med[-1])} at the end"
+               + (f", the chance level ln {task.classes} = {task.chance_loss:.3f}"
+                  if chance else "")),
         first_step=int(steps[j]), first_epoch=_epoch_of(epochs[j]),
         metric=name,
         evidence={
@@ -120,6 +131,8 @@ def loss_trend(rv: RunView) -> list[Finding]:
             "best_median": float(np.min(med)),
             "best_relative_change": float(np.min(med) / med[0] - 1),
             "segments": int(med.size),
+            "at_chance_level": chance,
+            "chance_loss": task.chance_loss if task is not None else None,
             "threshold_decrease": t.loss_min_decrease,
         },
         explanation=(

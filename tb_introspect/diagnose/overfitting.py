@@ -4,6 +4,12 @@ Both curves per epoch: the training loss as the epoch's mean of its per-step val
 (what Keras reports as ``loss``; the logged band's ``mean``, else computed from the
 per-step values), the validation loss as logged once per epoch (``val_loss``). The
 epoch where the curves part is the validation loss's best epoch before the rise.
+
+Decided on the epochs logged so far (a live run shows it while it trains): the parting must
+hold at the latest two epochs, and the finding goes away when the validation loss comes
+back. Graded: info for a mild rise; warning for a rise of 50%, for a parting that has
+lasted 3 epochs and reached 20% on the way, and for memorisation (training gets better,
+validation never did and its accuracy stays at chance).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from tb_introspect.diagnose.core import Finding, RunView, fmt_num, rule
+from tb_introspect.diagnose.task import infer_task, per_epoch_mean
 
 
 def _val_name(rv: RunView, train: str) -> str | None:
@@ -55,7 +62,8 @@ def _per_epoch_val(rv: RunView, name: str) -> tuple[dict[int, float], dict[int, 
 @rule("overfitting", needs=("loss",))
 def overfitting(rv: RunView) -> list[Finding]:
     """Validation loss >= 10% above its best while the training loss is >= 5% below its
-    value at that epoch, from a sustained stretch to the end; warning from a 50% rise."""
+    value at that epoch, on the latest >= 2 epochs; graded by how far and how long, and
+    memorisation (training improves, validation never does) as a warning."""
     t = rv.t
     train_name = rv.loss_name()
     val_name = _val_name(rv, train_name) if train_name else None
@@ -76,27 +84,78 @@ def overfitting(rv: RunView) -> list[Finding]:
     # Parting = validation well above its best so far while training went on improving.
     parted = ((va >= best * (1 + t.overfit_val_rise))
               & (tr <= train_at_best * (1 - t.overfit_train_drop)))
-    # Only a parting that lasts to the end of the run: a noisy validation loss that comes
-    # back, or a training loss that turns up again (instability, not memorising), is not it.
+    # Decided on the points so far: the parting must hold at the latest two epochs. A
+    # validation loss that comes back, or a training loss that turns up again (instability,
+    # not memorising), ends the finding.
     trailing = len(parted) - (int(np.flatnonzero(~parted)[-1]) + 1 if (~parted).any() else 0)
-    if trailing < rv.sustain_points(len(epochs)):
+    memo = _memorising(rv, epochs, tr, va)
+    if trailing < 2 and memo is None:
         return []
-    j = len(parted) - trailing
-    b = int(best_at[j])
-    part_epoch = epochs[b]
     end = len(epochs) - 1
+    j = len(parted) - trailing if trailing >= 2 else 0
+    b = int(best_at[j]) if trailing >= 2 else 0
+    part_epoch = epochs[b]
     rise = float(va[end] / va[b] - 1)
+    if memo is not None:
+        pattern, severity = "memorising", "warning"
+    elif rise >= t.overfit_val_rise_warning:
+        pattern, severity = "rising", "warning"
+    elif (trailing >= t.overfit_climb_epochs
+          and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise):
+        pattern, severity = "climbing", "warning"
+    else:
+        pattern, severity = "rising", "info"
+    if pattern == "memorising":
+        title = (f"Memorising: the training loss fell from {fmt_num(tr[0])} to"
+                 f" {fmt_num(tr[end])} while the validation loss never improved on epoch"
+                 f" {epochs[0]} ({fmt_num(va[0])}, now {fmt_num(va[end])})")
+        if memo.get("val_accuracy_max") is not None:
+            title += f", validation accuracy at most {memo['val_accuracy_max']:.0%} (chance)"
+    else:
+        title = (f"Overfitting: after epoch {part_epoch} the validation loss rose from"
+                 f" {fmt_num(va[b])} to {fmt_num(va[end])} while the training loss fell from"
+                 f" {fmt_num(tr[b])} to {fmt_num(tr[end])}")
+        if pattern == "climbing":
+            title += f", for {trailing} epochs"
+    expl = (
+        "The training loss keeps falling while the loss on held-out data rises: from the"
+        " epoch shown on, the model learns the training samples themselves (noise and"
+        " details that do not generalise) instead of the pattern. Further training makes"
+        " the model worse on new data, even though every training curve looks fine."
+    )
+    if pattern == "memorising":
+        expl = (
+            "The model gets better on its training samples while it never got better on"
+            " held-out data than after its first epoch, and its validation accuracy stays at"
+            " chance: it learns nothing that carries over, only the training samples"
+            " themselves. That is what a network does with labels that do not belong to"
+            " their inputs (shuffled or misaligned labels), with a validation set that"
+            " comes from another distribution or another preprocessing, or with leakage"
+            " between the features and the labels of the training set only."
+        )
+    suggestion = (
+        f"Keep the weights of epoch {part_epoch} (early stopping with"
+        " restore_best_weights); add regularisation (dropout, weight decay, data"
+        " augmentation); use more training data or a smaller model."
+    )
+    if pattern == "memorising":
+        suggestion = (
+            "Check that labels and inputs are shuffled together and match (plot a few"
+            " samples with their labels); check that training and validation data get the"
+            " same preprocessing; look for features that encode the label in the training"
+            " set only."
+        )
     return [Finding(
         kind="overfitting",
-        severity="warning" if rise >= t.overfit_val_rise_warning else "info",
-        title=(f"Overfitting: after epoch {part_epoch} the validation loss rose from"
-               f" {fmt_num(va[b])} to {fmt_num(va[end])} while the training loss fell from"
-               f" {fmt_num(tr[b])} to {fmt_num(tr[end])}"),
+        severity=severity,
+        title=title,
         first_step=val_steps.get(part_epoch), first_epoch=part_epoch,
         metric=val_name,
         evidence={
+            "pattern": pattern,
             "parting_epoch": part_epoch,
-            "first_flagged_epoch": epochs[j],
+            "first_flagged_epoch": epochs[j] if trailing >= 2 else memo["first_epoch"],
+            "epochs_parted": int(trailing),
             "val_loss_best": float(va[b]),
             "val_loss_at_end": float(va[end]),
             "val_loss_max_after": float(np.max(va[b:])),
@@ -104,20 +163,55 @@ def overfitting(rv: RunView) -> list[Finding]:
             "train_loss_at_end": float(tr[end]),
             "epochs_compared": len(epochs),
             "val_loss_rise": rise,
+            **(memo or {}),
             "threshold_val_rise": t.overfit_val_rise,
             "threshold_val_rise_warning": t.overfit_val_rise_warning,
+            "threshold_climb_epochs": t.overfit_climb_epochs,
+            "threshold_climb_rise": t.overfit_climb_rise,
             "threshold_train_drop": t.overfit_train_drop,
         },
-        explanation=(
-            "The training loss keeps falling while the loss on held-out data rises: from the"
-            " epoch shown on, the model learns the training samples themselves (noise and"
-            " details that do not generalise) instead of the pattern. Further training makes"
-            " the model worse on new data, even though every training curve looks fine."
-        ),
-        suggestion=(
-            f"Keep the weights of epoch {part_epoch} (early stopping with"
-            " restore_best_weights); add regularisation (dropout, weight decay, data"
-            " augmentation); use more training data or a smaller model."
-        ),
+        explanation=expl,
+        suggestion=suggestion,
         jump={"tab": "overview", "metric": val_name, "chart": "metric"},
     )]
+
+
+def _memorising(rv: RunView, epochs: list[int], tr: np.ndarray,
+                va: np.ndarray) -> dict | None:
+    """Evidence that the model memorises, on the latest two epochs, or ``None``.
+
+    Training improved (loss at most half its first epoch's, or training accuracy at least
+    ``memorise_train_accuracy`` x chance), the validation loss never got below its first
+    epoch's, and the validation accuracy (when logged) never left chance.
+    """
+    t = rv.t
+    task = infer_task(rv)
+    chance = task.chance_accuracy if task else None
+    acc = per_epoch_mean(rv, task.accuracy) if task and task.accuracy else {}
+    vacc = per_epoch_mean(rv, task.val_accuracy) if task and task.val_accuracy else {}
+    n = len(epochs)
+    ok = np.zeros(n, dtype=bool)
+    for j in range(1, n):
+        improved = tr[j] <= t.memorise_train_drop * tr[0]
+        val_never = bool(np.min(va[1: j + 1]) >= va[0])
+        if vacc:
+            # With accuracies: a training accuracy well above chance also counts.
+            if epochs[j] in acc:
+                improved |= acc[epochs[j]] >= t.memorise_train_accuracy * chance
+            seen = [vacc[e] for e in epochs[: j + 1] if e in vacc]
+            val_never &= bool(seen) and max(seen) <= t.memorise_val_accuracy * chance
+        ok[j] = improved and val_never
+    if not (ok[-1] and ok[-2]):
+        return None
+    first = int(np.flatnonzero(~ok)[-1]) + 1
+    seen = [vacc[e] for e in epochs if e in vacc]
+    return {
+        "first_epoch": epochs[first],
+        "train_loss_ratio": float(tr[-1] / tr[0]),
+        "train_accuracy_at_end": acc.get(epochs[-1]),
+        "val_accuracy_max": max(seen) if seen else None,
+        "chance_accuracy": chance,
+        "threshold_memorise_train_drop": t.memorise_train_drop,
+        "threshold_memorise_train_accuracy": t.memorise_train_accuracy,
+        "threshold_memorise_val_accuracy": t.memorise_val_accuracy,
+    }

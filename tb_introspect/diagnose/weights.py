@@ -1,0 +1,166 @@
+"""Weight- and scale-level rules: weights that collapse, and a poor initialisation seen in
+the layer outputs' scale across depth.
+
+* ``weight_collapse``: the RMS of most kernels falls by an order of magnitude or more from
+  its start. The start is not logged (the first variable point is the end of the first
+  window), but the first ``update_ratio`` is measured against the weights at the start of
+  training, so by the triangle inequality ||w_start|| >= ||w_first|| x (ratio - 1).
+* ``poor_initialization``: at the first point, the output RMS of the hidden layers spreads
+  over orders of magnitude: each layer scales its input by a factor far from 1, so the
+  signal grows or shrinks geometrically with depth (SageMaker Debugger's
+  PoorWeightInitialization compares the activations' variance across layers the same way).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tb_introspect.diagnose.activity import _model_rows
+from tb_introspect.diagnose.core import (
+    Finding,
+    RunView,
+    fmt_num,
+    fmt_orders,
+    log10_pos,
+    pct,
+    rule,
+    trailing_run,
+)
+
+
+@rule("weight_collapse", needs=("variable",))
+def weight_collapse(rv: RunView) -> list[Finding]:
+    """Most kernels' RMS >= 10x below their start, on the latest >= 2 points."""
+    t = rv.t
+    a = rv.view("variable")
+    if a is None or a.n_points < t.min_points:
+        return []
+    rows = [i for i, s in enumerate(a.series) if len(s.info.shape) >= 2]
+    if not rows:
+        return []
+    sub = a.subset(rows)
+    rms = sub.field("rms")
+    ratio = sub.field("update_ratio")
+    first = rms[:, 0]
+    r0 = np.where(np.isfinite(ratio[:, 0]), ratio[:, 0], 0.0)
+    start = np.maximum(first, first * (r0 - 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shrink = log10_pos(start)[:, None] - np.where(rms > 0, np.log10(np.where(rms > 0, rms, 1)),
+                                                      np.inf)[:, :]
+    have = np.isfinite(start) & (start > 0)
+    if not have.any():
+        return []
+    collapsed = (shrink >= t.collapse_orders) & have[:, None]
+    share = collapsed.sum(axis=0) / have.sum()
+    n = trailing_run(share >= t.collapse_share)
+    if n < 2:
+        return []
+    j = a.n_points - n
+    step, epoch = rv.step_epoch(a, j)
+    end = np.where(np.isfinite(shrink[:, -1]), shrink[:, -1], np.inf)
+    worst = int(np.argmax(np.where(have, end, -np.inf)))
+    flagged = [i for i in np.argsort(-np.where(have, end, -np.inf)) if collapsed[i, -1]]
+    median_orders = float(np.median(np.where(np.isfinite(shrink[have, -1]), shrink[have, -1],
+                                             99.0)))
+    return [Finding(
+        kind="weight_collapse",
+        severity="warning",
+        title=(f"Weights collapsing: {pct(float(share[-1]))} of the kernels are 10x or more"
+               f" below their starting scale; '{sub.series[worst].info.name}' RMS"
+               f" {fmt_num(float(rms[worst, -1]))}, from about {fmt_num(float(start[worst]))}"),
+        first_step=step, first_epoch=epoch,
+        layers=sub.layers(flagged), tags=sub.tags(flagged), view="variable",
+        evidence={
+            "kernels_collapsed": int(collapsed[:, -1].sum()),
+            "kernels_checked": int(have.sum()),
+            "share_collapsed": float(share[-1]),
+            "median_orders_below_start": median_orders,
+            "worst_tensor": sub.series[worst].info.name,
+            "worst_rms_at_end": float(rms[worst, -1]),
+            "worst_rms_start_estimate": float(start[worst]),
+            "threshold_orders": t.collapse_orders,
+            "threshold_share": t.collapse_share,
+        },
+        explanation=(
+            "The weights of most layers shrank by an order of magnitude or more since training"
+            " started. Gradients of the data loss cannot do that on their own; a penalty that"
+            " pulls every weight to zero can: an L2 regulariser or weight decay far too large"
+            " for the learning rate (each step multiplies the weights by 1 - lr x decay)."
+            " With weights near zero the model's output no longer depends on its input."
+        ),
+        suggestion=(
+            "Lower the L2 factor or weight decay by orders of magnitude (1e-4 to 1e-2 is"
+            " usual; with AdamW, decay is multiplied by the learning rate); check that the"
+            " regulariser is not applied twice (kernel_regularizer and optimizer decay)."
+        ),
+        jump={"tab": "layers", "view": "variable", "tag": sub.series[worst].info.tag,
+              "chart": "rms"},
+    )]
+
+
+@rule("poor_initialization", needs=("output",), needs_history=False)
+def poor_initialization(rv: RunView) -> list[Finding]:
+    """Hidden layers' output RMS at the first point spread over >= 2 orders of magnitude."""
+    t = rv.t
+    a = rv.view("output")
+    if a is None or a.n_points < 1:
+        return []
+    rows = _model_rows(rv, a)
+    if len(rows) < 2:
+        return []
+    logs = log10_pos(a.field("rms")[rows])
+    col = int(np.argmax(np.isfinite(logs).sum(axis=0) >= 2)) if logs.size else 0
+    first = logs[:, col]
+    ok = np.isfinite(first)
+    if ok.sum() < 2:
+        return []
+    idx = np.flatnonzero(ok)
+    hi, lo = int(idx[np.argmax(first[ok])]), int(idx[np.argmin(first[ok])])
+    spread = float(first[hi] - first[lo])
+    if spread < t.init_scale_orders:
+        return []
+    shrinking = a.series[rows[lo]].info.depth > a.series[rows[hi]].info.depth
+    last = logs[:, -1]
+    spread_end = float(np.nanmax(last) - np.nanmin(last)) if np.isfinite(last).sum() >= 2 else None
+    evened = spread_end is not None and a.n_points > 1 and spread_end < t.init_scale_orders
+    big, small = a.series[rows[hi]].info.layer, a.series[rows[lo]].info.layer
+    way = "shrinks" if shrinking else "grows"
+    step, epoch = rv.step_epoch(a, col)
+    return [Finding(
+        kind="poor_initialization",
+        severity="info" if evened else "warning",
+        title=(f"Poor initialisation: the layer-output scale {way} {fmt_orders(spread)}x with"
+               f" depth at the first point ('{big}' RMS {fmt_num(10 ** first[hi])},"
+               f" '{small}' {fmt_num(10 ** first[lo])})"),
+        first_step=step, first_epoch=epoch,
+        layers=[small if shrinking else big, big if shrinking else small],
+        tags=[a.series[rows[lo]].info.tag, a.series[rows[hi]].info.tag], view="output",
+        evidence={
+            "direction": "shrinking" if shrinking else "growing",
+            "orders_spread": spread,
+            "orders_spread_at_end": spread_end,
+            "largest_layer": big,
+            "largest_rms": float(10 ** first[hi]),
+            "smallest_layer": small,
+            "smallest_rms": float(10 ** first[lo]),
+            "layers_compared": int(ok.sum()),
+            "threshold_orders": t.init_scale_orders,
+        },
+        explanation=(
+            "At the start of training the scale of the hidden layers' outputs differs by"
+            f" {fmt_orders(spread)} across depth: each layer multiplies its input's scale by a"
+            " factor far from 1, so the signal " + ("vanishes" if shrinking else "explodes")
+            + " geometrically on the way up, and the gradients on the way down do the same."
+            " Initialisers keep this factor near 1 for their activation (He for ReLU, Glorot"
+            " for tanh/sigmoid); weights set by hand, or a stddev that ignores the fan-in,"
+            " break it."
+            + (" The scales have since evened out (training or normalisation fixed it)."
+               if evened else "")
+        ),
+        suggestion=(
+            "Use the initialiser matched to the activation (he_normal for ReLU, glorot_uniform"
+            " for tanh/sigmoid) instead of a fixed stddev; add normalisation (BatchNorm,"
+            " LayerNorm) between layers; or use residual connections."
+        ),
+        jump={"tab": "overview", "view": "output", "chart": "stack"},
+    )]
