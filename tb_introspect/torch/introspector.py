@@ -378,7 +378,7 @@ class Introspector:
 
             parts = [torch.empty_like(buf) for _ in range(self.world)]
             dist.all_gather(parts, buf.contiguous())
-            return torch.stack(parts).cpu().numpy()
+            return _host(torch.stack(parts))
         return _host(buf)[None]
 
     def _output_protos(self) -> list:
@@ -468,7 +468,7 @@ class Introspector:
             return []
         with torch.no_grad():
             flat = torch.cat([p.param.detach().reshape(-1).float() for p in self.params])
-        host = flat.cpu().numpy()
+        host = _host(flat)
         return [host[p.offset:p.offset + p.size].reshape(p.param.shape) for p in self.params]
 
     def _param_proto(self, view: str, p: modules.ParamSpec, vec: np.ndarray) -> Any:
@@ -509,7 +509,7 @@ class Introspector:
             ring = ring.clone()
             dist.all_reduce(ring)
             ring /= self.world
-        host = ring.cpu().numpy()
+        host = _host(ring)
         for row, (step, epoch, cols) in enumerate(pending):
             protos = []
             for m in cols:
@@ -560,9 +560,14 @@ class Introspector:
             return None
 
     def _fail(self, part: str, error: BaseException) -> None:
+        """Switch ``part`` off; one warning line for the first of the parts (tensors of one
+        view) that fail the same way."""
         self.off.add(part)
-        self._warn_once(part, f"{part} failed ({type(error).__name__}: {error}); {part} is off"
-                        " for the rest of training, training goes on")
+        kind = part.split(" ")[0]
+        self._warn_once(f"{kind} {type(error).__name__}: {error}",
+                        f"{part} failed ({type(error).__name__}: {error}); it is off for the"
+                        f" rest of training, as is any other {kind} failing the same way;"
+                        " training goes on")
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -600,7 +605,8 @@ class Introspector:
 def _host(t: torch.Tensor) -> np.ndarray:
     """A host copy of ``t`` that later in-place resets of ``t`` leave alone (``.cpu()`` of
     a CPU tensor is the tensor itself)."""
-    return t.to("cpu", copy=True).numpy()
+    host = t.cpu()
+    return (host.clone() if host is t else host).numpy()
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -149,20 +149,20 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     active = xz != 0
     parts = [
         torch.stack([
-            torch.tensor(float(n), dtype=torch.float64, device=xf.device),
+            torch.full((), float(n), dtype=torch.float64, device=xf.device),
             (n - nfin - posinf - neginf).to(torch.float64),
             posinf.to(torch.float64), neginf.to(torch.float64),
             pos.to(torch.float64), neg.to(torch.float64),
             s.to(torch.float64), m2.to(torch.float64),
             (nfin * mean.to(torch.float64) * mean.to(torch.float64)).to(torch.float64),
-            torch.tensor(float(n), dtype=torch.float64, device=xf.device),
+            torch.full((), float(n), dtype=torch.float64, device=xf.device),
         ]),
         _sums(active, seg.channel_dims).reshape(-1).to(torch.float64),
     ]
     if p:
         parts.append(_sums(active, seg.position_dims).reshape(-1).to(torch.float64))
     buf[o:o + len(ADD) + c + p].add_(torch.cat(parts))
-    inf = torch.tensor(math.inf, dtype=xf.dtype, device=xf.device)
+    inf = torch.full((), math.inf, dtype=xf.dtype, device=xf.device)
     ext = torch.stack([
         torch.where(fin, xf, inf).amin(), -torch.where(fin, xf, -inf).amax(),
         torch.where(active, xz.abs(), inf).amin(),
