@@ -10,9 +10,13 @@ the per-round ratio to plain ``fit``. ``--jit`` adds a pair with
 time (statistics at the logged points + writing) and metric draining.
 ``--view-rows`` shows where the per-epoch cost comes from: rows with one or two
 views, and the two output views with statistics from each epoch's first step
-only (what the steps between statistics steps pay: the exact activity counts,
-the capture of output gradients). "added CPU ms/step" is the CPU time above
-plain ``fit`` divided by the epoch's steps, logging included.
+only (what the lean steps between statistics steps pay: the rectifiers' exact
+activity counts). "added CPU ms/step" is the CPU time above plain ``fit``
+divided by the epoch's steps, logging included. "stats steps" is the median
+number of statistics steps per epoch that the overhead governor chose. The
+memory table gives the in-step state, peak RSS, the first epoch's time against
+plain ``fit``'s (tracing and compiling) and the compile time of each of the
+callback's two train functions (statistics and lean).
 
     python benchmarks/overhead.py                      # the README table
     python benchmarks/overhead.py --models cnn --quick # a fast smoke run
@@ -127,7 +131,7 @@ def state_bytes(cb: Introspect) -> tuple[int, int]:
     """(bytes of every in-step accumulator, number of monitored tensors)."""
     c = cb.collector
     vs = [c.counter, c.metric_total, c.metric_count, *c.grad_acc, *c.grad_prev, *c.w_prev,
-          *c.out_vars.values()]
+          *c.out_vars.values(), *([c.act_var] if hasattr(c, "act_var") else [])]
     total = sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
     return total, 2 * len(c.var_specs) + 2 * len(c.out_specs)
 
@@ -174,10 +178,12 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
     for _label, jit, factory in vs:
         models.append(make(kind, jit))
         cbs.append([factory(tempfile.mkdtemp(prefix="tbi_overhead_"))] if factory else [])
-    rows = [{"label": label, "wall": [], "cpu": [], "cpu_ms": [], "log": [], "drain": []}
-            for label, _, _ in vs]
-    for m, cb in zip(models, cbs, strict=True):  # warm-up: tracing, first writes
+    rows = [{"label": label, "wall": [], "cpu": [], "cpu_ms": [], "log": [], "drain": [],
+             "stats": []} for label, _, _ in vs]
+    for row, m, cb in zip(rows, models, cbs, strict=True):  # warm-up: tracing, first writes
+        t0 = time.perf_counter()
         m.fit(ds, epochs=1, verbose=0, callbacks=cb)
+        row["first_epoch_s"] = time.perf_counter() - t0
     rss1 = rss_mib()
     base = {"plain": 0, "jit": next((i for i, v in enumerate(vs) if v[1]), None)}
     for r in range(args.pairs):
@@ -191,6 +197,9 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
             wall[i], cpu[i] = time.perf_counter() - t0, time.process_time() - c0
             rows[i]["log"].append(timers.log)
             rows[i]["drain"].append(timers.drain)
+            gov = [c.governor for c in cbs[i] if isinstance(c, Introspect)]
+            if gov:
+                rows[i]["stats"].append(gov[0].cadence()[0])
         for i, (_, jit, _) in enumerate(vs):
             b = base["jit"] if jit else base["plain"]
             rows[i]["wall"].append(wall[i] / wall[b])
@@ -200,6 +209,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
     for row, cb in zip(rows, cbs, strict=True):
         ours = [c for c in cb if isinstance(c, Introspect)]
         row["state"] = state_bytes(ours[0]) if ours and ours[0].collector else None
+        row["compile"] = dict(ours[0].governor.compile_seconds) if ours else {}
         for c in ours:
             c.close()
     params = param_bytes(models[0])
@@ -211,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="cnn,flatten,mobilenetv2",
                    help=f"comma separated, of {', '.join(MODELS)}")
     p.add_argument("--every", default="epoch,16,1", help="cadences, comma separated")
-    p.add_argument("--steps", type=int, default=48, help="steps per epoch")
+    p.add_argument("--steps", type=int, default=96, help="steps per epoch")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--pairs", type=int, default=5, help="interleaved rounds (median over them)")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
@@ -228,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     timers = Timers()
     print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {args.batch},"
           f" {args.steps} steps/epoch, median of {args.pairs} interleaved rounds, default settings")
-    print("| model | configuration | epoch s | wall | CPU | added CPU ms/step | target |"
-          + (" logging s/epoch | drain s/epoch |" if args.profile else ""))
-    print("|---|---|---:|---:|---:|---:|---|" + ("---:|---:|" if args.profile else ""))
+    print("| model | configuration | epoch s | wall | CPU | added CPU ms/step | stats steps |"
+          " target |" + (" logging s/epoch | drain s/epoch |" if args.profile else ""))
+    print("|---|---|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if args.profile else ""))
     memory = []
     for kind in args.models.split(","):
         rows = run_model(kind.strip(), args, timers)
@@ -245,22 +255,30 @@ def main(argv: list[str] | None = None) -> int:
                     f" {statistics.median(row['wall']):.2f}x |"
                     f" {statistics.median(row['cpu']):.2f}x |"
                     f" {statistics.median(row['cpu_ms']):.1f} |"
+                    f" {statistics.median(row['stats']) if row['stats'] else '-'} |"
                     f" {goal} |")
             if args.profile:
                 line += (f" {statistics.median(row['log']):.3f} |"
                          f" {statistics.median(row['drain']):.3f} |")
             print(line, flush=True)
-            if row["state"] and row["label"] == "Introspect(every='epoch')":
+            if row["label"].startswith("plain fit"):
                 memory.append((kind, row))
-    print("\n| model | trainable params MiB | in-step state MiB | per monitored tensor KiB |"
-          " target MiB (3 x params + 64) | peak RSS MiB: plain models / after warm-up |")
-    print("|---|---:|---:|---:|---:|---|")
+            elif row["state"] and row["label"] in ("Introspect(every='epoch')",
+                                                    "Introspect(every='epoch'), jit_compile=True"):
+                memory.append((kind, row))
+    print("\n| model | configuration | trainable params MiB | in-step state MiB |"
+          " target MiB (3 x params + 64) | peak RSS MiB: plain models / after warm-up |"
+          " first epoch s | compile s: statistics / lean function |")
+    print("|---|---|---:|---:|---:|---|---:|---|")
+    mib = 2**20
     for kind, row in memory:
-        total, tensors = row["state"]
-        mib = 2**20
-        print(f"| {MODELS[kind][0]} | {row['params'] / mib:.1f} | {total / mib:.1f} |"
-              f" {total / max(tensors, 1) / 1024:.1f} | {3 * row['params'] / mib + 64:.0f} |"
-              f" {row['rss0']:.0f} / {row['rss1']:.0f} |")
+        total = row["state"][0] if row["state"] else 0
+        comp = row.get("compile") or {}
+        compiled = (f"{comp[True]:.1f} / {comp[False]:.1f}" if len(comp) == 2 else "-")
+        print(f"| {MODELS[kind][0]} | {row['label']} | {row['params'] / mib:.1f} |"
+              f" {total / mib:.1f} | {3 * row['params'] / mib + 64:.0f} |"
+              f" {row['rss0']:.0f} / {row['rss1']:.0f} | {row['first_epoch_s']:.1f} |"
+              f" {compiled} |")
     return 0
 
 

@@ -58,6 +58,14 @@ def _relu_like_rows(rv: RunView, a: Aligned) -> list[int]:
     return rows
 
 
+def _sampled_activity(a: Aligned) -> np.ndarray:
+    """[tensor, point]: True where the activity was counted on the statistics steps only
+    (``activity_steps < steps``); False where exact or where the writer did not say."""
+    act, steps = a.raw("activity_steps"), a.raw("steps")
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(act, nan=np.inf) < np.nan_to_num(steps, nan=0.0)
+
+
 def _kernel_rows(a: Aligned) -> list[int]:
     return [i for i, s in enumerate(a.series) if len(s.info.shape) >= 2]
 
@@ -76,6 +84,7 @@ def dead_units(rv: RunView) -> list[Finding]:
     if a is None or not rows or a.n_points < t.min_points:
         return []
     dead = a.field("dead_rate")
+    sampled = _sampled_activity(a) if source == "output" else np.zeros(dead.shape, bool)
     k = rv.sustain_points(a.n_points)
     levels = {"critical": t.dead_critical, "warning": t.dead_warning, "info": t.dead_info}
     flagged: list[tuple[int, int, int]] = []  # (level rank, row, first column)
@@ -83,7 +92,10 @@ def dead_units(rv: RunView) -> list[Finding]:
         for rank, lv in enumerate(_LEVELS):
             j = first_sustained(dead[i] >= levels[lv], k)
             if j is not None:
-                flagged.append((rank, i, j))
+                # A dead rate counted on some steps only (not a rectifier's output) can
+                # call a unit dead that fires on the other steps: one level lower.
+                low = bool(sampled[i, j])
+                flagged.append((min(rank + low, len(_LEVELS) - 1), i, j))
                 break
     if not flagged:
         return []
@@ -139,6 +151,7 @@ def dead_units(rv: RunView) -> list[Finding]:
             "layers_without_gradient": len(zero_grad),
             "source": source,
             "threshold": levels[level],
+            "dead_rate_sampled": bool(sampled[worst].any()),
         },
         explanation=expl,
         suggestion=(

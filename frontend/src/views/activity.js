@@ -12,6 +12,9 @@ import { renderActivityMaps } from "./activitymap.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
 const FIELDS = ["activation_rate", "dead_rate", "spatial_dead_rate"];
+// How many of a window's steps the activity and the other statistics came from (layer
+// outputs written since these slots exist; older runs lack them).
+const STEP_FIELDS = ["activity_steps", "stats_steps", "steps"];
 // Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
 // closes each after one response): split the tensors into at most that many
 // requests, so none waits for a free connection.
@@ -28,7 +31,8 @@ export async function renderActivity(ctx) {
   const tensors = all.filter(filter.test);
   root.append(h("div.view-head", h("h2", `Activity of ${VIEW_LABELS[view].toLowerCase()}: ${tensors.length} of ${all.length} tensors`)),
     h("p.hint", "Blue: activation rate (share of non-zero elements). Red: dead rate (channels zero for every sample and position). ",
-      "Orange: spatial dead rate (positions zero for every sample and channel)."));
+      "Orange: spatial dead rate (positions zero for every sample and channel). ",
+      "“exact”: counted on every step (rectifier outputs); “sampled”: counted on the statistics steps only (other outputs, which essentially never hold exact zeros)."));
   if (!all.length) {
     root.append(emptyNote(`No ${VIEW_LABELS[view].toLowerCase()} statistics were logged in run “${state.run}”.`,
       "Activity is most telling for layer outputs and gradients; pick another view above."));
@@ -66,11 +70,12 @@ export async function renderActivity(ctx) {
     const plot = h("div.panel-plot");
     const label = h("span.final");
     const tools = h("div.panel-tools", label);
+    const counted = h("span.counted");
     const el = h("div.panel", { dataset: { tag: tt.tag } },
       h("div.panel-head", h("div.panel-name", { title: tt.tag }, tt.name), tools),
-      h("div.panel-meta", h("span.shape", `shape ${shapeText(tt.shape)}`)),
+      h("div.panel-meta", h("span.shape", `shape ${shapeText(tt.shape)}`), counted),
       plot);
-    return { el, plot, label, tools, tensor: tt, chart: null };
+    return { el, plot, label, tools, counted, tensor: tt, chart: null };
   });
   grid.append(...panels.map((p) => p.el));
   const focus = panels.find((p) => p.tensor.tag === state.focus);
@@ -89,7 +94,8 @@ export async function renderActivity(ctx) {
   for (let i = 0; i < panels.length; i += size) {
     const part = panels.slice(i, i + size);
     const downsample = part.some((p) => sampleBudget(p.tensor, budget)) ? budget : 0;
-    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), FIELDS, { downsample, chunk: size }).then((series) => {
+    const steps = part.some((p) => (p.tensor.fields || []).includes("activity_steps")) ? STEP_FIELDS : [];
+    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), [...FIELDS, ...steps], { downsample, chunk: size }).then((series) => {
       if (!ctx.alive()) return;
       for (const p of part) {
         p.series = series[p.tensor.tag];
@@ -109,6 +115,22 @@ function lastFinite(arr) {
   return null;
 }
 
+// "exact" or "sampled · 1 step in N" from the last point's step counts (null when unknown).
+export function countedText(values) {
+  const activity = lastFinite(values.activity_steps);
+  const steps = lastFinite(values.steps);
+  const stats = lastFinite(values.stats_steps);
+  if (activity == null || steps == null || !(steps > 0)) return null;
+  const exact = activity >= steps;
+  const every = stats > 0 ? Math.round(steps / stats) : null;
+  const cadence = every ? `statistics from 1 step in ${every}` : "";
+  return {
+    exact,
+    text: exact ? "activity exact" : `activity sampled${every ? ` · 1 step in ${every}` : ""}`,
+    title: exact ? `activity counted on every step; ${cadence}` : `activity counted on the statistics steps only (${stats} of ${steps} steps)`,
+  };
+}
+
 function drawPanel(ctx, p, s, width, epochMap) {
   const t = theme();
   const act = s.values.activation_rate || [];
@@ -117,6 +139,12 @@ function drawPanel(ctx, p, s, width, epochMap) {
   const hasSpatial = spatial.some((z) => z != null);
   const finalDead = lastFinite(dead);
   p.label.textContent = finalDead == null ? "dead —" : `dead ${pct(finalDead)}`;
+  const counted = countedText(s.values);
+  if (counted) {
+    p.counted.textContent = counted.text;
+    p.counted.title = counted.title;
+    p.counted.classList.add(counted.exact ? "exact" : "sampled");
+  }
   if (finalDead != null && finalDead > 0.2) p.label.classList.add("bad");
   const series = [
     { label: "activation rate", values: act, color: t.active, width: 1.25, fill: t.alpha(t.active, 0.25) },
