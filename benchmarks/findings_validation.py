@@ -1,0 +1,64 @@
+"""The findings' validation table: every scenario of ``tests/findings_archs.py`` trained
+once, the logdir read back after every epoch as a live tab would, and for each run what
+fired, at which epoch, against the onset.
+
+Usage: python benchmarks/findings_validation.py [--only NAME ...] [--epochs N]
+
+Prints the Markdown table of docs/findings.md ("Validation"): for a pathology, the epoch at
+which the live reading first shows each expected finding (at its severity) against the
+onset read off the curves; for a healthy run, every warning any live reading showed (the
+target is none). The final findings of each run follow (warning and critical ones, with
+their first epoch). ``tests/test_findings_archs.py`` asserts the same on the same runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main() -> None:
+    from findings_archs import SCENARIOS, train_scenario
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="*", default=None, help="scenario names")
+    p.add_argument("--epochs", type=int, default=None, help="override each scenario's epochs")
+    args = p.parse_args()
+    names = args.only or list(SCENARIOS)
+    rows = []
+    t0 = time.perf_counter()
+    for name in names:
+        sc = SCENARIOS[name]
+        with tempfile.TemporaryDirectory() as d:
+            t = time.perf_counter()
+            r = train_scenario(name, d, epochs=args.epochs)
+            secs = time.perf_counter() - t
+        final = ", ".join(f"{f.severity} `{f.kind}` ({f.first_epoch})" for f in r.findings
+                          if f.severity != "info") or "none"
+        if sc.healthy:
+            live = r.serious_live()
+            verdict = ("no warning at any epoch" if not live else
+                       "; ".join(f"{k} at epoch {e}" for e, k, _ in live))
+            rows.append((name, sc.note or "healthy", "-", "-", verdict, final, secs))
+        else:
+            for kind, (severity, onset) in sc.expect.items():
+                first = r.first_epoch_with(kind, severity)
+                rows.append((name, sc.note, f"{severity} `{kind}`", str(onset),
+                             "never" if first is None else str(first), final, secs))
+        print(f"{name}: {secs:.1f} s", file=sys.stderr)
+    print("| scenario | what | expected | onset | live: first epoch shown | final warnings"
+          " (first epoch) |")
+    print("|---|---|---|---|---|---|")
+    for name, note, exp, onset, first, final, _ in rows:
+        print(f"| {name} | {note} | {exp} | {onset} | {first} | {final} |")
+    print(f"\n{len(names)} runs, {time.perf_counter() - t0:.0f} s wall", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
