@@ -77,3 +77,26 @@ def test_rectifiers_names_more_exact_outputs(runs):
 def test_bad_options_are_clear_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         Introspect(str(tmp_path), **kwargs)
+
+
+def test_a_failed_fold_switches_both_output_views_off_and_training_goes_on(tmp_path, monkeypatch):
+    """Both output views share the step's fold: when it fails, both are off (typed keys, not
+    one string that left the output-gradient view on), with one warning naming both."""
+    from tb_introspect.collect import core
+
+    def broken(self):
+        raise RuntimeError("fold broke")
+
+    monkeypatch.setattr(core.StepRecorder, "_fold", broken)
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 6)).astype("float32"), rng.integers(0, 3, 32)
+    with pytest.warns(RuntimeWarning) as caught:
+        history = _model().fit(x, y, batch_size=8, epochs=2, verbose=0,
+                               callbacks=[Introspect(str(tmp_path), overhead=None)])
+    assert len(history.history["loss"]) == 2
+    ours = [str(w.message) for w in caught if "fold broke" in str(w.message)]
+    assert len(ours) == 1 and "output view, output_gradient view" in ours[0], ours
+    run = lib.read_run(str(tmp_path))
+    assert not lib.tags_of(run, "output") and not lib.tags_of(run, "output_gradient")
+    assert lib.tags_of(run, "gradient") and lib.tags_of(run, "variable")

@@ -26,6 +26,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tb_introspect.collect.parts import Part
+
 _local = threading.local()
 
 
@@ -156,7 +158,7 @@ def _wrap_call(call: Callable, name: str) -> Callable:
         try:
             return recorder.layer_output(name, outputs)
         except Exception as e:  # the layer's own result stands; training goes on
-            recorder.fail(f"output {name}", e)
+            recorder.fail(Part("output", name), e)
             return outputs
 
     return capturing_call

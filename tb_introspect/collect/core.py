@@ -54,6 +54,7 @@ import tensorflow as tf
 from tb_introspect import metadata, stats, summary_pb
 from tb_introspect.collect import capture, kernels
 from tb_introspect.collect.options import Options
+from tb_introspect.collect.parts import Part
 
 logger = logging.getLogger("tb_introspect")
 
@@ -199,7 +200,7 @@ class Collector:
         self.built = False
         # Names of tensors whose instrumentation failed while tracing: they are
         # skipped from then on (the log function is re-traced without them).
-        self.off: set[str] = set()
+        self.off: set[Part] = set()
         self._warned: set[str] = set()
         self._log_fns: dict[frozenset, Callable] = {}
         self._read_metrics_fn: Callable | None = None
@@ -219,9 +220,9 @@ class Collector:
         self.writer = writer
         self._log_fns = {}
 
-    def switch_off(self, what: str) -> None:
-        """Stop monitoring ``what`` ("<view> <tensor name>") quietly."""
-        self.off.add(what)
+    def switch_off(self, part: Part) -> None:
+        """Stop monitoring ``part`` quietly."""
+        self.off.add(part)
 
     def set_variables(
         self,
@@ -334,9 +335,11 @@ class Collector:
             return True
         return tf.equal(step % int(self.every), 0)
 
-    def fail(self, what: str, error: BaseException) -> None:
-        """Report one instrumentation failure once; the tensor/part is off from then on."""
-        self.off.add(what)
+    def fail(self, parts: Part | Sequence[Part], error: BaseException) -> None:
+        """Report one instrumentation failure once; the parts are off from then on."""
+        parts = [parts] if isinstance(parts, Part) else list(parts)
+        self.off.update(parts)
+        what = ", ".join(str(p) for p in parts)
         self.warn_once(what, f"{what}: instrumentation failed ({type(error).__name__}: {error});"
                        " it is off for the rest of training, training goes on")
 
@@ -672,11 +675,11 @@ class StepRecorder:
             try:
                 return capture.probe(x, on_grad)
             except Exception as e:
-                c.fail(f"output_gradient {spec.name}", e)
+                c.fail(Part("output_gradient", spec.name), e)
         return x
 
-    def fail(self, what: str, error: BaseException) -> None:
-        self.c.fail(what, error)
+    def fail(self, part: Part, error: BaseException) -> None:
+        self.c.fail(part, error)
 
     def output_value(self, j: int, x: tf.Tensor) -> None:
         """Stash a layer output for this step's accumulator update."""
@@ -697,7 +700,7 @@ class StepRecorder:
                 x = self._unscale(x)
             self.stash[view][j] = kernels.as_activation(x, self.c.layout.canonical[j])
         except Exception as e:  # never break training
-            c.fail(f"{view} {name}", e)
+            c.fail(Part(view, name), e)
 
     def finish(self) -> None:
         """Fold the stashed tensors into the accumulators (one merge per view); count the step."""
@@ -706,7 +709,7 @@ class StepRecorder:
             try:
                 self._fold()
             except Exception as e:
-                c.fail("output view", e)
+                c.fail([Part(view) for view in c.out_vars], e)  # the fold covers both
         with tf.control_dependencies(self.anchor + [self.step, self.window_step]):
             c.counter.assign_add(1)
             c.window.assign_add(1)
@@ -758,7 +761,7 @@ class StepRecorder:
             for j in order:
                 if j not in kept:
                     del stash[j]
-                    c.switch_off(f"{view} {c.out_specs[j].name}")
+                    c.switch_off(Part(view, c.out_specs[j].name))
                     dropped += 1
         c.warn_once("xla limit", f"jit_compile=True: statistics of {total - dropped} of"
                     f" {total} layer outputs and output gradients are compiled into the"
@@ -787,7 +790,7 @@ class StepRecorder:
                     part["spatial_nnz"].set_shape([layout.widths[j][1]])
                     part = kernels.pad_state(part, layout.cmax, layout.smax)
                 except Exception as e:  # this tensor only
-                    c.fail(f"output {c.out_specs[j].name}", e)
+                    c.fail(Part("output", c.out_specs[j].name), e)
                     part = None
             if part is None:
                 part = {k: tf.constant(layout.empty_row[k])
@@ -818,7 +821,7 @@ class StepRecorder:
                     part["spatial_nnz"].set_shape([layout.widths[j][1]])
                     rows.append(kernels.pad_state(part, layout.cmax, layout.smax))
                 except Exception as e:  # this tensor only
-                    c.fail(f"{view} {c.out_specs[j].name}", e)
+                    c.fail(Part(view, c.out_specs[j].name), e)
                     rows.append(empty)
             new = {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
             var = c.out_vars[view]
@@ -864,7 +867,7 @@ class StepRecorder:
             else:
                 self._when_sampled(add)
         except Exception as e:
-            c.fail("gradient view", e)
+            c.fail(Part("gradient"), e)
 
     def record_metrics(self, totals: Sequence[tf.Tensor], counts: Sequence[tf.Tensor]) -> None:
         """This step's per-metric (weighted) totals and counts, into the step ring buffer."""
@@ -896,7 +899,7 @@ def _run_if(pred: Any, fn: Callable[[], Any]) -> None:
 
 
 def _off(c: Collector, view: str, name: str) -> bool:
-    return f"{view} {name}" in c.off or f"{view} view" in c.off
+    return Part(view, name) in c.off or Part(view) in c.off
 
 
 def _value(v: Any) -> Any:

@@ -51,6 +51,7 @@ from tb_introspect.collect.options import (
     check_log_dir,
     matches,
 )
+from tb_introspect.collect.parts import Part
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
 logger = logging.getLogger("tb_introspect")
@@ -65,8 +66,8 @@ class _Discovery:
         self.calls: dict[str, int] = {}
         self.skipped: list[str] = []
 
-    def fail(self, what: str, error: BaseException) -> None:
-        warn(f"{what}: not monitored ({type(error).__name__}: {error})")
+    def fail(self, part: Part, error: BaseException) -> None:
+        warn(f"{part}: not monitored ({type(error).__name__}: {error})")
 
     def layer_output(self, name: str, outputs: Any) -> Any:
         count = self.calls.get(name, 0)
@@ -471,7 +472,7 @@ class Introspect(keras.callbacks.Callback):
                 try:
                     rec.gradients(list(grads), list(tv))
                 except Exception as e:
-                    rec.c.fail("gradient view", e)
+                    rec.c.fail(Part("gradient"), e)
             return original(grads, trainable_variables)
 
         object.__setattr__(opt, "apply", apply)
@@ -544,7 +545,7 @@ class Introspect(keras.callbacks.Callback):
             missing = [s.name for j, s in enumerate(c.out_specs)
                        if s.has_grad and j not in c.output_grad_seen]
             for name in missing:
-                c.switch_off(f"output_gradient {name}")
+                c.switch_off(Part("output_gradient", name))
             if missing:
                 warn(f"no gradient reached {len(missing)} layer output(s) in the train step"
                      f" ({', '.join(missing[:3])}...): their output_gradient view is off")
