@@ -205,9 +205,8 @@ class Introspector:
             return
         if not spec.segments:
             self._add_segments(spec, x)
-        seg = spec.segments.get(self._out_views[0])
-        probe = state.layout(x.shape, spec.channels_first, seg.k)
-        if (probe.channels, probe.positions) != (seg.channels, seg.positions):
+        seg = spec.segments[self._out_views[0]]
+        if state.widths(x.shape, spec.channels_first) != (seg.channels, seg.positions):
             self._warn_once(f"shape {spec.name}", f"layer output {spec.name}: shape"
                             f" {tuple(x.shape)} differs from the first call's {spec.shape};"
                             " calls of that shape are left out")
@@ -298,10 +297,10 @@ class Introspector:
         self._window += 1
         self._stat_steps += self._phase == "stats"
         if self._compile_skipped:
-            self._warn_once("compile", "torch.compile: output gradients cannot be captured"
-                            " inside a compiled graph (a tensor hook there is a graph break);"
-                            " the output_gradient view is off under compile, the other views"
-                            " go on")
+            self._warn_once("compile", "torch.compile: output gradients are not captured"
+                            " inside a compiled graph (AOT autograd cannot compile a tensor hook"
+                            " that updates the statistics); the output_gradient view is off"
+                            " under compile, the other views go on")
         if self.every != "epoch":
             last = self.step_count - self.step_count % int(self.every)
             if last > self._last_log:

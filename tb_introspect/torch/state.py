@@ -81,13 +81,28 @@ def layout(shape: Sequence[int], channels_first: bool, k: int) -> Segment:
     if rank == 2:
         return Segment(int(shape[1]), 0, k, channel_dims=(0,), rank=2)
     c_axis = 1 if channels_first else rank - 1
-    spatial = [d for d in range(1, rank) if d != c_axis]
-    positions = int(np.prod([shape[d] for d in spatial], dtype=np.int64))
+    channels, positions = widths(shape, channels_first)
     return Segment(
-        int(shape[c_axis]), positions, k,
+        channels, positions, k,
         channel_dims=tuple(d for d in range(rank) if d != c_axis),
         position_dims=(0, c_axis), rank=rank,
     )
+
+
+def widths(shape: Sequence[int], channels_first: bool) -> tuple[int, int]:
+    """(channels, positions) of a tensor of ``shape``, as ``layout`` reads it (plain
+    integer arithmetic: ``torch.compile`` traces it without a graph break)."""
+    rank = len(shape)
+    if rank <= 1:
+        return 1, 0
+    if rank == 2:
+        return int(shape[1]), 0
+    c_axis = 1 if channels_first else rank - 1
+    positions = 1
+    for d in range(1, rank):
+        if d != c_axis:
+            positions *= int(shape[d])
+    return int(shape[c_axis]), positions
 
 
 def channels_last_shape(shape: Sequence[int], channels_first: bool) -> tuple[int, ...]:
