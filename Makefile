@@ -16,7 +16,8 @@ OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf
 OLDEST_TESTS := tests/test_keras_callback.py tests/test_introspector.py tests/test_summary.py \
   tests/test_format.py tests/test_plugin_reader.py tests/test_plugin_overview.py \
   tests/test_plugin_routes.py tests/test_plugin_tensorboard.py tests/test_plugin_no_tensorflow.py \
-  tests/test_implicit_lr.py tests/test_exact_activity.py
+  tests/test_implicit_lr.py tests/test_exact_activity.py tests/test_private.py tests/test_governor.py \
+  tests/test_keras_plan.py
 
 venv: $(STAMP)
 

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata
+from tb_introspect.collect.private import in_xla_context
 
 #: Default bound on the number of sampled values percentiles are taken from.
 DEFAULT_SAMPLE_SIZE = 2**18
@@ -145,16 +146,6 @@ def _where(cond, a, b) -> tf.Tensor:
     elif isinstance(b, (int, float)):
         b = tf.constant(b, tf.convert_to_tensor(a).dtype)
     return tf.where(cond, a, b)
-
-
-def in_xla_context() -> bool:
-    """Whether the op being built will be compiled by XLA (``jit_compile=True``)."""
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # private modules moved: take the path that compiles everywhere
-        return True
-    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
 def _count(mask) -> tf.Tensor:

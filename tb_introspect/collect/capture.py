@@ -26,6 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tb_introspect.collect import private
 from tb_introspect.collect.parts import Part
 
 _local = threading.local()
@@ -132,20 +133,15 @@ class LayerPatcher:
             layer = entry.layer
             had_own = "call" in layer.__dict__
             self._saved.append((layer, had_own, layer.__dict__.get("call")))
-            # object.__setattr__ bypasses Keras/TF attribute tracking: the
-            # wrapper must never end up in a saved model or checkpoint.
-            object.__setattr__(layer, "call", _wrap_call(layer.call, entry.name))
+            private.set_instance_attr(layer, "call", _wrap_call(layer.call, entry.name))
 
     def remove(self) -> None:
         while self._saved:
             layer, had_own, previous = self._saved.pop()
             if had_own:
-                object.__setattr__(layer, "call", previous)
+                private.set_instance_attr(layer, "call", previous)
             else:
-                try:
-                    object.__delattr__(layer, "call")
-                except AttributeError:
-                    pass
+                private.del_instance_attr(layer, "call")
 
 
 def _wrap_call(call: Callable, name: str) -> Callable:
@@ -180,16 +176,6 @@ def replace_leaves(outputs: Any, new_leaves: list[Any]) -> Any:
     if isinstance(outputs, (tf.Tensor, tf.Variable)) or not tf.nest.is_nested(outputs):
         return new_leaves[0]
     return keras.tree.pack_sequence_as(outputs, new_leaves)
-
-
-def copy_keras_mask(src: Any, dst: Any) -> Any:
-    mask = getattr(src, "_keras_mask", None)
-    if mask is not None:
-        try:
-            dst._keras_mask = mask
-        except AttributeError:
-            pass
-    return dst
 
 
 def capturable(leaf: Any) -> bool:

@@ -52,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata, stats, summary_pb
-from tb_introspect.collect import capture, kernels
+from tb_introspect.collect import capture, kernels, private
 from tb_introspect.collect.options import Options
 from tb_introspect.collect.parts import Part
 
@@ -650,7 +650,7 @@ class StepRecorder:
             if j is None or not capture.capturable(leaf):
                 new.append(leaf)
                 continue
-            new.append(capture.copy_keras_mask(leaf, self._capture(j, leaf)))
+            new.append(private.copy_keras_mask(leaf, self._capture(j, leaf)))
         return capture.replace_leaves(outputs, new)
 
     def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
@@ -718,7 +718,7 @@ class StepRecorder:
         """Statistics states on statistics steps; the rectifiers' activity counts on the
         others (every step with ``every="epoch"``)."""
         c = self.c
-        if stats.in_xla_context():
+        if private.in_xla_context():
             self._limit_for_xla()
         wants_activity = "output" in c.out_vars
         none = self._no_activity()
@@ -736,7 +736,7 @@ class StepRecorder:
                 stat = stat | tf.logical_not(self.metrics_finite)
             if self.mode is StepMode.AUTO:
                 stat = stat | tf.equal(self.window_step % c.stats_every, 0)
-            if self.mode is StepMode.LEAN and stats.in_xla_context():
+            if self.mode is StepMode.LEAN and private.in_xla_context():
                 # XLA compiles both branches of a cond: a statistics branch would make the
                 # lean step's compile as large as the full one's. NaN columns count nothing.
                 rows = tf.where(tf.math.is_finite(activity), activity, 0.0)
@@ -778,7 +778,7 @@ class StepRecorder:
         """[N, act_width] exact activity counts of this step's stashed rectifier outputs
         (zero rows for the others: their activity comes from the statistics steps)."""
         c, layout = self.c, self.c.layout
-        xla = stats.in_xla_context()
+        xla = private.in_xla_context()
         rows = []
         for j in range(layout.n):
             t = self.stash["output"].get(j) if c.out_specs[j].exact else None
@@ -802,7 +802,7 @@ class StepRecorder:
     def _fold_stats(self) -> tf.Tensor:
         """Fold this step into the statistics states; its output activity rows."""
         c, layout = self.c, self.c.layout
-        xla = stats.in_xla_context()
+        xla = private.in_xla_context()
         empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
         activity = self._no_activity()
         for view, stash in self.stash.items():

@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from tb_introspect import metadata
-from tb_introspect.collect import capture
+from tb_introspect.collect import capture, private
 from tb_introspect.collect.core import (
     Collector,
     Monitored,
@@ -94,17 +94,9 @@ class _Discovery:
         return capture.replace_leaves(outputs, new)
 
 
-def _plain_spec(spec: Any) -> Any:
-    """A per-replica spec (distributed iterator) -> one replica's spec."""
-    values = getattr(spec, "_value_specs", None)
-    if values:
-        return values[0]
-    return spec
-
-
 def _batch_spec(iterator: Any) -> Any:
     """One replica's spec of a batch (x, y, sample_weight structure) from Keras' iterator."""
-    return tf.nest.map_structure(_plain_spec, iterator.element_spec)
+    return tf.nest.map_structure(private.replica_spec, iterator.element_spec)
 
 
 def _any_batch(spec: Any) -> Any:
@@ -112,17 +104,6 @@ def _any_batch(spec: Any) -> Any:
     if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
         return tf.TensorSpec([None] + spec.shape.as_list()[1:], spec.dtype, spec.name)
     return spec
-
-
-def _ensure_built(model: keras.Model, batch_spec: Any) -> None:
-    """Build model, compiled metrics/loss and optimizer now, as Keras does under a strategy.
-
-    Without a strategy Keras defers this to the first trace of its train function;
-    we need the variables and metrics before that to size the accumulators.
-    """
-    build = getattr(model, "_symbolic_build", None)
-    if build is not None:
-        build(data_batch=batch_spec)
 
 
 def discover_outputs(model: keras.Model, x_spec: Any) -> _Discovery:
@@ -370,7 +351,7 @@ class Introspect(keras.callbacks.Callback):
         model, c = self.model, self.collector
         want_outputs = self.options.wants_outputs
         batch_spec = _batch_spec(iterator)
-        _ensure_built(model, batch_spec)
+        private.symbolic_build(model, batch_spec)  # the variables and metrics, now
         if not model.trainable_variables and (
             self.options.want("variable") or self.options.want("gradient")
         ):
@@ -448,12 +429,12 @@ class Introspect(keras.callbacks.Callback):
         first call). The instance attribute is only needed while Keras makes the function:
         it binds the step then."""
         model = self.model
-        object.__setattr__(model, "train_step",
-                           functools.partial(self._instrumented_step, mode=mode))
+        private.set_instance_attr(model, "train_step",
+                                  functools.partial(self._instrumented_step, mode=mode))
         try:
             model.make_train_function(force=True)
         finally:
-            object.__delattr__(model, "train_step")
+            private.del_instance_attr(model, "train_step")
         return model.train_function
 
     def _patch_optimizer(self) -> None:
@@ -468,14 +449,14 @@ class Introspect(keras.callbacks.Callback):
             if isinstance(rec, StepRecorder):
                 tv = trainable_variables
                 if tv is None:
-                    tv = getattr(opt, "_trainable_variables", None) or []
+                    tv = private.optimizer_variables(opt)
                 try:
                     rec.gradients(list(grads), list(tv))
                 except Exception as e:
                     rec.c.fail(Part("gradient"), e)
             return original(grads, trainable_variables)
 
-        object.__setattr__(opt, "apply", apply)
+        private.set_instance_attr(opt, "apply", apply)
 
     def _loss_scale(self) -> tf.Tensor | None:
         opt = self._optimizer
@@ -611,9 +592,9 @@ class Introspect(keras.callbacks.Callback):
         if opt is not None and saved is not None:
             had, previous = saved
             if had:
-                object.__setattr__(opt, "apply", previous)
+                private.set_instance_attr(opt, "apply", previous)
             elif "apply" in opt.__dict__:
-                object.__delattr__(opt, "apply")
+                private.del_instance_attr(opt, "apply")
             self._saved_apply = None
         if self._installed:
             # The plain Keras function (never traced with instrumentation), so

@@ -1,0 +1,65 @@
+"""Every private Keras and TensorFlow access the writer side needs, in one place.
+
+Each is a name Keras or TensorFlow may move in a release; ``tests/test_private.py`` checks
+each against the installed versions (``make test`` and ``make test-oldest`` run it on the
+newest and the oldest pins). Where one is missing, the fallback keeps training correct.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+
+def in_xla_context() -> bool:
+    """Whether the op being built will be compiled by XLA (``jit_compile=True``)."""
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # moved: take the path that compiles everywhere
+        return True
+    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+
+
+def replica_spec(spec: Any) -> Any:
+    """One replica's spec of a per-replica spec (a distributed iterator's element spec)."""
+    values = getattr(spec, "_value_specs", None)
+    return values[0] if values else spec
+
+
+def symbolic_build(model: keras.Model, batch_spec: Any) -> None:
+    """Build model, compiled metrics/loss and optimizer now, as Keras does under a strategy
+    (without one Keras defers it to the first trace of its train function)."""
+    build = getattr(model, "_symbolic_build", None)
+    if build is not None:
+        build(data_batch=batch_spec)
+
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """The variables an optimizer's ``apply(grads)`` updates when none are passed."""
+    return list(getattr(optimizer, "_trainable_variables", None) or [])
+
+
+def copy_keras_mask(src: Any, dst: Any) -> Any:
+    """``dst`` with ``src``'s Keras mask (a probe must not drop a masking layer's mask)."""
+    mask = getattr(src, "_keras_mask", None)
+    if mask is not None:
+        try:
+            dst._keras_mask = mask
+        except AttributeError:
+            pass
+    return dst
+
+
+def set_instance_attr(obj: Any, name: str, value: Any) -> None:
+    """Set an instance attribute past Keras/TF attribute tracking (a patched ``call``,
+    ``apply`` or ``train_step`` must never end up in a saved model or checkpoint)."""
+    object.__setattr__(obj, name, value)
+
+
+def del_instance_attr(obj: Any, name: str) -> None:
+    try:
+        object.__delattr__(obj, name)
+    except AttributeError:
+        pass
