@@ -106,9 +106,14 @@ class Introspector:
         self.stats_every = self.options.stats_every if self.every == "epoch" else 1
         self.quantiles = self.options.quantiles
         self.model = modules.unwrap(model)
+        # DDP averages the ranks' gradients: the loss it trains is the mean of the ranks'
+        # losses, so a rank's output gradient of that loss is its own divided by the ranks.
+        self._out_grad_scale = 1.0
         self.optimizer = optimizer
         self.grad_scaler = grad_scaler
         self.rank, self.world = _rank_and_world()
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            self._out_grad_scale = 1.0 / self.world
         self.log_dir = check_log_dir(log_dir)
         self.writer = NumpyWriter(self.log_dir) if self.rank == 0 else None
 
@@ -228,6 +233,8 @@ class Introspector:
                     scale = getattr(self.grad_scaler, "_scale", None)
                     if scale is not None:
                         grad = grad.float() / scale.to(grad.device)
+                if self._out_grad_scale != 1.0:
+                    grad = grad * self._out_grad_scale
                 state.fold(self._bufs["output_gradient"], spec.segments["output_gradient"],
                            grad, self._salt.add_(1), True, self._arange)
             except Exception as e:
