@@ -47,9 +47,9 @@ def main() -> None:
                        "; ".join(f"{k} at epoch {e}" for e, k, _ in live))
             rows.append((name, sc.note or "healthy", "-", "-", verdict, final, secs))
         else:
-            for kind, (severity, onset) in sc.expect.items():
+            for kind, (severity, _) in sc.expect.items():
                 first = r.first_epoch_with(kind, severity)
-                rows.append((name, sc.note, f"{severity} `{kind}`", str(onset),
+                rows.append((name, sc.note, f"{severity} `{kind}`", str(sc.onset(kind, r.run)),
                              "never" if first is None else str(first), final, secs))
         print(f"{name}: {secs:.1f} s", file=sys.stderr)
     print("| scenario | what | expected | onset | live: first epoch shown | final warnings"

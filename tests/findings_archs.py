@@ -277,6 +277,35 @@ def build_tiny_init(total_steps: int):
     return model, keras.optimizers.SGD(0.05, momentum=0.9)
 
 
+def _demo(name: str) -> Callable[[int], tuple[Any, Any]]:
+    def build(total_steps: int):
+        from tb_introspect.demo.models import get_scenario
+
+        return get_scenario(name).build(total_steps)
+
+    return build
+
+
+def _saturated(total_steps: int):
+    from findings_testlib import build_saturated_tanh_mlp
+
+    return build_saturated_tanh_mlp(total_steps)
+
+
+def _dead_onset(run: Any, threshold: float) -> int:
+    """First epoch where a hidden layer's logged dead rate reaches ``threshold``."""
+    epochs = [int(s.epochs[j]) for s in run.tensors["output"][:-1]
+              for j in np.flatnonzero(s.field("dead_rate") >= threshold)[:1]]
+    return min(epochs)
+
+
+def _anti_aligned_onset(run: Any) -> int:
+    """First epoch where the median over kernels of the gradient ``cos_prev`` is negative."""
+    kernels = [s for s in run.tensors["gradient"] if len(s.info.shape) >= 2]
+    cos = np.nanmedian(np.array([s.field("cos_prev") for s in kernels]), axis=0)
+    return int(kernels[0].epochs[np.flatnonzero(cos < 0)[0]])
+
+
 # ---------------------------------------------------------------- the scenarios
 
 
@@ -299,13 +328,20 @@ class Scenario:
     build: Callable[[int], tuple[Any, Any]]
     data: Callable[[], Any]
     epochs: int
-    #: kind -> (lowest severity it must reach, epoch the pathology starts); empty: a healthy
-    #: run, where no warning may fire
-    expect: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: kind -> (lowest severity it must reach, epoch the pathology starts, or a function
+    #: reading that epoch off the logged run); empty: a healthy run, where no warning may fire
+    expect: dict[str, tuple[str, int | Callable[[Any], int]]] = field(default_factory=dict)
     loss: Callable[[], Any] = _sce
     accuracy: bool = True
     batch_size: int = 32
     note: str = ""
+    #: False: trained by the benchmark only (the other findings tests already train it)
+    in_tests: bool = True
+
+    def onset(self, kind: str, run: Any) -> int:
+        """The epoch the pathology behind ``kind`` starts, in ``run``."""
+        at = self.expect[kind][1]
+        return at(run) if callable(at) else at
 
     @property
     def healthy(self) -> bool:
@@ -329,7 +365,21 @@ SCENARIOS: dict[str, Scenario] = {
                                       {"early_instability": ("warning", 0)}, note="Adam 0.05"),
     "tiny_init": Scenario(build_tiny_init, digits, 4, {"poor_initialization": ("warning", 0)},
                           note="N(0, 0.01) kernels, 5 ReLU layers"),
+    # the demo's pathologies and two more, for the existing rules (trained by
+    # test_findings_training.py there; here by the benchmark only)
+    "dying_relu_mlp": Scenario(_demo("dying_relu_mlp"), digits, 8,
+                               {"dead_units": ("warning", lambda r: _dead_onset(r, 0.5))},
+                               note="demo: warm-up to a too-high rate", in_tests=False),
+    "vanishing_sigmoid_mlp": Scenario(_demo("vanishing_sigmoid_mlp"), digits, 4,
+                                      {"vanishing_gradients": ("warning", 0)},
+                                      note="demo: 8 sigmoid layers", in_tests=False),
+    "lr_too_high_cnn": Scenario(_demo("lr_too_high_cnn"), digits, 8,
+                                {"gradient_oscillation": ("warning", _anti_aligned_onset)},
+                                note="demo: SGD 3x too high", in_tests=False),
+    "saturated_tanh_mlp": Scenario(_saturated, digits, 4, {"saturated_units": ("warning", 0)},
+                                   note="tanh, N(0, 1) kernels", in_tests=False),
     # healthy: no warning may fire at any epoch
+    "healthy_cnn": Scenario(_demo("healthy_cnn"), digits, 8, note="demo", in_tests=False),
     "gru": Scenario(build_gru, digit_rows, 6),
     "lstm": Scenario(build_lstm, digit_rows, 6),
     "attention": Scenario(build_attention, digit_rows, 6),

@@ -47,3 +47,41 @@ def test_dying_relu_logged_by_the_callback_is_flagged(tmp_path) -> None:
     # What the overview serves is plain JSON.
     docs = [f.to_json() for f in findings]
     assert json.loads(json.dumps(docs)) == docs
+
+
+def _fit_with_callback(logdir: str, name: str, epochs: int):
+    """Scenario ``name`` of findings_archs trained by ``model.fit`` with the callback,
+    ``accuracy`` compiled and validation data, as a user would."""
+    import keras
+    from findings_archs import SCENARIOS
+
+    from tb_introspect.keras import Introspect
+
+    sc = SCENARIOS[name]
+    data = sc.data()
+    keras.utils.set_random_seed(0)
+    model, optimizer = sc.build(epochs * math.ceil(len(data.x_train) / sc.batch_size))
+    model.compile(optimizer=optimizer, loss=sc.loss(),
+                  metrics=["accuracy"] if sc.accuracy else [])
+    model.fit(data.x_train, data.y_train, batch_size=sc.batch_size, epochs=epochs, verbose=0,
+              validation_data=(data.x_val, data.y_val),
+              callbacks=[Introspect(logdir, every="epoch", seed=0)])
+    keras.backend.clear_session()
+    run = read_one(logdir)
+    return run, {f.kind: f for f in find_issues(run)}
+
+
+def test_new_rules_read_what_the_callback_logs(tmp_path) -> None:
+    """K from the output layer's logged shape, the accuracy from Keras's compiled metric:
+    the chance level, the collapse and the rectified output are found on callback runs."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    run, found = _fit_with_callback(str(tmp_path / "l2"), "l2_collapse", 4)
+    assert "accuracy" in run.metrics and "val_accuracy" in run.metrics
+    chance = found["loss_at_chance"]
+    assert chance.severity == "warning" and chance.evidence["classes"] == 10
+    assert chance.evidence["classification_from"] == "accuracy metric"
+    assert found["weight_collapse"].severity == "warning"
+    run, found = _fit_with_callback(str(tmp_path / "relu"), "relu_output", 4)
+    f = found["rectified_output"]
+    assert f.severity == "warning" and f.layers == ["classifier"]
+    assert "loss_at_chance" not in found and "early_instability" not in found

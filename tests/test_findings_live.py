@@ -188,3 +188,38 @@ def test_poor_initialization_at_the_first_point_and_evened_out_later() -> None:
     evened = [[1.0, 1.0], [1e-2, 0.5], [1e-4, 0.4]]
     r = run(*outs(2, evened), *_weights(2, 0.1))
     assert kinds(find_issues(r))["poor_initialization"] == "info"
+
+
+def test_a_kernel_at_exactly_zero_has_collapsed() -> None:
+    r = run(*_weights(4, [0.004, 0.0, 0.0, 0.0], [100.0, 1.0, 0.0, 0.0]))
+    f = next(f for f in find_issues(r) if f.kind == "weight_collapse")
+    assert f.evidence["share_collapsed"] == 1.0
+
+
+def _relu(layer, depth, dead):
+    return tensor("output", layer, depth, epochs_steps(len(dead)), name=layer, shape=(-1, 16),
+                  min=0.0, max=3.0, zero_fraction=0.5, dead_rate=dead, activation_rate=0.4)
+
+
+def test_dead_units_that_came_back_are_one_level_lower() -> None:
+    head = tensor("output", "out", 5, epochs_steps(8), name="out", shape=(-1, 10), min=0.0,
+                  max=1.0, mean=0.1, zero_fraction=0.0)
+    dying = [0.1, 0.6, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]
+    found = {f.kind: f for f in find_issues(run(_relu("dense1", 1, dying), head))}
+    assert found["dead_units"].severity == "warning"
+    back = [0.1, 0.6, 0.7, 0.6, 0.4, 0.3, 0.2, 0.1]  # the article's CNN: dead early, recovered
+    f = {f.kind: f for f in find_issues(run(_relu("dense1", 1, back), head))}["dead_units"]
+    assert f.severity == "info" and f.evidence["recovered"] is True and "now 10%" in f.title
+
+
+def test_vanishing_gradients_that_closed_are_info() -> None:
+    def grads(gap):
+        n = len(gap)
+        return [tensor("gradient", "dense1", 0, epochs_steps(n), rms=[10.0 ** -g for g in gap]),
+                tensor("gradient", "dense2", 1, epochs_steps(n), rms=1.0)]
+
+    assert kinds(find_issues(run(*grads([3, 3, 3, 3, 3, 3]))))["vanishing_gradients"] == "warning"
+    closed = find_issues(run(*grads([3, 3, 3, 2.5, 1.5, 1.2])))
+    f = next(f for f in closed if f.kind == "vanishing_gradients")
+    assert f.severity == "info" and f.evidence["closed_since"] is True
+    assert "closed" in f.explanation

@@ -132,10 +132,21 @@ def dead_units(rv: RunView) -> list[Finding]:
         expl += (f" Here {len(zero_grad)} layer(s) receive exactly zero gradient"
                  f" ({', '.join(zero_grad[:4])}).")
     ordered = [worst] + [f[1] for f in others]
+    # On the points so far: when no layer of that level is still there at the latest point
+    # (units came back, as in a healthy CNN's early epochs), one level lower.
+    threshold = levels[level]
+    recovered = not any(np.nan_to_num(dead[f[1], -1], nan=1.0) >= threshold for f in at_level)
+    severity = _LEVELS[min(top_rank + 1, len(_LEVELS) - 1)] if recovered else level
+    now = f" (now {pct(float(dead[worst, -1]))})" if recovered else ""
+    if recovered:
+        expl += (" The dead share has since fallen below that level again, so the layer"
+                 " recovered at least in part.")
     return [Finding(
         kind="dead_units",
-        severity=level,
-        title=(f"Dead units: {pct(nanmax(dead[worst]))} of the {what} of '{name}' are"
+        severity=severity,
+        title=(f"Dead units: {pct(nanmax(dead[worst]))} of the {what} of '{name}' were"
+               f" dead{more}{now}" if recovered else
+               f"Dead units: {pct(nanmax(dead[worst]))} of the {what} of '{name}' are"
                f" dead{more}"),
         first_step=step, first_epoch=epoch,
         layers=unique(a.series[i].info.layer for i in ordered),
@@ -150,7 +161,8 @@ def dead_units(rv: RunView) -> list[Finding]:
             "layers_checked": len(rows),
             "layers_without_gradient": len(zero_grad),
             "source": source,
-            "threshold": levels[level],
+            "recovered": recovered,
+            "threshold": threshold,
             "dead_rate_sampled": bool(sampled[worst].any()),
         },
         explanation=expl,
@@ -319,9 +331,12 @@ def saturated_units(rv: RunView) -> list[Finding]:
     step, epoch = rv.step_epoch(a, j0)
     name = a.series[i].info.layer
     bounds = "-1 or 1" if kind == "tanh" else "0 or 1"
+    threshold = t.saturation_warning if level == "warning" else t.saturation_info
+    # On the points so far: no layer of that level still saturated at the latest point.
+    recovered = not any(np.nan_to_num(f[4][-1], nan=1.0) >= threshold for f in chosen)
     return [Finding(
         kind="saturated_units",
-        severity=level,
+        severity="info" if recovered else level,
         title=(f"Saturated {kind} units: {pct(float(nanmax(share)))} of the outputs of"
                f" '{name}' are within {t.saturation_margin:g} of {bounds}"),
         first_step=step, first_epoch=epoch,
@@ -335,7 +350,8 @@ def saturated_units(rv: RunView) -> list[Finding]:
             "saturated_share_at_end": float(share[-1]),
             "saturated_share_median": float(nanmedian(share)),
             "layers_flagged": len(chosen),
-            "threshold_share": t.saturation_warning if level == "warning" else t.saturation_info,
+            "recovered": recovered,
+            "threshold_share": threshold,
         },
         explanation=(
             f"A {kind} unit near {bounds} has a derivative close to zero (below"

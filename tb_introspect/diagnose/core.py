@@ -83,9 +83,11 @@ class Thresholds:
     overfit_val_rise_warning: float = 0.5
     overfit_train_drop: float = 0.05
     # ... warning also when the parting has lasted this many epochs and the validation loss
-    # reached this much above its best on the way
+    # reached this much above its best on the way, giving back this share of the progress
+    # it made from its first epoch to its best
     overfit_climb_epochs: int = 3
     overfit_climb_rise: float = 0.2
+    overfit_climb_giveback: float = 0.1
     # memorisation: training loss at most this share of its first epoch's (or training
     # accuracy this many times chance) while validation never beat its first epoch and
     # its accuracy stays below this many times chance

@@ -60,6 +60,12 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
     if j0 is None:
         return []
     last = int(np.flatnonzero(np.isfinite(gap))[-1])
+    # On the points so far: a gap that has closed below the level at the latest point is
+    # one level lower (a warning becomes info; weakening that closed is not reported).
+    if gap[last] < threshold:
+        if severity == "info":
+            return []
+        severity = "info"
     step, epoch = rv.step_epoch(a, j0)
     # Layers at least one order below the last layer at the last point: the starved ones.
     rel = logs[:, last] - logs[-1, last]
@@ -82,6 +88,7 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
             "orders_below_last": float(gap[j0]),
             "orders_below_last_at_end": float(gap[last]),
             "worst_orders": worst,
+            "closed_since": bool(gap[last] < threshold),
             "layers_compared": int(logs.shape[0]),
             "threshold_orders": threshold,
         },
@@ -92,6 +99,8 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
             f" gradient {fmt_orders(gap[j0])} times smaller than the output layer's and barely"
             " learn, while the top layers do all the fitting."
             + ("" if severity == "warning" else
+               f" The gap has since closed to {fmt_orders(gap[last])} at the latest point."
+               if gap[last] < threshold else
                " Here the gap is 10-99x: the first layers still learn, more slowly. The"
                " first layer's gradient scale should not be smaller than the last layer's;"
                " watch whether the gap grows (thinning bottom bands in the gradient stack).")

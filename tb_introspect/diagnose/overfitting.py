@@ -8,7 +8,8 @@ epoch where the curves part is the validation loss's best epoch before the rise.
 Decided on the epochs logged so far (a live run shows it while it trains): the parting must
 hold at the latest two epochs, and the finding goes away when the validation loss comes
 back. Graded: info for a mild rise; warning for a rise of 50%, for a parting that has
-lasted 3 epochs and reached 20% on the way, and for memorisation (training gets better,
+lasted 3 epochs, reached 20% on the way and given back 10% of the validation loss's
+progress (from its first epoch to its best), and for memorisation (training gets better,
 validation never did and its accuracy stays at chance).
 """
 
@@ -101,7 +102,9 @@ def overfitting(rv: RunView) -> list[Finding]:
     elif rise >= t.overfit_val_rise_warning:
         pattern, severity = "rising", "warning"
     elif (trailing >= t.overfit_climb_epochs
-          and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise):
+          and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise
+          and va[0] > va[b]
+          and float(np.max(va[j:]) - va[b]) >= t.overfit_climb_giveback * (va[0] - va[b])):
         pattern, severity = "climbing", "warning"
     else:
         pattern, severity = "rising", "info"
@@ -168,6 +171,7 @@ def overfitting(rv: RunView) -> list[Finding]:
             "threshold_val_rise_warning": t.overfit_val_rise_warning,
             "threshold_climb_epochs": t.overfit_climb_epochs,
             "threshold_climb_rise": t.overfit_climb_rise,
+            "threshold_climb_giveback": t.overfit_climb_giveback,
             "threshold_train_drop": t.overfit_train_drop,
         },
         explanation=expl,

@@ -44,24 +44,24 @@ def weight_collapse(rv: RunView) -> list[Finding]:
     first = rms[:, 0]
     r0 = np.where(np.isfinite(ratio[:, 0]), ratio[:, 0], 0.0)
     start = np.maximum(first, first * (r0 - 1))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shrink = log10_pos(start)[:, None] - np.where(rms > 0, np.log10(np.where(rms > 0, rms, 1)),
-                                                      np.inf)[:, :]
     have = np.isfinite(start) & (start > 0)
     if not have.any():
         return []
-    collapsed = (shrink >= t.collapse_orders) & have[:, None]
+    # Orders below the start; a kernel that reached exactly zero has collapsed all the way.
+    shrink = log10_pos(start)[:, None] - log10_pos(rms)
+    shrink = np.where(rms == 0, np.inf, shrink)
+    collapsed = (np.nan_to_num(shrink, nan=-np.inf) >= t.collapse_orders) & have[:, None]
     share = collapsed.sum(axis=0) / have.sum()
     n = trailing_run(share >= t.collapse_share)
     if n < 2:
         return []
     j = a.n_points - n
     step, epoch = rv.step_epoch(a, j)
-    end = np.where(np.isfinite(shrink[:, -1]), shrink[:, -1], np.inf)
-    worst = int(np.argmax(np.where(have, end, -np.inf)))
-    flagged = [i for i in np.argsort(-np.where(have, end, -np.inf)) if collapsed[i, -1]]
-    median_orders = float(np.median(np.where(np.isfinite(shrink[have, -1]), shrink[have, -1],
-                                             99.0)))
+    end = np.where(have, np.nan_to_num(shrink[:, -1], nan=-np.inf), -np.inf)
+    order = [int(i) for i in np.argsort(-end, kind="stable")]
+    worst = order[0]
+    flagged = [i for i in order if collapsed[i, -1]]
+    median_orders = float(np.median(np.minimum(end[have], 99.0)))
     return [Finding(
         kind="weight_collapse",
         severity="warning",
