@@ -36,6 +36,7 @@ def test_application(tmp_path, name):
     depth = {run[f"introspect/output/{n}"].data.depth: n for n in outputs}
     assert len(depth) == len(outputs)  # a strict forward order
     assert depth[min(depth)] == layers[0] and depth[max(depth)] == layers[-1]
+    counted = set()
     for tag, series in run.items():
         if "/metric" in tag:
             continue
@@ -43,10 +44,15 @@ def test_application(tmp_path, name):
         v = series.at(2)
         if "/activity/" in tag:  # the epoch's per-channel and per-position rates
             rates = [x for f, x in v.items() if f[0] in "cs" and f[1:].isdigit()]
-            assert v["samples"] == 8 and rates and all(0 <= r <= 1 for r in rates), tag
+            assert rates and all(0 <= r <= 1 for r in rates), tag
+            # Every sample for a rectifier's output, the statistics step's for the others.
+            out = run[tag.replace("/activity/", "/output/")].at(2)
+            counted.add(out["activity_steps"])
+            assert v["samples"] == 4 * out["activity_steps"], tag
             continue
         assert v["count"] > 0 and v["nan_count"] == 0, tag
         assert np.isfinite(v["rms"]) and np.isfinite(v["q50"]), tag
+    assert counted == {1, 2}  # sampled (other outputs) and exact (the ReLUs)
     assert len(lib.tags_of(run, "activity")) >= len(outputs) // 2
     head = run[f"introspect/output/{layers[-1]}"].at(2)
     assert head["count"] == 4 * 10 and 0 <= head["min"] <= head["max"] <= 1  # softmax
