@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="statistics cadence: 'epoch' (aggregated per epoch, default) or N"
                       " (every N steps)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    demo.add_argument("--framework", choices=("keras", "torch"), default="keras",
+                      help="train with Keras (default) or PyTorch (needs torch installed)")
     demo.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
     demo.set_defaults(func=cmd_demo)
 
@@ -175,6 +177,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         results = run_demo(
             logdir, epochs=args.epochs, quick=args.quick, scenarios=args.scenario,
             every=args.every, seed=args.seed, progress=not args.no_progress,
+            framework=args.framework,
         )
     except OSError as e:
         raise CliError(f"cannot write to --logdir {logdir!r}: {e}") from e

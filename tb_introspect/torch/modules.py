@@ -84,7 +84,8 @@ def layer_order(model: nn.Module) -> dict[str, int]:
 
 def is_rectifier(module: nn.Module) -> bool:
     """Whether ``module``'s own function makes exact zeros on a whole half-line (ReLU,
-    ReLU6, a LeakyReLU without slope, a Threshold to 0): only there does a unit that is
+    ReLU6, a LeakyReLU without slope, a Threshold to 0, a module whose ``activation`` is
+    one of these): only there does a unit that is
     zero for every sample mean something (a dead unit), so only there is the activity
     counted on every step (the Keras side's rule)."""
     if isinstance(module, (nn.ReLU, nn.ReLU6)):
@@ -93,7 +94,14 @@ def is_rectifier(module: nn.Module) -> bool:
         return float(module.negative_slope) == 0.0
     if isinstance(module, nn.Threshold):
         return float(module.value) == 0.0
-    return False
+    # A layer with its activation inside, Keras style: ``self.activation = "relu"``
+    # (or torch.relu, F.relu, an nn.ReLU module).
+    act = getattr(module, "activation", None)
+    if isinstance(act, str):
+        return act in ("relu", "relu6")
+    if isinstance(act, nn.Module):
+        return is_rectifier(act)
+    return act in (torch.relu, torch.nn.functional.relu, torch.nn.functional.relu6)
 
 
 def output_specs(model: nn.Module, rectifier: Callable[[str], bool] = lambda name: False

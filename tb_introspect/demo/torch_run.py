@@ -1,0 +1,87 @@
+"""The demo scenarios trained with PyTorch (``tb-introspect demo --framework torch``): the
+same digits, batches, epochs and models as the Keras demo, logged by
+``tb_introspect.torch.Introspector`` into the same kind of runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+import numpy as np
+
+from tb_introspect.demo.data import Digits
+from tb_introspect.demo.models import BATCH_SIZE, EPOCHS, Scenario
+
+
+def train_scenarios(
+    chosen: Sequence[Scenario], paths: Sequence[str], data: Digits, *, epochs: int | None,
+    quick: bool, every: str | int, seed: int, progress: bool, stream: TextIO,
+) -> list:
+    """Train each scenario into its run directory; the ``RunResult`` of each."""
+    import torch
+    import torch.nn.functional as F
+
+    from tb_introspect.demo import torch_models
+    from tb_introspect.demo.run import RunResult
+    from tb_introspect.torch import Introspector
+
+    x_train = torch.from_numpy(np.moveaxis(data.x_train, -1, 1).copy())  # NCHW
+    y_train = torch.from_numpy(data.y_train.astype(np.int64))
+    x_val = torch.from_numpy(np.moveaxis(data.x_val, -1, 1).copy())
+    y_val = torch.from_numpy(data.y_val.astype(np.int64))
+    steps_per_epoch = math.ceil(len(x_train) / BATCH_SIZE)
+    results = []
+    for i, (scenario, path) in enumerate(zip(chosen, paths, strict=True), start=1):
+        n_epochs = epochs or (scenario.quick_epochs if quick else EPOCHS)
+        torch.manual_seed(seed)
+        model, opt, sched = torch_models.build(scenario.name, n_epochs * steps_per_epoch)
+        order = torch.Generator().manual_seed(seed)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=n_epochs * steps_per_epoch, unit="step", file=stream,
+                       desc=f"[{i}/{len(chosen)}] {os.path.basename(path)}",
+                       dynamic_ncols=True, mininterval=0.5, leave=True)
+        history: dict[str, list[float]] = {"loss": [], "val_loss": [], "val_accuracy": []}
+        start = time.perf_counter()
+        with Introspector(path, model, opt, every=every, seed=seed) as intro:
+            for _epoch in range(n_epochs):
+                model.train()
+                perm = torch.randperm(len(x_train), generator=order)
+                losses = []
+                for b in range(steps_per_epoch):
+                    idx = perm[b * BATCH_SIZE:(b + 1) * BATCH_SIZE]
+                    logits = model(x_train[idx])
+                    loss = F.cross_entropy(logits, y_train[idx])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    if sched is not None:
+                        sched.step()
+                    accuracy = (logits.argmax(1) == y_train[idx]).float().mean()
+                    intro.step(loss=loss, accuracy=accuracy)
+                    losses.append(loss.detach())
+                    if bar is not None:
+                        bar.update(1)
+                model.eval()
+                with torch.no_grad():
+                    val_logits = model(x_val)
+                    val_loss = float(F.cross_entropy(val_logits, y_val))
+                    val_acc = float((val_logits.argmax(1) == y_val).float().mean())
+                intro.end_epoch(val_loss=val_loss, val_accuracy=val_acc)
+                history["loss"].append(float(torch.stack(losses).mean()))
+                history["val_loss"].append(val_loss)
+                history["val_accuracy"].append(val_acc)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{history['loss'][-1]:.3f}",
+                                    val_acc=f"{val_acc:.3f}", refresh=False)
+        if bar is not None:
+            bar.close()
+        results.append(RunResult(scenario=scenario, run_name=os.path.basename(path), path=path,
+                                 epochs=n_epochs, seconds=time.perf_counter() - start,
+                                 history=history))
+    return results
