@@ -302,7 +302,9 @@ def _dead_onset(run: Any, threshold: float) -> int:
 def _anti_aligned_onset(run: Any) -> int:
     """First epoch where the median over kernels of the gradient ``cos_prev`` is negative."""
     kernels = [s for s in run.tensors["gradient"] if len(s.info.shape) >= 2]
-    cos = np.nanmedian(np.array([s.field("cos_prev") for s in kernels]), axis=0)
+    from tb_introspect.diagnose.core import nanmedian
+
+    cos = nanmedian(np.array([s.field("cos_prev") for s in kernels]), axis=0)
     return int(kernels[0].epochs[np.flatnonzero(cos < 0)[0]])
 
 

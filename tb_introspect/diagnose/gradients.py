@@ -256,7 +256,9 @@ def _anti_aligned(rv: RunView, a) -> tuple[int, int, float, float, bool | None] 
     t = rv.t
     med_cos = nanmedian(a.field("cos_prev"), axis=0)
     idx = np.flatnonzero(np.isfinite(med_cos))
-    if idx.size < 2 * t.min_points - 1:
+    # Decided on the points so far: from three cosines on (the second half is then the
+    # latest two), so a live run shows it within two epochs of the first anti-aligned one.
+    if idx.size < t.min_points:
         return None
     tail = idx[idx.size // 2:]
     c = med_cos[tail]
@@ -281,10 +283,14 @@ def _loss_stalled(rv: RunView, from_step: int) -> bool | None:
         return None
     band = rv.run.metric_epochs.get(name)
     if band is not None and len(band):
-        steps, med = band.steps, band.field("p50")
-    else:
-        s = rv.run.metrics[name]
-        steps, med = s.steps, s.field("value")
+        keep = np.isfinite(band.field("p50")) & (band.steps >= from_step)
+        med = band.field("p50")[keep]
+        if med.size < 2:
+            return None
+        # Epoch medians: did any epoch since get to half the stretch's first one?
+        return bool(float(np.min(med[1:])) > 0.5 * float(med[0]))
+    s = rv.run.metrics[name]
+    steps, med = s.steps, s.field("value")
     keep = np.isfinite(med) & (steps >= from_step)
     if keep.sum() < 2:
         return None
