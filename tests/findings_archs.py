@@ -156,6 +156,35 @@ def build_attention_lr_too_high(total_steps: int):
     return _attention_model("attention_lr_high"), keras.optimizers.Adam(0.05)
 
 
+def build_lstm_lr_too_high(total_steps: int):
+    """The LSTM at plain SGD 5.0 with momentum 0.9, no clipping."""
+    import keras
+    from keras import layers
+
+    model = keras.Sequential([
+        keras.Input((8, 8), name="rows"),
+        layers.LSTM(32, name="lstm"),
+        layers.Dense(10, activation="softmax", name="classifier"),
+    ], name="lstm_lr_too_high")
+    return model, keras.optimizers.SGD(5.0, momentum=0.9)
+
+
+def build_embedding_dead(total_steps: int):
+    """The embedding model with its hidden Dense biased to -3: its ReLUs never fire."""
+    import keras
+    from keras import layers
+
+    model = keras.Sequential([
+        keras.Input((64,), dtype="int32", name="tokens"),
+        layers.Embedding(17, 8, name="embedding"),
+        layers.Flatten(name="flatten"),
+        layers.Dense(64, activation="relu", bias_initializer=keras.initializers.Constant(-3.0),
+                     name="dense"),
+        layers.Dense(10, activation="softmax", name="classifier"),
+    ], name="embedding_dead")
+    return model, keras.optimizers.Adam(2e-3)
+
+
 def build_resnet_bn(total_steps: int):
     """Residual CNN with BatchNorm: stem conv, two residual blocks, global pooling; Adam 1e-3
     (healthy)."""
@@ -380,6 +409,12 @@ SCENARIOS: dict[str, Scenario] = {
                                 note="demo: SGD 3x too high", in_tests=False),
     "saturated_tanh_mlp": Scenario(_saturated, digits, 4, {"saturated_units": ("warning", 0)},
                                    note="tanh, N(0, 1) kernels", in_tests=False),
+    "lstm_lr_too_high": Scenario(build_lstm_lr_too_high, digit_rows, 6,
+                                 {"gradient_oscillation": ("warning", _anti_aligned_onset)},
+                                 note="LSTM, SGD 5.0", in_tests=False),
+    "embedding_dead": Scenario(build_embedding_dead, digit_tokens, 6,
+                               {"dead_units": ("warning", 0)}, note="embedding, ReLU bias -3",
+                               in_tests=False),
     # healthy: no warning may fire at any epoch
     "healthy_cnn": Scenario(_demo("healthy_cnn"), digits, 8, note="demo", in_tests=False),
     "gru": Scenario(build_gru, digit_rows, 6),

@@ -223,3 +223,19 @@ def test_vanishing_gradients_that_closed_are_info() -> None:
     f = next(f for f in closed if f.kind == "vanishing_gradients")
     assert f.severity == "info" and f.evidence["closed_since"] is True
     assert "closed" in f.explanation
+
+
+def test_a_hidden_softmax_is_not_a_poor_initialisation() -> None:
+    n = 1
+    probs = tensor("output", "scores", 2, epochs_steps(n), name="scores", shape=(-1, 8, 500),
+                   min=0.0, max=0.9, mean=1 / 500, rms=3e-3, zero_fraction=0.0)
+    dense = [tensor("output", f"dense{d}", d, epochs_steps(n), name=f"dense{d}",
+                    shape=(-1, 8, 32), min=-2.0, max=2.0, mean=0.0, rms=1.0,
+                    zero_fraction=0.0) for d in (1, 3)]
+    r = run(probs, *dense, _softmax_out(n, depth=9), *_weights(n, 0.1))
+    assert "poor_initialization" not in kinds(find_issues(r))
+    # The same scale from a layer that is not a softmax is one.
+    loud = tensor("output", "scores", 2, epochs_steps(n), name="scores", shape=(-1, 8, 500),
+                  min=-0.1, max=0.1, mean=0.0, rms=3e-3, zero_fraction=0.0)
+    r = run(loud, *dense, _softmax_out(n, depth=9), *_weights(n, 0.1))
+    assert kinds(find_issues(r))["poor_initialization"] == "warning"

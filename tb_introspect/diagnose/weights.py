@@ -98,6 +98,16 @@ def weight_collapse(rv: RunView) -> list[Finding]:
     )]
 
 
+def _softmax_like(s) -> bool:
+    width = s.info.shape[-1] if s.info.shape else 0
+    if width < 2:
+        return False
+    lo, hi, mean = s.field("min"), s.field("max"), s.field("mean")
+    ok = np.isfinite(mean)
+    return bool(ok.any() and np.all(lo[ok] >= 0) and np.all(hi[ok] <= 1 + 1e-6)
+                and np.all(np.abs(mean[ok] * width - 1) <= 0.01))
+
+
 @rule("poor_initialization", needs=("output",), needs_history=False)
 def poor_initialization(rv: RunView) -> list[Finding]:
     """Hidden layers' output RMS at the first point spread over >= 2 orders of magnitude."""
@@ -105,7 +115,9 @@ def poor_initialization(rv: RunView) -> list[Finding]:
     a = rv.view("output")
     if a is None or a.n_points < 1:
         return []
-    rows = _model_rows(rv, a)
+    # A hidden softmax (attention weights built from layers, a gate over experts) has the
+    # scale 1/width by construction, not by its initialisation.
+    rows = [i for i in _model_rows(rv, a) if not _softmax_like(a.series[i])]
     if len(rows) < 2:
         return []
     logs = log10_pos(a.field("rms")[rows])
