@@ -59,29 +59,43 @@ def _fit_with_callback(logdir: str, name: str, epochs: int):
 
     sc = SCENARIOS[name]
     data = sc.data()
+    live: list = []
+
+    class ReadBack(keras.callbacks.Callback):
+        """After each epoch (the Introspect callback, listed first, has flushed it), the
+        logdir as a live TensorBoard reads it."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            live.append({f.kind: f.severity for f in find_issues(read_one(logdir))})
+
     keras.utils.set_random_seed(0)
     model, optimizer = sc.build(epochs * math.ceil(len(data.x_train) / sc.batch_size))
     model.compile(optimizer=optimizer, loss=sc.loss(),
                   metrics=["accuracy"] if sc.accuracy else [])
     model.fit(data.x_train, data.y_train, batch_size=sc.batch_size, epochs=epochs, verbose=0,
               validation_data=(data.x_val, data.y_val),
-              callbacks=[Introspect(logdir, every="epoch", seed=0)])
+              callbacks=[Introspect(logdir, every="epoch", seed=0), ReadBack()])
     keras.backend.clear_session()
     run = read_one(logdir)
-    return run, {f.kind: f for f in find_issues(run)}
+    return run, {f.kind: f for f in find_issues(run)}, live
 
 
 def test_new_rules_read_what_the_callback_logs(tmp_path) -> None:
     """K from the output layer's logged shape, the accuracy from Keras's compiled metric:
     the chance level, the collapse and the rectified output are found on callback runs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    run, found = _fit_with_callback(str(tmp_path / "l2"), "l2_collapse", 4)
+    run, found, live = _fit_with_callback(str(tmp_path / "l2"), "l2_collapse", 4)
     assert "accuracy" in run.metrics and "val_accuracy" in run.metrics
     chance = found["loss_at_chance"]
     assert chance.severity == "warning" and chance.evidence["classes"] == 10
     assert chance.evidence["classification_from"] == "accuracy metric"
     assert found["weight_collapse"].severity == "warning"
-    run, found = _fit_with_callback(str(tmp_path / "relu"), "relu_output", 4)
+    # Read while it trained: both within 2 epochs of their onsets (epoch 0 and 1).
+    assert len(live) == 4
+    assert live[2].get("weight_collapse") == "warning"
+    assert live[3].get("loss_at_chance") == "warning"
+    run, found, live = _fit_with_callback(str(tmp_path / "relu"), "relu_output", 4)
     f = found["rectified_output"]
     assert f.severity == "warning" and f.layers == ["classifier"]
     assert "loss_at_chance" not in found and "early_instability" not in found
+    assert live[1].get("rectified_output") == "warning"
