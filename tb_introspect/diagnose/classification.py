@@ -18,7 +18,13 @@ import numpy as np
 
 from tb_introspect.diagnose import loss as loss_rules
 from tb_introspect.diagnose.core import Finding, RunView, fmt_num, pct, rule, trailing_run
-from tb_introspect.diagnose.task import at_chance, infer_task, output_series
+from tb_introspect.diagnose.task import (
+    Task,
+    at_chance,
+    epoch_accuracy,
+    infer_task,
+    output_series,
+)
 
 
 def _epoch_of(e: float) -> int | None:
@@ -32,7 +38,7 @@ def loss_at_chance(rv: RunView) -> list[Finding]:
     t = rv.t
     task = infer_task(rv)
     name = rv.loss_name()
-    seg = loss_rules._segments(rv, name) if (task and name) else None
+    seg = loss_rules.loss_segments(rv, name) if (task and name) else None
     if seg is None:
         return []
     steps, epochs, med = seg
@@ -86,10 +92,8 @@ def loss_at_chance(rv: RunView) -> list[Finding]:
     )]
 
 
-def _accuracy_at_end(rv: RunView, task, epochs: np.ndarray) -> float | None:
-    from tb_introspect.diagnose.task import loss_per_epoch_accuracy
-
-    acc = loss_per_epoch_accuracy(rv, task, epochs[-1:])
+def _accuracy_at_end(rv: RunView, task: Task, epochs: np.ndarray) -> float | None:
+    acc = epoch_accuracy(rv, task, epochs[-1:])
     return float(acc[0]) if np.isfinite(acc[0]) else None
 
 

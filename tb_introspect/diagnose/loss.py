@@ -17,7 +17,7 @@ _SEGMENTS = 10
 _MIN_STEPS_FOR_SEGMENTS = 30
 
 
-def _segments(rv: RunView, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def loss_segments(rv: RunView, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(last step, epoch or NaN, median loss) per epoch or per segment; None if too few."""
     band = rv.run.metric_epochs.get(name)
     if band is not None and len(band) >= rv.t.min_points:
@@ -59,7 +59,7 @@ def loss_trend(rv: RunView) -> list[Finding]:
     """Loss giving back half its progress (warning), or never 5% below its start (warning)."""
     t = rv.t
     name = rv.loss_name()
-    seg = _segments(rv, name) if name else None
+    seg = loss_segments(rv, name) if name else None
     if seg is None:
         return []
     steps, epochs, med = seg

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect.diagnose.core import Finding, RunView, fmt_num, rule
+from tb_introspect.diagnose.core import Finding, RunView, fmt_num, rule, trailing_run
 from tb_introspect.diagnose.task import infer_task, per_epoch_mean
 
 
@@ -88,7 +88,7 @@ def overfitting(rv: RunView) -> list[Finding]:
     # Decided on the points so far: the parting must hold at the latest two epochs. A
     # validation loss that comes back, or a training loss that turns up again (instability,
     # not memorising), ends the finding.
-    trailing = len(parted) - (int(np.flatnonzero(~parted)[-1]) + 1 if (~parted).any() else 0)
+    trailing = trailing_run(parted)
     memo = _memorising(rv, epochs, tr, va)
     if trailing < 2 and memo is None:
         return []

@@ -119,7 +119,7 @@ def per_epoch_mean(rv: RunView, name: str) -> dict[int, float]:
     return {int(u): float(np.mean(v[keep & (e == u)])) for u in np.unique(e[keep])}
 
 
-def loss_per_epoch_accuracy(rv: RunView, task: Task, epochs: np.ndarray) -> np.ndarray:
+def epoch_accuracy(rv: RunView, task: Task, epochs: np.ndarray) -> np.ndarray:
     """Training accuracy (per-epoch mean) at each of ``epochs`` (NaN where unknown)."""
     acc = per_epoch_mean(rv, task.accuracy) if task.accuracy else {}
     return np.array([acc.get(int(e), np.nan) if np.isfinite(e) else np.nan for e in epochs])
@@ -130,5 +130,5 @@ def at_chance(rv: RunView, task: Task, epochs: np.ndarray, medians: np.ndarray) 
     accuracy was logged, the accuracy below ``chance_accuracy_factor`` x 1/K."""
     t = rv.t
     near = np.abs(medians - task.chance_loss) <= t.chance_tolerance * task.chance_loss
-    acc = loss_per_epoch_accuracy(rv, task, epochs)
+    acc = epoch_accuracy(rv, task, epochs)
     return near & ~(acc > t.chance_accuracy_factor * task.chance_accuracy)
