@@ -42,6 +42,7 @@ from tb_introspect.collect.core import (
 )
 from tb_introspect.collect.governor import Governor
 from tb_introspect.collect.host import HostLogger, is_chief, is_multi_worker, make_writer
+from tb_introspect.collect.install import Installation
 from tb_introspect.collect.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
     DEFAULT_OVERHEAD,
@@ -247,10 +248,7 @@ class Introspect(keras.callbacks.Callback):
         self.writer = None
         self.collector: Collector | None = None
         self.host: HostLogger | None = None
-        self._installed = False
-        self._patcher = capture.LayerPatcher([])
-        self._optimizer = None
-        self._saved_apply = None
+        self.installation: Installation | None = None
         _live.add(self)
 
     # ------------------------------------------------------------------ set-up
@@ -287,13 +285,9 @@ class Introspect(keras.callbacks.Callback):
         self.governor = Governor(self.options.overhead if per_epoch else None,
                                  self.options.stats_every if per_epoch else 1)
         self._every_step_noted = False
-        self._patcher = capture.LayerPatcher([])
-        self._installed = False
-        self._optimizer = model.optimizer
-        self._saved_apply = None
         self._original_step = model.train_step
-        model.make_train_function()
-        self._original_fn = model.train_function
+        self.installation = Installation(model)
+        self.installation.keep_original()
         self._install_lazy()
 
     def _signature(self) -> tuple:
@@ -315,24 +309,20 @@ class Introspect(keras.callbacks.Callback):
         )
 
     def _reinstall(self) -> None:
-        model = self.model
         if self.chief and self.writer is None:
             # The logging function captured the old writer: re-trace it.
             self.writer = make_writer(self.log_dir, self.options.flush_secs)
             self.collector.set_writer(self.writer)
             self.host.writer = self.writer
-        model.make_train_function()
-        self._original_fn = model.train_function
-        if self.options.wants_outputs:
-            self._patcher.install()
-        self._patch_optimizer()
+        inst = self.installation
+        inst.keep_original()
+        inst.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
         self.host.start(self.collector.current_step())
-        model.train_function = self._run
-        self._installed = True
+        inst.route(self._run)
 
     def _install_lazy(self) -> None:
         """Defer the real set-up to the first step: it needs the data's shapes."""
-        model = self.model
+        original = self.installation.original_fn
 
         def first_call(iterator):
             try:
@@ -341,11 +331,10 @@ class Introspect(keras.callbacks.Callback):
                 warn(f"instrumentation failed ({type(e).__name__}: {e}); statistics are off"
                      " for this fit(), training goes on")
                 self._uninstall(failed=True)
-                return self._original_fn(iterator)
+                return original(iterator)
             return self._run(iterator)
 
-        model.train_function = first_call
-        self._installed = True
+        self.installation.route(first_call)
 
     def _build(self, iterator: Any) -> bool:
         model, c = self.model, self.collector
@@ -367,10 +356,11 @@ class Introspect(keras.callbacks.Callback):
         if chosen is not None and not self._captured:
             warn(f"layers={chosen!r} names none of the model's layers"
                  f" ({', '.join(e.name for e in every_layer[:8])}...): nothing is monitored")
-        self._patcher = capture.LayerPatcher(self._captured)
+        inst = self.installation
+        inst.capture_layers(self._captured)
         disc = None
         if want_outputs:
-            self._patcher.install()
+            inst.patch(layers=True, apply=None)
             try:
                 x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
                 disc = discover_outputs(model, tf.nest.map_structure(_any_batch, x_spec))
@@ -411,15 +401,15 @@ class Introspect(keras.callbacks.Callback):
         self._metrics = _mean_metrics(model)
         c.set_metrics([m.name for m in self._metrics], rows=max(32, 2 * self.spe + 2))
         initial = 0
-        if self._optimizer is not None:
-            initial = int(self._optimizer.iterations.numpy())
+        if inst.optimizer is not None:
+            initial = int(inst.optimizer.iterations.numpy())
         c.build(initial_step=initial)
         self.host.start(initial)
         self._steps_done = initial
-        self._patch_optimizer()
+        inst.patch(layers=False, apply=self._apply_wrapper())
         self._instrumented_fn = self._make_train_function(StepMode.STATS)
         self._lean_fn = self._make_train_function(StepMode.LEAN)
-        model.train_function = self._run
+        inst.route(self._run)
         self._checked_trace = False
         self._built_signature = self._signature()
         return True
@@ -437,29 +427,31 @@ class Introspect(keras.callbacks.Callback):
             private.del_instance_attr(model, "train_step")
         return model.train_function
 
-    def _patch_optimizer(self) -> None:
-        opt = self._optimizer
+    def _apply_wrapper(self) -> Any:
+        """The optimizer ``apply`` wrapper that hands the gradients to the step recorder
+        (None without the gradient view)."""
+        opt = self.installation.optimizer
         if opt is None or not self.options.want("gradient"):
-            return
-        original = opt.apply
-        self._saved_apply = ("apply" in opt.__dict__, opt.__dict__.get("apply"))
+            return None
 
-        def apply(grads, trainable_variables=None):
-            rec = capture.active_recorder()
-            if isinstance(rec, StepRecorder):
-                tv = trainable_variables
-                if tv is None:
-                    tv = private.optimizer_variables(opt)
-                try:
-                    rec.gradients(list(grads), list(tv))
-                except Exception as e:
-                    rec.c.fail(Part("gradient"), e)
-            return original(grads, trainable_variables)
+        def wrap(original):
+            def apply(grads, trainable_variables=None):
+                rec = capture.active_recorder()
+                if isinstance(rec, StepRecorder):
+                    tv = trainable_variables
+                    if tv is None:
+                        tv = private.optimizer_variables(opt)
+                    try:
+                        rec.gradients(list(grads), list(tv))
+                    except Exception as e:
+                        rec.c.fail(Part("gradient"), e)
+                return original(grads, trainable_variables)
+            return apply
 
-        private.set_instance_attr(opt, "apply", apply)
+        return wrap
 
     def _loss_scale(self) -> tf.Tensor | None:
-        opt = self._optimizer
+        opt = self.installation.optimizer
         if isinstance(opt, keras.optimizers.LossScaleOptimizer):
             return tf.convert_to_tensor(opt.dynamic_scale)
         return None
@@ -497,7 +489,7 @@ class Introspect(keras.callbacks.Callback):
             # instrumentation is switched off and training goes on.
             self._uninstall(failed=True)
             try:
-                logs = self._original_fn(iterator)
+                logs = self.installation.original_fn(iterator)
             except BaseException:
                 self._flush()
                 raise
@@ -548,7 +540,7 @@ class Introspect(keras.callbacks.Callback):
     def _collecting(self) -> bool:
         return (
             self.host is not None and self.collector is not None and self.collector.built
-            and self._installed
+            and self.installation is not None and self.installation.active
         )
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -586,21 +578,8 @@ class Introspect(keras.callbacks.Callback):
         """Remove every patch and put the model's own train function back."""
         if failed:
             self._built_signature = None  # never reuse what failed
-        self._patcher.remove()
-        opt = self._optimizer
-        saved = self._saved_apply
-        if opt is not None and saved is not None:
-            had, previous = saved
-            if had:
-                private.set_instance_attr(opt, "apply", previous)
-            elif "apply" in opt.__dict__:
-                private.del_instance_attr(opt, "apply")
-            self._saved_apply = None
-        if self._installed:
-            # The plain Keras function (never traced with instrumentation), so
-            # that a later fit() without this callback trains as before.
-            self.model.train_function = self._original_fn
-        self._installed = False
+        if self.installation is not None:
+            self.installation.remove()
 
     def _flush(self) -> None:
         if self.host is not None:

@@ -1,0 +1,68 @@
+"""Every patch the Keras callback applies to a model, applied and removed as one unit.
+
+For one ``fit()`` the callback patches three things, all as instance attributes that never
+reach a saved model: the monitored layers' ``call`` (``capture.LayerPatcher``), the
+optimizer's ``apply`` (to see the gradients), and the model's ``train_function`` (routed
+through the callback). ``Installation.remove`` undoes all of them, whatever happened, so a
+later ``fit()`` without the callback trains exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+
+from tb_introspect.collect import capture, private
+
+
+class Installation:
+    """The patches of one model, with what they replaced."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self.optimizer = model.optimizer
+        self.layers = capture.LayerPatcher([])
+        self._saved_apply: tuple[bool, Any] | None = None
+        self.original_fn: Callable | None = None
+        self.active = False
+
+    def keep_original(self) -> None:
+        """Make and keep the model's own train function (to run and to put back)."""
+        self.model.make_train_function()
+        self.original_fn = self.model.train_function
+
+    def capture_layers(self, captured: Sequence[capture.CapturedLayer]) -> None:
+        self.layers = capture.LayerPatcher(list(captured))
+
+    def patch(self, layers: bool, apply: Callable[[Callable], Callable] | None) -> None:
+        """Wrap the layers' ``call`` (when ``layers``) and the optimizer's ``apply`` with
+        ``apply(original)`` (when given)."""
+        if layers:
+            self.layers.install()
+        opt = self.optimizer
+        if apply is not None and opt is not None and self._saved_apply is None:
+            self._saved_apply = ("apply" in opt.__dict__, opt.__dict__.get("apply"))
+            private.set_instance_attr(opt, "apply", apply(opt.apply))
+
+    def route(self, train_function: Callable) -> None:
+        """Make ``train_function`` the model's train function until ``remove``."""
+        self.model.train_function = train_function
+        self.active = True
+
+    def remove(self) -> None:
+        """Undo every patch; the model gets its own train function back."""
+        self.layers.remove()
+        opt, saved = self.optimizer, self._saved_apply
+        if opt is not None and saved is not None:
+            had, previous = saved
+            if had:
+                private.set_instance_attr(opt, "apply", previous)
+            else:
+                private.del_instance_attr(opt, "apply")
+            self._saved_apply = None
+        if self.active and self.original_fn is not None:
+            # The plain Keras function (never traced with instrumentation).
+            self.model.train_function = self.original_fn
+        self.active = False
