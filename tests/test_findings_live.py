@@ -239,3 +239,15 @@ def test_a_hidden_softmax_is_not_a_poor_initialisation() -> None:
                   min=-0.1, max=0.1, mean=0.0, rms=3e-3, zero_fraction=0.0)
     r = run(loud, *dense, _softmax_out(n, depth=9), *_weights(n, 0.1))
     assert kinds(find_issues(r))["poor_initialization"] == "warning"
+
+
+def test_a_hidden_layer_is_never_taken_for_the_output_layer() -> None:
+    # Only a hidden ReLU layer's output was logged (the classifier, with weights, deeper).
+    n = 3
+    hidden = tensor("output", "dense1", 1, epochs_steps(n), name="dense1", shape=(-1, 64),
+                    min=0.0, max=3.0, mean=0.5, zero_fraction=0.6)
+    weights = [tensor("variable", name, d, epochs_steps(n), rms=0.1, update_ratio=0.01)
+               for d, name in ((1, "dense1"), (2, "classifier"))]
+    acc = metric_epoch("accuracy", epochs_steps(n), [0.5] * n)
+    found = kinds(find_issues(run(hidden, *weights, acc)))
+    assert "rectified_output" not in found

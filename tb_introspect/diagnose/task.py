@@ -56,11 +56,19 @@ def _accuracy_names(rv: RunView) -> tuple[str | None, str | None]:
 
 
 def output_series(rv: RunView):
-    """The output-view series of the output layer (the deepest one), or ``None``."""
+    """The output-view series of the output layer (the deepest one), or ``None``.
+
+    ``None`` also when a layer with weights lies deeper than every logged output: the
+    output layer's own output was not logged (a subset of the layers monitored, as under
+    ``jit_compile``), and the deepest logged one is a hidden layer.
+    """
     a = rv.view("output")
     if a is None or not a.series:
         return None
     deepest = max(s.info.depth for s in a.series)
+    weighted = [s.info.depth for v in ("variable", "gradient") for s in rv.run.tensors.get(v, [])]
+    if weighted and max(weighted) > deepest:
+        return None
     return next(s for s in a.series if s.info.depth == deepest)
 
 
