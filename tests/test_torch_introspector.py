@@ -58,7 +58,8 @@ def test_no_host_copy_between_logged_points(tmp_path, monkeypatch, every):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = ts.batches(8)
     per_step = []
-    with Introspector(str(tmp_path), model, opt, every=every, stats_every=2) as intro:
+    with Introspector(str(tmp_path), model, opt, every=every, stats_every=2,
+                      overhead=None) as intro:
         for x, y in data:
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
@@ -140,7 +141,7 @@ def test_eval_not_counted(tmp_path):
         torch.manual_seed(0)
         model = ts.small_cnn()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        with Introspector(str(path), model, opt, stats_every=1) as intro:
+        with Introspector(str(path), model, opt, stats_every=1, overhead=None) as intro:
             for x, y in ts.batches(3):
                 loss = nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad()
@@ -176,3 +177,21 @@ def test_bad_input():
         Introspector("unused", model, opt, views=("weights",))
     with pytest.raises(ValueError, match="local"):
         Introspector("gs://bucket/run", model, opt)
+
+
+def test_governor_spaces_statistics_steps_by_their_cost(tmp_path):
+    """The interval between statistics steps from measured step times (set here, not
+    timed): a statistics step costing 1 s more than a 0.1 s step at a 5 % budget."""
+    model = ts.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Introspector(str(tmp_path), model, opt, stats_every=8) as intro:
+        assert intro._interval() == 8  # nothing measured yet
+        intro._times = {False: 0.1, True: 1.1}
+        assert intro._interval() == 200
+        intro._times = {False: 0.1, True: 0.1001}
+        assert intro._interval() == 8  # never denser than stats_every
+    with Introspector(str(tmp_path / "off"), model, opt, stats_every=8, overhead=None) as off:
+        off._times = {False: 0.1, True: 1.1}
+        assert off._interval() == 8
+    with pytest.raises(ValueError, match="overhead"):
+        Introspector(str(tmp_path), model, opt, overhead=2.0)

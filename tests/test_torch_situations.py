@@ -30,7 +30,8 @@ def test_inplace_relu_matches_out_of_place(tmp_path):
         torch.manual_seed(0)
         model = ts.small_cnn(inplace=inplace)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        runs.append(_run(tmp_path / str(inplace), model, opt, ts.batches(4), stats_every=2))
+        runs.append(_run(tmp_path / str(inplace), model, opt, ts.batches(4), stats_every=2,
+                         overhead=None))
     for view in metadata.VIEWS:
         a, b = ts.by_name(runs[0], view), ts.by_name(runs[1], view)
         assert set(a) == set(b)
@@ -64,7 +65,7 @@ def test_module_called_twice_covers_both_calls(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = ts.Recorder(model)
     data = [(torch.randn(16, 6), torch.randint(0, 3, (16,))) for _ in range(3)]
-    with Introspector(str(tmp_path), model, opt, stats_every=1) as intro:
+    with Introspector(str(tmp_path), model, opt, stats_every=1, overhead=None) as intro:
         ts.train(model, opt, data, intro, rec)
     rec.close()
     run = ts.read_run(str(tmp_path))
@@ -82,7 +83,7 @@ def test_bfloat16_autocast(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     rec = ts.Recorder(model)
     data = ts.batches(3)
-    with Introspector(str(tmp_path), model, opt, stats_every=1) as intro:
+    with Introspector(str(tmp_path), model, opt, stats_every=1, overhead=None) as intro:
         for x, y in data:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -192,7 +193,7 @@ def compiled_runs(tmp_path_factory):
         path = str(tmp_path_factory.mktemp(f"compile_{compiled}"))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with Introspector(path, model, opt, stats_every=2) as intro:
+            with Introspector(path, model, opt, stats_every=2, overhead=None) as intro:
                 run_model = torch.compile(model, backend="aot_eager") if compiled else model
                 for _ in range(3):
                     ts.train(run_model, opt, data, intro)

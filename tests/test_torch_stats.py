@@ -24,7 +24,8 @@ def epoch_run(tmp_path_factory):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     rec = ts.Recorder(model)
     log_dir = str(tmp_path_factory.mktemp("torch_stats"))
-    with Introspector(log_dir, model, opt, every="epoch", stats_every=STATS_EVERY) as intro:
+    with Introspector(log_dir, model, opt, every="epoch", stats_every=STATS_EVERY,
+                      overhead=None) as intro:
         ts.train(model, opt, ts.batches(STEPS), intro, rec, epochs=EPOCHS)
     rec.close()
     return ts.read_run(log_dir), rec

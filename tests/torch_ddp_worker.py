@@ -33,7 +33,7 @@ def rank_main(rank: int, world: int, init: str, log_dir: str) -> None:
         share = GLOBAL_BATCH // world
         data = [(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share])
                 for x, y in ts.batches(STEPS, batch=GLOBAL_BATCH)]
-        with Introspector(log_dir, ddp, opt, every="epoch", stats_every=2) as intro:
+        with Introspector(log_dir, ddp, opt, every="epoch", stats_every=2, overhead=None) as intro:
             ts.train(ddp, opt, data, intro, epochs=EPOCHS)
     finally:
         dist.destroy_process_group()

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import re
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,6 +59,12 @@ class Introspector:
     arguments are those of the Keras callback (``tb_introspect.keras.Introspect``);
     ``grad_scaler`` (a ``torch.amp.GradScaler``) unscales the output gradients.
 
+    With ``every="epoch"``, layer outputs and output gradients get their statistics on each
+    epoch's first step and then at most every ``stats_every``-th step, as rarely as keeps
+    the time they add within ``overhead`` (a share of the plain step time, measured on the
+    host; None: exactly every ``stats_every``-th step). The rectifier outputs' activity
+    (dead rates, activity maps) counts every step.
+
     Example:
         >>> import tempfile, torch
         >>> from tb_introspect.torch import Introspector
@@ -88,6 +95,7 @@ class Introspector:
         flush_secs: float = 5.0,
         seed: int = 0,
         grad_scaler: Any = None,
+        overhead: float | None = 0.05,
         initial_step: int = 0,
         initial_epoch: int = 0,
     ):
@@ -102,6 +110,11 @@ class Introspector:
         if "://" in log_dir:
             raise ValueError(f"log_dir {log_dir!r}: the PyTorch writer writes local"
                              " directories only")
+        if overhead is not None and not (isinstance(overhead, (int, float))
+                                         and not isinstance(overhead, bool)
+                                         and 0 < overhead <= 1):
+            raise ValueError(f"overhead must be None or a share in (0, 1], got {overhead!r}")
+        self.overhead = None if overhead is None else float(overhead)
         self.every = self.options.every
         self.stats_every = self.options.stats_every if self.every == "epoch" else 1
         self.quantiles = self.options.quantiles
@@ -121,6 +134,10 @@ class Introspector:
         self.epoch = int(initial_epoch)
         self._window = 0  # steps since the last logged point
         self._stat_steps = 0  # statistics steps among them
+        self._last_stats = 0  # window index of the last statistics step
+        # The governor's step times (EMA, seconds): steps with and without statistics.
+        self._times: dict[bool, float] = {}
+        self._t_last: float | None = None
         self._last_log = self.step_count
         self.off: set[str] = set()
         self._warned: set[str] = set()
@@ -184,8 +201,31 @@ class Introspector:
         """What the forward passes of ``step`` (1-based) contribute: "stats" (every
         statistic), "activity" (the rectifier outputs' non-zero counts only) or "off"."""
         if self.every == "epoch":
-            return "stats" if self._window % self.stats_every == 0 else "activity"
+            w = self._window
+            if w == 0 or w - self._last_stats >= self._interval():
+                return "stats"
+            return "activity"
         return "stats" if step % int(self.every) == 0 else "off"
+
+    def _interval(self) -> int:
+        """Steps between two statistics steps: ``stats_every``, or more when a statistics
+        step costs more than ``overhead`` of a plain one per interval."""
+        lean, full = self._times.get(False), self._times.get(True)
+        if self.overhead is None or lean is None or full is None or lean <= 0:
+            return self.stats_every
+        extra = max(full - lean, 0.0)
+        return max(self.stats_every, math.ceil(extra / (self.overhead * lean)))
+
+    def _time_step(self) -> None:
+        """The host time of the step that just ended, for the governor (none across an
+        epoch end: evaluation and logging run there)."""
+        now = time.perf_counter()
+        if self._t_last is not None and self.every == "epoch":
+            kind = self._phase == "stats"
+            dt = now - self._t_last
+            old = self._times.get(kind)
+            self._times[kind] = dt if old is None else 0.7 * old + 0.3 * dt
+        self._t_last = now
 
     def _counted(self) -> bool:
         """Training forward passes only: evaluation (``no_grad``, ``eval()``) is not."""
@@ -300,9 +340,12 @@ class Introspector:
         if loss is not None:
             values = {"loss": loss, **values}
         self._guard("metrics", self._record_metrics, values)
+        self._time_step()
+        if self._phase == "stats":
+            self._stat_steps += 1
+            self._last_stats = self._window
         self.step_count += 1
         self._window += 1
-        self._stat_steps += self._phase == "stats"
         if self._compile_skipped:
             self._warn_once("compile", "torch.compile: output gradients are not captured"
                             " inside a compiled graph (AOT autograd cannot compile a tensor hook"
@@ -361,6 +404,7 @@ class Introspector:
         self._flush()
         self.epoch += 1
         self._epoch_values = {}
+        self._t_last = None
         self._phase = self._phase_of(self.step_count + 1)
 
     def _log(self, step: int) -> None:
@@ -374,7 +418,7 @@ class Introspector:
         if "variable" in self.options.views and self.rank == 0:
             protos += self._variable_protos()
         self._last_log = step
-        self._window = self._stat_steps = 0
+        self._window = self._stat_steps = self._last_stats = 0
         self._write(protos, step)
 
     def _gathered(self, buf: torch.Tensor) -> np.ndarray:

@@ -74,19 +74,19 @@ class Segment:
 def layout(shape: Sequence[int], channels_first: bool, k: int) -> Segment:
     """The segment of a tensor of ``shape`` (batch first). Rank <= 1: one channel; rank 2:
     ``(batch, features)``; rank >= 3: ``(batch, C, *spatial)`` when ``channels_first``
-    (PyTorch's convolution layout) else ``(batch, *spatial, C)``."""
+    (PyTorch's convolution layout) else ``(batch, *spatial, C)``.
+
+    The counts are taken per column (every position and channel, summed over the batch);
+    ``channel_dims`` / ``position_dims`` are the column axes summed for the per-channel and
+    the per-position counts."""
     rank = len(shape)
-    if rank <= 1:
-        return Segment(1, 0, k, channel_dims=tuple(range(rank)), rank=rank)
-    if rank == 2:
-        return Segment(int(shape[1]), 0, k, channel_dims=(0,), rank=2)
-    c_axis = 1 if channels_first else rank - 1
     channels, positions = widths(shape, channels_first)
-    return Segment(
-        channels, positions, k,
-        channel_dims=tuple(d for d in range(rank) if d != c_axis),
-        position_dims=(0, c_axis), rank=rank,
-    )
+    if rank <= 2:
+        return Segment(channels, 0, k, rank=rank)
+    c_axis = 0 if channels_first else rank - 2  # in the column tensor (batch summed)
+    return Segment(channels, positions, k, rank=rank,
+                   channel_dims=tuple(d for d in range(rank - 1) if d != c_axis),
+                   position_dims=(c_axis,))
 
 
 def widths(shape: Sequence[int], channels_first: bool) -> tuple[int, int]:
@@ -127,64 +127,66 @@ def _hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     return (h.to(torch.float64) + 0.5) / _MOD
 
 
-def _sums(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    return x.sum(dim=dims) if dims else x
+def _columns(x: torch.Tensor, seg: Segment) -> torch.Tensor:
+    """The non-zero counts of every channel, then of every position (batch summed first:
+    one pass over ``x``; the rest runs on the small column tensor)."""
+    if seg.rank == 0:
+        return (x != 0).reshape(1).to(torch.float64)
+    cols = torch.count_nonzero(x, dim=0)
+    if seg.rank <= 2:
+        return cols.reshape(-1).to(torch.float64)
+    channel = cols.sum(dim=seg.channel_dims).reshape(-1)
+    position = cols.sum(dim=seg.position_dims).reshape(-1)
+    return torch.cat([channel, position]).to(torch.float64)
 
 
 def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
          full: bool, arange: torch.Tensor) -> None:
     """Add tensor ``x`` to its segment of ``buf``. ``full``: every part (a statistics step);
     otherwise only the activity counts (``act_count`` and the channel/position non-zero
-    counts), two passes over ``x``."""
+    counts, in which a NaN or Inf counts as non-zero), one pass over ``x``.
+
+    A statistics step makes about ten passes: the non-finite values are zeroed once and
+    counted by kind; the finite values' moments come from one ``var_mean`` of the zeroed
+    tensor, corrected for the zeros put in (exact algebra, no masking pass); with NaN or
+    Inf present and no finite zero, ``min`` / ``max`` may read 0 for a tensor of one sign."""
     o, c, p = seg.offset, seg.channels, seg.positions
     xf = x.detach()
     if xf.dtype != torch.float64:
         xf = xf.float()
+    a = o + len(ADD)
     if not full:
-        active = xf != 0
-        parts = [_sums(active, seg.channel_dims).reshape(-1)]
-        if p:
-            parts.append(_sums(active, seg.position_dims).reshape(-1))
-        nnz = torch.cat(parts).to(torch.float64)
-        buf[o + len(ADD):o + len(ADD) + c + p].add_(nnz)
-        buf[o + len(ADD) - 1].add_(float(xf.numel()))
+        buf[a:a + c + p].add_(_columns(xf, seg))
+        buf[a - 1].add_(float(xf.numel()))
         return
     n = xf.numel()
-    fin = torch.isfinite(xf)
-    xz = torch.where(fin, xf, 0.0)
-    nfin = fin.sum()
-    posinf = (xf == math.inf).sum()
-    neginf = (xf == -math.inf).sum()
-    pos = (xz > 0).sum()
-    neg = (xz < 0).sum()
-    s = xz.sum()
-    mean = s / nfin.clamp(min=1)
-    dev = torch.where(fin, xf - mean, 0.0)
-    m2 = dev.square().sum()
-    active = xz != 0
-    parts = [
-        torch.stack([
-            torch.full((), float(n), dtype=torch.float64, device=xf.device),
-            (n - nfin - posinf - neginf).to(torch.float64),
-            posinf.to(torch.float64), neginf.to(torch.float64),
-            pos.to(torch.float64), neg.to(torch.float64),
-            s.to(torch.float64), m2.to(torch.float64),
-            (nfin * mean.to(torch.float64) * mean.to(torch.float64)).to(torch.float64),
-            torch.full((), float(n), dtype=torch.float64, device=xf.device),
-        ]),
-        _sums(active, seg.channel_dims).reshape(-1).to(torch.float64),
-    ]
-    if p:
-        parts.append(_sums(active, seg.position_dims).reshape(-1).to(torch.float64))
-    buf[o:o + len(ADD) + c + p].add_(torch.cat(parts))
-    inf = torch.full((), math.inf, dtype=xf.dtype, device=xf.device)
-    ext = torch.stack([
-        torch.where(fin, xf, inf).amin(), -torch.where(fin, xf, -inf).amax(),
-        torch.where(active, xz.abs(), inf).amin(),
-    ]).to(torch.float64)
+    xz = torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=0.0)
+    nan = torch.isnan(xf).count_nonzero()
+    posinf = torch.isposinf(xf).count_nonzero()
+    neginf = torch.isneginf(xf).count_nonzero()
+    bad = (nan + posinf + neginf).to(torch.float64)
+    nfin = n - bad
+    cols = _columns(xz, seg)
+    nnz = cols[:c].sum()
+    balance = torch.sign(xz).sum().to(torch.float64)  # positives - negatives
+    var_z, mean_z = torch.var_mean(xz.reshape(-1), correction=0)
+    var_z, mean_z = var_z.to(torch.float64), mean_z.to(torch.float64)
+    total = mean_z * n
+    mean = total / nfin.clamp(min=1)
+    # sum over the finite values of (x - mean)^2, from the zeroed tensor's moments
+    m2 = (n * var_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
+    full_n = torch.full((), float(n), dtype=torch.float64, device=xf.device)
+    parts = torch.stack([
+        full_n, nan.to(torch.float64), posinf.to(torch.float64), neginf.to(torch.float64),
+        (nnz + balance) / 2, (nnz - balance) / 2, total, m2, nfin * mean * mean, full_n,
+    ])
+    buf[o:a + c + p].add_(torch.cat([parts, cols]))
+    mn, mx = torch.aminmax(xz.reshape(-1))
+    inf = torch.full((), math.inf, dtype=torch.float64, device=xf.device)
+    ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64), inf])
     e = seg.ext_at
     buf[e:e + len(EXT)] = torch.minimum(buf[e:e + len(EXT)], ext)
-    _merge_sample(buf, seg, xf.reshape(-1), seed, arange)
+    _merge_sample(buf, seg, xz.reshape(-1), seed, arange)
 
 
 def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: torch.Tensor,
@@ -269,9 +271,13 @@ def finalize(segment: np.ndarray, seg: Segment, view: str,
         taken = np.isfinite(keys)
         sample = vals[taken]
         sample = sample[np.isfinite(sample) & (sample != 0)]
+        # the smallest non-zero magnitude: exact while the sample holds every non-zero
+        # value, otherwise at or above the true one (the Keras side's rule)
+        if not np.isfinite(min_abs):
+            min_abs = float(np.abs(sample).min()) if sample.size else np.nan
         vq, lq = stats_np.sample_quantiles(
             sample, n_neg=nneg, n_zero=nzero, n_pos=npos, vmin=vmin, vmax=vmax,
-            min_abs=min_abs if np.isfinite(min_abs) else np.nan, quantiles=quantiles,
+            min_abs=min_abs, quantiles=quantiles,
         )
         for q, vv, lv in zip(quantiles, vq, lq, strict=True):
             out[metadata.quantile_field(q)] = vv

@@ -1,0 +1,214 @@
+"""Training overhead of ``tb_introspect.torch.Introspector``, on CPU: wall and CPU time.
+
+For each model, identical copies train side by side in one process: a plain PyTorch loop,
+the same loop with ``Introspector`` at ``every="epoch"`` and ``every=16`` (default
+settings, all four views), and the same loop with ``wandb.watch(model, log="all",
+log_freq=N)`` (offline: ``WANDB_MODE=offline``, nothing leaves the machine) at the same
+cadences. After a warm-up epoch each, rounds of one epoch per variant are interleaved (the
+order rotates every round) and each figure is the median over rounds of the per-round
+ratio to the plain loop. "added CPU ms/step" is the CPU time above the plain loop divided
+by the epoch's steps, logging included. Every variant hands its loss over once per step
+(``intro.step(loss=loss)``, ``wandb.log({"loss": loss.item()})``); the plain loop does not.
+
+Models: the reference CNN (3 x conv-BN-ReLU-pool with 32/64/128 channels, Flatten, Dense
+128 + ReLU, dropout 0.2, Dense 10) and a MobileNetV2 written here (torchvision's layout:
+inverted residual blocks, ReLU6, width 1.0), both on 32x32x3 inputs, batch 64.
+
+    python benchmarks/torch_overhead.py                       # the README table
+    python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tb_introspect.torch import Introspector
+
+TARGETS = {"Introspector(every='epoch')": (1.05, 1.10), "Introspector(every=16)": (1.05, None)}
+
+
+def reference_cnn() -> nn.Sequential:
+    layers: list[nn.Module] = []
+    c_in = 3
+    for c in (32, 64, 128):
+        layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+                   nn.MaxPool2d(2)]
+        c_in = c
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(128 * 4 * 4, 128), nn.ReLU(),
+                         nn.Dropout(0.2), nn.Linear(128, 10))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, expand: int):
+        super().__init__()
+        hidden = c_in * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(c_in, hidden, 1, bias=False), nn.BatchNorm2d(hidden),
+                       nn.ReLU6()]
+        layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+                   nn.BatchNorm2d(hidden), nn.ReLU6(),
+                   nn.Conv2d(hidden, c_out, 1, bias=False), nn.BatchNorm2d(c_out)]
+        self.conv = nn.Sequential(*layers)
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.residual else self.conv(x)
+
+
+def mobilenet_v2(classes: int = 10) -> nn.Sequential:
+    """torchvision's ``mobilenet_v2(num_classes=10)`` layout (stride-2 stem, 17 blocks)."""
+    config = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+              (6, 160, 3, 2), (6, 320, 1, 1)]
+    layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32),
+                               nn.ReLU6()]
+    c_in = 32
+    for t, c, n, s in config:
+        for i in range(n):
+            layers.append(InvertedResidual(c_in, c, s if i == 0 else 1, t))
+            c_in = c
+    layers += [nn.Conv2d(c_in, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6(),
+               nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, classes)]
+    return nn.Sequential(*layers)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"cnn": reference_cnn, "mobilenetv2": mobilenet_v2}
+
+
+class Variant:
+    """One copy of the model with its optimizer and its instrumentation."""
+
+    def __init__(self, name: str, build: Callable[[], nn.Module], kind: str, every: object,
+                 log_root: str, wandb_run: object = None):
+        torch.manual_seed(0)
+        self.name, self.kind = name, kind
+        self.model = build()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.intro = None
+        self.wandb = None
+        if kind == "introspector":
+            self.intro = Introspector(os.path.join(log_root, name.replace("'", "")),
+                                      self.model, self.opt, every=every)
+        elif kind == "wandb":
+            import wandb
+
+            self.wandb = wandb
+            wandb.watch(self.model, log="all", log_freq=int(every), idx=len(name))
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def epoch(self, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.model.train()
+        for x, y in data:
+            loss = F.cross_entropy(self.model(x), y)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            if self.intro is not None:
+                self.intro.step(loss=loss)
+            elif self.wandb is not None:
+                self.wandb.log({"loss": loss.item()})
+        if self.intro is not None:
+            self.intro.end_epoch()
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    def close(self) -> None:
+        if self.intro is not None:
+            self.intro.close()
+
+
+def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
+    build = MODELS[kind]
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(args.batch, 3, 32, 32, generator=g),
+             torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(args.steps)]
+    wandb_run = None
+    specs = [("plain", "plain", None),
+             ("Introspector(every='epoch')", "introspector", "epoch"),
+             ("Introspector(every=16)", "introspector", 16)]
+    if args.wandb:
+        os.environ["WANDB_MODE"] = "offline"
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        wandb_run = wandb.init(project="tb-introspect-bench", dir=root, mode="offline")
+        specs += [(f"wandb.watch(log_freq={args.steps})", "wandb", args.steps),
+                  ("wandb.watch(log_freq=16)", "wandb", 16)]
+    variants = [Variant(n, build, k, e, root, wandb_run) for n, k, e in specs]
+    for v in variants:  # warm-up: first-call allocations, hook set-up
+        v.epoch(data[: max(2, args.steps // 8)])
+    for r in range(args.rounds):
+        order = variants[r % len(variants):] + variants[: r % len(variants)]
+        for v in order:
+            w, c = v.epoch(data)
+            v.wall.append(w)
+            v.cpu.append(c)
+        print(f"  {kind} round {r + 1}/{args.rounds}: "
+              + ", ".join(f"{v.name} {v.wall[-1]:.1f}s" for v in variants), file=sys.stderr)
+    for v in variants:
+        v.close()
+    if wandb_run is not None:
+        wandb_run.finish()
+    base = variants[0]
+    rows = []
+    for v in variants[1:]:
+        rows.append({
+            "model": kind, "variant": v.name,
+            "wall": statistics.median(a / b for a, b in zip(v.wall, base.wall, strict=True)),
+            "cpu": statistics.median(a / b for a, b in zip(v.cpu, base.cpu, strict=True)),
+            "ms": statistics.median((a - b) * 1000 / args.steps
+                                    for a, b in zip(v.cpu, base.cpu, strict=True)),
+            "plain_ms": statistics.median(base.wall) * 1000 / args.steps,
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="cnn,mobilenetv2", help=", ".join(MODELS))
+    p.add_argument("--steps", type=int, default=96, help="steps per epoch")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median over them)")
+    p.add_argument("--wandb", action=argparse.BooleanOptionalAction, default=True,
+                   help="add the wandb.watch peer (offline)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 8 steps, 1 round")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds = 8, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        for kind in args.models.split(","):
+            rows += run_model(kind.strip(), args, root)
+    load = os.getloadavg()
+    print(f"\n{args.steps} steps per epoch, batch {args.batch}, median of {args.rounds}"
+          f" interleaved rounds, torch {torch.__version__}, {torch.get_num_threads()} threads,"
+          f" load average {load[0]:.1f}\n")
+    print("| model | configuration | wall | CPU | added CPU ms/step | target |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        wall_t, cpu_t = TARGETS.get(r["variant"], (None, None))
+        target = " / ".join(f"≤ {t:.2f}×" for t in (wall_t, cpu_t) if t) or ""
+        name = "reference CNN" if r["model"] == "cnn" else "MobileNetV2"
+        print(f"| {name} | `{r['variant']}` | {r['wall']:.2f}× | {r['cpu']:.2f}× |"
+              f" {r['ms']:.0f} | {target} |")
+    print("\nplain loop: " + ", ".join(sorted({f"{r['model']} {r['plain_ms']:.0f} ms/step"
+                                               for r in rows})))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
