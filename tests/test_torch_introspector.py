@@ -195,3 +195,18 @@ def test_governor_spaces_statistics_steps_by_their_cost(tmp_path):
         assert off._interval() == 8
     with pytest.raises(ValueError, match="overhead"):
         Introspector(str(tmp_path), model, opt, overhead=2.0)
+
+
+def test_viewing_side_imports_no_torch():
+    code = textwrap.dedent("""
+        import sys
+        import tb_introspect.metadata, tb_introspect.rundata, tb_introspect.json_values
+        import tb_introspect.plugin.introspect_plugin, tb_introspect.plugin.reader
+        import tb_introspect.diagnose, tb_introspect.cli
+        bad = [m for m in ("torch", "tensorflow") if m in sys.modules]
+        print(bad)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
