@@ -29,10 +29,12 @@ export async function renderActivity(ctx) {
   const all = info.views[view] || [];
   const filter = compileFilter(state.filter);
   const tensors = all.filter(filter.test);
+  const cadence = h("p.hint.cadence");
   root.append(h("div.view-head", h("h2", `Activity of ${VIEW_LABELS[view].toLowerCase()}: ${tensors.length} of ${all.length} tensors`)),
     h("p.hint", "Blue: activation rate (share of non-zero elements). Red: dead rate (channels zero for every sample and position). ",
       "Orange: spatial dead rate (positions zero for every sample and channel). ",
-      "“exact”: counted on every step (rectifier outputs); “sampled”: counted on the statistics steps only (other outputs, which essentially never hold exact zeros)."));
+      "“exact”: counted on every step (rectifier outputs); “sampled”: counted on the statistics steps only (other outputs, which essentially never hold exact zeros)."),
+    cadence);
   if (!all.length) {
     root.append(emptyNote(`No ${VIEW_LABELS[view].toLowerCase()} statistics were logged in run “${state.run}”.`,
       "Activity is most telling for layer outputs and gradients; pick another view above."));
@@ -94,7 +96,7 @@ export async function renderActivity(ctx) {
   for (let i = 0; i < panels.length; i += size) {
     const part = panels.slice(i, i + size);
     const downsample = part.some((p) => sampleBudget(p.tensor, budget)) ? budget : 0;
-    const steps = part.some((p) => (p.tensor.fields || []).includes("activity_steps")) ? STEP_FIELDS : [];
+    const steps = STEP_FIELDS.filter((f) => part.some((p) => (p.tensor.fields || []).includes(f)));
     jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), [...FIELDS, ...steps], { downsample, chunk: size }).then((series) => {
       if (!ctx.alive()) return;
       for (const p of part) {
@@ -105,6 +107,7 @@ export async function renderActivity(ctx) {
   }
   await Promise.all([...jobs, maps]);
   if (!ctx.alive()) return;
+  cadence.textContent = cadenceText(panels.map((p) => p.series).find((s) => s && s.values.stats_steps), view);
   await lazy.drawNear();
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
   await afterPaint();
@@ -113,6 +116,14 @@ export async function renderActivity(ctx) {
 function lastFinite(arr) {
   for (let i = (arr || []).length - 1; i >= 0; i--) if (arr[i] != null) return arr[i];
   return null;
+}
+
+// "Output statistics from 1 step in N" at the last logged point ("" when not recorded).
+function cadenceText(s, view) {
+  const stats = s ? lastFinite(s.values.stats_steps) : null;
+  const steps = s ? lastFinite(s.values.steps) : null;
+  if (!(stats > 0) || !(steps > 0)) return "";
+  return `${VIEW_LABELS[view]} statistics at the last point: from ${stats} of its ${steps} steps (1 step in ${Math.round(steps / stats)}).`;
 }
 
 // "exact" or "sampled · 1 step in N" from the last point's step counts (null when unknown).
