@@ -279,10 +279,13 @@ class Introspect(keras.callbacks.Callback):
             every = self.spe
         self.collector = Collector(dataclasses.replace(self.options, every=every),
                                    strategy=self.strategy, writer=self.writer)
+        lockstep = is_multi_worker(self.strategy)
         self.host = HostLogger(self.collector, self.writer, self.options.flush_secs,
-                               lockstep=is_multi_worker(self.strategy))
+                               lockstep=lockstep)
         per_epoch = every == "epoch"
-        self.governor = Governor(self.options.overhead if per_epoch else None,
+        # Workers must run the same train function at the same step (its collectives pair
+        # up), so with several workers the cadence is the fixed one, not each one's clock.
+        self.governor = Governor(self.options.overhead if per_epoch and not lockstep else None,
                                  self.options.stats_every if per_epoch else 1)
         self._every_step_noted = False
         self._original_step = model.train_step
