@@ -27,7 +27,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 import reliability_testlib as rl
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
@@ -154,6 +154,10 @@ def tf_stats():
 @given(x=tensors(max_dims=3, max_side=5))
 def test_tensorflow_stats_counts_and_ranges(tf_stats, x):
     tf, stats = tf_stats
+    # Flush-to-zero applies to arithmetic, not to copies: a min or max that selects a
+    # subnormal element returns its bits (5e-324 stays 5e-324) while the counts see a zero,
+    # so neither view of such an input is "the" expected one. The numpy twin covers them.
+    assume(np.array_equal(flush_subnormals(x), x, equal_nan=True))
     check_invariants(stats.tensor_stats(tf.constant(x), "output").numpy(), flush_subnormals(x))
 
 
