@@ -134,6 +134,10 @@ def stats_vector(run: str, view: str, index: int, step: int, shape) -> list[floa
         "spatial_dead_rate": 0.01 * index if relu and len(shape) == 4 else float("nan"),
         "update_ratio": 1e-3,
         "cos_prev": 0.5,
+        # The window's step counts: unknown, as from a writer that does not record them.
+        "stats_steps": float("nan"),
+        "activity_steps": float("nan"),
+        "steps": float("nan"),
     }
     for q, z, hz in zip(metadata.DEFAULT_QUANTILES, NORMAL_Z, HALF_NORMAL_Z, strict=True):
         values[metadata.quantile_field(q)] = max(z, 0.0) * rms if relu else z * rms
