@@ -21,6 +21,7 @@ inverted residual blocks, ReLU6, width 1.0), both on 32x32x3 inputs, batch 64.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -34,6 +35,7 @@ from torch import nn
 
 from tb_introspect.torch import Introspector
 
+_WATCHED = itertools.count()
 TARGETS = {"Introspector(every='epoch')": (1.05, 1.10), "Introspector(every=16)": (1.05, None)}
 
 
@@ -103,7 +105,8 @@ class Variant:
             import wandb
 
             self.wandb = wandb
-            wandb.watch(self.model, log="all", log_freq=int(every), idx=len(name))
+            # one graph index per watched model: wandb names its hooks by it
+            wandb.watch(self.model, log="all", log_freq=int(every), idx=next(_WATCHED))
         self.wall: list[float] = []
         self.cpu: list[float] = []
 

@@ -8,7 +8,7 @@ A segment of a tensor with ``C`` channels, ``P`` spatial positions and sample si
 
 * additive part (summed over steps, calls and ranks): ``ADD`` counts and sums, then the
   non-zero count of each channel and of each position;
-* extremes (merged with a minimum): ``min``, ``-max``, smallest non-zero ``|x|``;
+* extremes (merged with a minimum): ``min`` and ``-max``;
 * the bottom-``k`` sample: ``k`` keys then ``k`` values. Each statistics step offers ``k``
   uniform draws from the tensor carrying the ``k`` smallest of ``n`` uniform keys
   (exponential spacings; every element when ``n <= k``), and the segment keeps the ``k``
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from tb_introspect import metadata, stats_np
 
 #: The additive scalars of a segment, in order.
 ADD = ("count", "nan", "posinf", "neginf", "pos", "neg", "sum", "m2", "nmm", "act_count")
-EXT = ("min", "neg_max", "min_abs")
+EXT = ("min", "neg_max")
 _MOD = 2**31
 
 
@@ -49,7 +49,6 @@ class Segment:
     channel_dims: tuple[int, ...] = ()   # dims reduced for the per-channel counts
     position_dims: tuple[int, ...] = ()  # dims reduced for the per-position counts
     rank: int = 2
-    extra: dict = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -127,66 +126,84 @@ def _hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     return (h.to(torch.float64) + 0.5) / _MOD
 
 
-def _columns(x: torch.Tensor, seg: Segment) -> torch.Tensor:
-    """The non-zero counts of every channel, then of every position (batch summed first:
-    one pass over ``x``; the rest runs on the small column tensor)."""
+def _count(t: torch.Tensor, big: bool) -> torch.Tensor:
+    """The sum of a 0/1 float tensor, exact: float32 holds integers up to 2**24."""
+    return t.sum(dtype=torch.float64) if big else t.sum().to(torch.float64)
+
+
+def _columns(active: torch.Tensor, seg: Segment) -> torch.Tensor:
+    """The non-zero counts of every channel, then of every position, from the 0/1 float
+    tensor ``active`` (summed over the batch first: one pass, float sums being several
+    times faster than boolean ones; the rest runs on the small column tensor)."""
     if seg.rank == 0:
-        return (x != 0).reshape(1).to(torch.float64)
-    cols = torch.count_nonzero(x, dim=0)
+        return active.reshape(1).to(torch.float64)
+    cols = active.sum(0, dtype=torch.float64 if active.shape[0] >= 2**24 else None)
+    cols = cols.to(torch.float64)
     if seg.rank <= 2:
-        return cols.reshape(-1).to(torch.float64)
+        return cols.reshape(-1)
     channel = cols.sum(dim=seg.channel_dims).reshape(-1)
     position = cols.sum(dim=seg.position_dims).reshape(-1)
-    return torch.cat([channel, position]).to(torch.float64)
+    return torch.cat([channel, position])
 
 
 def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
          full: bool, arange: torch.Tensor) -> None:
     """Add tensor ``x`` to its segment of ``buf``. ``full``: every part (a statistics step);
-    otherwise only the activity counts (``act_count`` and the channel/position non-zero
-    counts, in which a NaN or Inf counts as non-zero), one pass over ``x``.
+    otherwise only the activity counts (``act_count`` and the channel/position counts of
+    finite non-zero values), three cheap passes over ``x``.
 
-    A statistics step makes about ten passes: the non-finite values are zeroed once and
-    counted by kind; the finite values' moments come from one ``var_mean`` of the zeroed
-    tensor, corrected for the zeros put in (exact algebra, no masking pass); with NaN or
-    Inf present and no finite zero, ``min`` / ``max`` may read 0 for a tensor of one sign."""
+    Every part is an elementwise float op or a float reduction (boolean reductions are
+    several times slower): the non-finite values are zeroed once and counted by kind from
+    exact 0/1 differences; the finite values' moments are two-pass (a sum, then the dot
+    product of the deviations) over the zeroed tensor, corrected for the zeros put in (exact
+    algebra, no masking pass); with NaN or Inf present and no finite zero, ``min`` / ``max``
+    may read 0 for a tensor of one sign."""
     o, c, p = seg.offset, seg.channels, seg.positions
     xf = x.detach()
     if xf.dtype != torch.float64:
         xf = xf.float()
     a = o + len(ADD)
-    if not full:
-        buf[a:a + c + p].add_(_columns(xf, seg))
-        buf[a - 1].add_(float(xf.numel()))
-        return
     n = xf.numel()
+    big = n >= 2**24
     xz = torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=0.0)
-    nan = torch.isnan(xf).count_nonzero()
-    posinf = torch.isposinf(xf).count_nonzero()
-    neginf = torch.isneginf(xf).count_nonzero()
-    bad = (nan + posinf + neginf).to(torch.float64)
-    nfin = n - bad
-    cols = _columns(xz, seg)
+    sign = torch.sign(xz)
+    if not full:
+        buf[a:a + c + p].add_(_columns(sign.abs_(), seg))
+        buf[a - 1].add_(float(n))
+        return
+    balance = sign.sum().to(torch.float64)  # positives - negatives
+    cols = _columns(sign.abs_(), seg)
     nnz = cols[:c].sum()
-    balance = torch.sign(xz).sum().to(torch.float64)  # positives - negatives
-    var_z, mean_z = torch.var_mean(xz.reshape(-1), correction=0)
-    var_z, mean_z = var_z.to(torch.float64), mean_z.to(torch.float64)
-    total = mean_z * n
+    nfin = _finite_count(xf, big)
+    posinf = _count(torch.nan_to_num(xf, nan=0.0, posinf=1.0, neginf=0.0) - xz, big)
+    neginf = _count(torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=1.0) - xz, big)
+    bad = n - nfin
+    flat = xz.reshape(-1)
+    total = flat.sum(dtype=torch.float64 if big else None).to(torch.float64)
+    mean_z = total / n
+    dev = flat - mean_z.to(flat.dtype)
+    m2_z = torch.dot(dev, dev).to(torch.float64)  # sum over all n of (xz - mean_z)^2
     mean = total / nfin.clamp(min=1)
     # sum over the finite values of (x - mean)^2, from the zeroed tensor's moments
-    m2 = (n * var_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
+    m2 = (m2_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
     full_n = torch.full((), float(n), dtype=torch.float64, device=xf.device)
     parts = torch.stack([
-        full_n, nan.to(torch.float64), posinf.to(torch.float64), neginf.to(torch.float64),
+        full_n, bad - posinf - neginf, posinf, neginf,
         (nnz + balance) / 2, (nnz - balance) / 2, total, m2, nfin * mean * mean, full_n,
     ])
     buf[o:a + c + p].add_(torch.cat([parts, cols]))
-    mn, mx = torch.aminmax(xz.reshape(-1))
-    inf = torch.full((), math.inf, dtype=torch.float64, device=xf.device)
-    ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64), inf])
+    mn, mx = torch.aminmax(flat)
+    ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64)])
     e = seg.ext_at
     buf[e:e + len(EXT)] = torch.minimum(buf[e:e + len(EXT)], ext)
-    _merge_sample(buf, seg, xz.reshape(-1), seed, arange)
+    _merge_sample(buf, seg, flat, seed, arange)
+
+
+def _finite_count(xf: torch.Tensor, big: bool) -> torch.Tensor:
+    """The number of finite values: ``x - x`` is 0 for them and NaN for NaN and +-Inf, so
+    ``nansum(x - x + 1)`` counts them with float ops only."""
+    ones = xf - xf + 1
+    return ones.nansum(dtype=torch.float64) if big else ones.nansum().to(torch.float64)
 
 
 def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: torch.Tensor,
@@ -242,7 +259,7 @@ def finalize(segment: np.ndarray, seg: Segment, view: str,
     cnz = segment[len(ADD):len(ADD) + c]
     snz = segment[len(ADD) + c:len(ADD) + c + p]
     a = len(ADD) + c + p
-    vmin, neg_max, min_abs = segment[a:a + len(EXT)]
+    vmin, neg_max = segment[a:a + len(EXT)]
     vmax = -neg_max
     s, k = a + len(EXT), seg.k
     keys, vals = segment[s:s + k], segment[s + k:s + 2 * k]
@@ -273,8 +290,7 @@ def finalize(segment: np.ndarray, seg: Segment, view: str,
         sample = sample[np.isfinite(sample) & (sample != 0)]
         # the smallest non-zero magnitude: exact while the sample holds every non-zero
         # value, otherwise at or above the true one (the Keras side's rule)
-        if not np.isfinite(min_abs):
-            min_abs = float(np.abs(sample).min()) if sample.size else np.nan
+        min_abs = float(np.abs(sample).min()) if sample.size else np.nan
         vq, lq = stats_np.sample_quantiles(
             sample, n_neg=nneg, n_zero=nzero, n_pos=npos, vmin=vmin, vmax=vmax,
             min_abs=min_abs, quantiles=quantiles,
