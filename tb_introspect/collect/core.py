@@ -41,7 +41,6 @@ output view and ``[tensors, 1 + channels + positions]`` for the activity counts.
 from __future__ import annotations
 
 import enum
-import logging
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -55,9 +54,6 @@ from tb_introspect import metadata, stats, summary_pb
 from tb_introspect.collect import capture, kernels, private
 from tb_introspect.collect.options import Options
 from tb_introspect.collect.parts import Part
-
-logger = logging.getLogger("tb_introspect")
-
 
 #: Elements per variable the implicit-learning-rate percentiles come from (rank error about
 #: 1.1 percentile points, one sigma, in larger variables; exact in smaller ones).
