@@ -14,7 +14,7 @@ Models: the reference CNN (3 x conv-BN-ReLU-pool with 32/64/128 channels, Flatte
 128 + ReLU, dropout 0.2, Dense 10) and a MobileNetV2 written here (torchvision's layout:
 inverted residual blocks, ReLU6, width 1.0), both on 32x32x3 inputs, batch 64.
 
-    python benchmarks/torch_overhead.py                       # the README table
+    python benchmarks/torch_overhead.py --threads 1           # the README table
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
 """
 
