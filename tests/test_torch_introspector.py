@@ -180,21 +180,39 @@ def test_bad_input():
 
 
 def test_governor_spaces_statistics_steps_by_their_cost(tmp_path):
-    """The interval between statistics steps from measured step times (set here, not
-    timed): a statistics step costing 1 s more than a 0.1 s step at a 5 % budget."""
-    model = ts.small_cnn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with Introspector(str(tmp_path), model, opt, stats_every=8) as intro:
-        assert intro._interval() == 8  # nothing measured yet
-        intro._times = {False: 0.1, True: 1.1}
-        assert intro._interval() == 200
-        intro._times = {False: 0.1, True: 0.1001}
-        assert intro._interval() == 8  # never denser than stats_every
-    with Introspector(str(tmp_path / "off"), model, opt, stats_every=8, overhead=None) as off:
-        off._times = {False: 0.1, True: 1.1}
-        assert off._interval() == 8
+    """The Keras callback's governor, on an injected clock: a statistics step costing 1 s
+    more than a 0.1 s step at the 5 % budget leaves each epoch its first statistics step
+    only; without a budget the cadence is every ``stats_every``-th step."""
+    steps = 40
+
+    def stats_steps(overhead):
+        torch.manual_seed(0)
+        model = ts.small_cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        path = tmp_path / str(overhead)
+        now = [0.0]
+        with Introspector(str(path), model, opt, stats_every=8, overhead=overhead) as intro:
+            intro.governor.clock = lambda: now[0]
+            for _ in range(3):
+                for x, y in ts.batches(steps):
+                    now[0] += 1.1 if intro._phase == "stats" else 0.1
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    intro.step(loss=loss)
+                intro.end_epoch()
+        out = ts.by_name(ts.read_run(str(path)), "output")
+        series = next(iter(out.values()))
+        points = [ts.point(series, steps * (e + 1)) for e in range(3)]
+        assert all(p["steps"] == steps for p in points)
+        return [int(p["stats_steps"]) for p in points]
+
+    budgeted = stats_steps(0.05)
+    assert budgeted[1:] == [1, 1]  # epoch 0 times both kinds of step first
+    assert stats_steps(None) == [steps // 8] * 3
     with pytest.raises(ValueError, match="overhead"):
-        Introspector(str(tmp_path), model, opt, overhead=2.0)
+        Introspector(str(tmp_path), ts.small_cnn(), None, overhead=2.0)
 
 
 def test_viewing_side_imports_no_torch():

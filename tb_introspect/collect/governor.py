@@ -98,13 +98,16 @@ class Governor:
         self.ran(full, self.clock() - start, steps)
         return out
 
-    def ran(self, full: bool, seconds: float, steps: int = 1) -> None:
-        """Account one execution that took ``seconds`` wall time for ``steps`` steps."""
+    def ran(self, full: bool, seconds: float | None, steps: int = 1) -> None:
+        """Account one execution that took ``seconds`` wall time for ``steps`` steps
+        (None: not timed, e.g. across an epoch end; it still counts for the cadence)."""
         steps = max(int(steps), 1)
         self.window_start = self.forced = False
         self.window_runs += 1
         self.since_stats = 0 if full else self.since_stats + 1
         self.window_stats_runs += int(full)
+        if seconds is None:
+            return
         if full not in self.compile_seconds:  # the first call traces and compiles
             self.compile_seconds[full] = seconds
             return

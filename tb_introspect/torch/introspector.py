@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import re
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from tb_introspect import metadata, summary_pb
+from tb_introspect.collect.governor import Governor
 from tb_introspect.collect.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
     DEFAULT_STATS_EVERY,
@@ -100,7 +100,7 @@ class Introspector:
         initial_epoch: int = 0,
     ):
         self.options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                                    flush_secs, seed, stats_every)
+                                    flush_secs, seed, stats_every, overhead=overhead)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -110,11 +110,6 @@ class Introspector:
         if "://" in log_dir:
             raise ValueError(f"log_dir {log_dir!r}: the PyTorch writer writes local"
                              " directories only")
-        if overhead is not None and not (isinstance(overhead, (int, float))
-                                         and not isinstance(overhead, bool)
-                                         and 0 < overhead <= 1):
-            raise ValueError(f"overhead must be None or a share in (0, 1], got {overhead!r}")
-        self.overhead = None if overhead is None else float(overhead)
         self.every = self.options.every
         self.stats_every = self.options.stats_every if self.every == "epoch" else 1
         self.quantiles = self.options.quantiles
@@ -134,9 +129,11 @@ class Introspector:
         self.epoch = int(initial_epoch)
         self._window = 0  # steps since the last logged point
         self._stat_steps = 0  # statistics steps among them
-        self._last_stats = 0  # window index of the last statistics step
-        # The governor's step times (EMA, seconds): steps with and without statistics.
-        self._times: dict[bool, float] = {}
+        # Which steps are statistics steps: the Keras callback's governor, fed with the host
+        # time between two ``step`` calls.
+        per_epoch = self.every == "epoch"
+        self.governor = Governor(self.options.overhead if per_epoch else None,
+                                 self.stats_every)
         self._t_last: float | None = None
         self._last_log = self.step_count
         self.off: set[str] = set()
@@ -201,30 +198,16 @@ class Introspector:
         """What the forward passes of ``step`` (1-based) contribute: "stats" (every
         statistic), "activity" (the rectifier outputs' non-zero counts only) or "off"."""
         if self.every == "epoch":
-            w = self._window
-            if w == 0 or w - self._last_stats >= self._interval():
-                return "stats"
-            return "activity"
+            return "stats" if self.governor.choose() else "activity"
         return "stats" if step % int(self.every) == 0 else "off"
 
-    def _interval(self) -> int:
-        """Steps between two statistics steps: ``stats_every``, or more when a statistics
-        step costs more than ``overhead`` of a plain one per interval."""
-        lean, full = self._times.get(False), self._times.get(True)
-        if self.overhead is None or lean is None or full is None or lean <= 0:
-            return self.stats_every
-        extra = max(full - lean, 0.0)
-        return max(self.stats_every, math.ceil(extra / (self.overhead * lean)))
-
     def _time_step(self) -> None:
-        """The host time of the step that just ended, for the governor (none across an
-        epoch end: evaluation and logging run there)."""
-        now = time.perf_counter()
-        if self._t_last is not None and self.every == "epoch":
-            kind = self._phase == "stats"
-            dt = now - self._t_last
-            old = self._times.get(kind)
-            self._times[kind] = dt if old is None else 0.7 * old + 0.3 * dt
+        """The host time of the step that just ended, for the governor (not timed across
+        an epoch end: evaluation and logging run there)."""
+        now = self.governor.clock()
+        if self.every == "epoch":
+            seconds = None if self._t_last is None else now - self._t_last
+            self.governor.ran(self._phase == "stats", seconds)
         self._t_last = now
 
     def _counted(self) -> bool:
@@ -343,7 +326,6 @@ class Introspector:
         self._time_step()
         if self._phase == "stats":
             self._stat_steps += 1
-            self._last_stats = self._window
         self.step_count += 1
         self._window += 1
         if self._compile_skipped:
@@ -354,7 +336,7 @@ class Introspector:
         if self.every != "epoch":
             last = self.step_count - self.step_count % int(self.every)
             if last > self._last_log:
-                self._guard("statistics", self._log, last)
+                self.governor.timed_log(self._guard, "statistics", self._log, last)
         if len(self._pending) >= METRIC_ROWS:
             self._guard("metrics", self._drain)
         self._phase = self._phase_of(self.step_count + 1)
@@ -398,13 +380,14 @@ class Introspector:
             return
         self._guard("metrics", self._drain)
         if self.every == "epoch" and self.step_count > self._last_log:
-            self._guard("statistics", self._log, self.step_count)
+            self.governor.timed_log(self._guard, "statistics", self._log, self.step_count)
         self._guard("statistics", self._write_activity)
         self._guard("metrics", self._write_epoch_metrics, metrics)
         self._flush()
         self.epoch += 1
         self._epoch_values = {}
         self._t_last = None
+        self.governor.begin_window()
         self._phase = self._phase_of(self.step_count + 1)
 
     def _log(self, step: int) -> None:
@@ -418,7 +401,7 @@ class Introspector:
         if "variable" in self.options.views and self.rank == 0:
             protos += self._variable_protos()
         self._last_log = step
-        self._window = self._stat_steps = self._last_stats = 0
+        self._window = self._stat_steps = 0
         self._write(protos, step)
 
     def _gathered(self, buf: torch.Tensor) -> np.ndarray:
