@@ -28,19 +28,6 @@ def _val_name(rv: RunView, train: str) -> str | None:
     return next((n for n in names if n.startswith("val_") and "loss" in n.lower()), None)
 
 
-def _per_epoch_train(rv: RunView, name: str) -> dict[int, float]:
-    band = rv.run.metric_epochs.get(name)
-    if band is not None and len(band):
-        return {int(e): float(v) for e, v in zip(band.epochs, band.field("mean"), strict=True)
-                if np.isfinite(e) and np.isfinite(v)}
-    s = rv.run.metrics.get(name)
-    if s is None:
-        return {}
-    v, e = s.field("value"), s.epochs
-    keep = np.isfinite(v) & np.isfinite(e)
-    return {int(u): float(np.mean(v[keep & (e == u)])) for u in np.unique(e[keep])}
-
-
 def _per_epoch_val(rv: RunView, name: str) -> tuple[dict[int, float], dict[int, int]]:
     s = rv.run.metrics.get(name)
     if s is None:
@@ -70,7 +57,7 @@ def overfitting(rv: RunView) -> list[Finding]:
     val_name = _val_name(rv, train_name) if train_name else None
     if val_name is None or val_name == train_name:
         return []
-    train = _per_epoch_train(rv, train_name)
+    train = per_epoch_mean(rv, train_name)
     val, val_steps = _per_epoch_val(rv, val_name)
     epochs = sorted(set(train) & set(val))
     if len(epochs) < t.min_points:
