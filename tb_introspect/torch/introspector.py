@@ -34,6 +34,7 @@ from tb_introspect import metadata, summary_pb
 from tb_introspect.collect.governor import Governor
 from tb_introspect.collect.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
+    DEFAULT_OVERHEAD,
     DEFAULT_STATS_EVERY,
     DEFAULT_STEP_SAMPLE_SIZE,
     Options,
@@ -95,7 +96,7 @@ class Introspector:
         flush_secs: float = 5.0,
         seed: int = 0,
         grad_scaler: Any = None,
-        overhead: float | None = 0.05,
+        overhead: float | None = DEFAULT_OVERHEAD,
         initial_step: int = 0,
         initial_epoch: int = 0,
     ):
