@@ -53,7 +53,11 @@ def output_lines(every: str) -> list[str]:
 def test_callback_adds_no_output(every):
     """Nothing, but with every=1 the one line on what logging every step costs."""
     plain = set(output_lines("none"))
-    extra = [line for line in output_lines(every) if line not in plain]
+    # TensorFlow's own note on which kernel serves an op on this CPU ("oneDNN supports
+    # DT_INT32 only on platforms with AVX-512..."): printed on some machines for an int32
+    # transpose of the logging function's vectorized finalize, never by this project.
+    extra = [line for line in output_lines(every)
+             if line not in plain and not line.startswith("oneDNN supports ")]
     if every == "1":
         notes = [line for line in extra if line.startswith("every=1: each step's logged point")]
         assert len(notes) == 1, extra
