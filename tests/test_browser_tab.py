@@ -220,13 +220,14 @@ def test_overview_draws_every_chart(session):
 def test_findings_most_severe_first_and_jump_to_evidence(session):
     f = session.open("p.introspect.run=exp1%2Flr_0.1")
     items = f.locator(".finding")
-    # The real rules (tb_introspect.diagnose) on the fixture: NaN gradients
-    # (critical) and conv2's dead channels (warning), most severe first.
+    # The real rules (tb_introspect.diagnose) on the fixture: NaN gradients (critical),
+    # then the output layer's exact zeros (the fixture's head is rectified, a warning) and
+    # conv2's dead channels (warning), most severe first.
     assert [items.nth(i).get_attribute("data-severity") for i in range(items.count())] == [
-        "critical", "warning"]
-    assert items.nth(0).get_attribute("data-kind") == "nonfinite"
+        "critical", "warning", "warning"]
+    assert [items.nth(i).get_attribute("data-kind") for i in range(3)] == [
+        "nonfinite", "rectified_output", "dead_units"]
     assert f'{HTML_LAYER}/kernel' in items.nth(0).locator(".f-title").text_content()
-    assert items.nth(1).get_attribute("data-kind") == "dead_units"
     assert "1 critical" in f.locator(".findings h2").text_content()
     session.shot("overview-findings")
     # Critical -> the NaN tensor's panel in Layers.
@@ -237,7 +238,7 @@ def test_findings_most_severe_first_and_jump_to_evidence(session):
         f"introspect/gradient/{HTML_LAYER}/kernel"
     # Warning -> conv2's activity panel.
     session.click('.tab[data-tab="overview"]')
-    f.locator(".finding").nth(1).locator(".f-title").click()
+    f.locator('.finding[data-kind="dead_units"]').locator(".f-title").click()
     session.wait_ready()
     assert f.locator(".tab.on").text_content() == "Activity"
     assert f.locator(".panel.focused").get_attribute("data-tag") == "introspect/output/conv2"
