@@ -20,7 +20,7 @@ the first page after TensorBoard started; "warm" is the median of --repeats
 later pages. "after a data change" opens a fresh page on the Overview, or
 directly on Layers, right after one point was appended to the run and
 TensorBoard listed it: the server's caches are stale and the run's sample is
-read again (issue 13's first-screen targets). Every canvas is checked for
+read again (the first-screen targets). Every canvas is checked for
 drawn data when the app says it is ready. Prints a Markdown table.
 
     python benchmarks/frontend_bench.py                    # 200 x 4 x 1,000

@@ -14,7 +14,7 @@ TensorBoard process tree's RSS against the event files' bytes.
 
     python benchmarks/plugin_bench.py                 # 200 tensors x 4 views x 1,000 steps
     python benchmarks/plugin_bench.py --tensors 20 --steps 100 --loaders true
-    python benchmarks/plugin_bench.py --preset 5m     # 195 x 4 x 6,400 = 5M points (issue 13)
+    python benchmarks/plugin_bench.py --preset 5m     # 195 x 4 x 6,400 = 5M points
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tb_introspect.writer import NumpyWriter  # noqa: E402
 TARGETS_MS = {"runs": 100, "series (1 tag)": 50, "overview": 300,
               "after a data change: run + overview": 1500,
               "after a data change: 1 tag, full resolution": 300}
-#: ResNet50's 781 tags over the four views, 6,400 points each (issue 13).
+#: ResNet50's 781 tags over the four views, 6,400 points each.
 PRESETS = {"5m": (195, 6400)}
 
 

@@ -1,4 +1,4 @@
-"""Helpers of the fault, security and load tests (issue #8).
+"""Helpers of the fault, security and load tests .
 
 - An independent reader of event files at the byte level (TFRecord framing
   with CRC checks, written from the format, sharing no code with TensorBoard's

@@ -15,7 +15,7 @@ serves them, and every run is opened in every view and mode. For each:
 - the time to the first drawn chart is recorded (``-s`` prints the table).
 
 A numpy-written run with magnitudes far below 1e-25 reproduces the freeze of
-issue 13 (uPlot's log-axis splits looping) on every log chart.
+uPlot's log-axis splits looping on every log chart.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from tb_introspect.writer import NumpyWriter
 
 pytestmark = pytest.mark.browser
 
-#: The longest main-thread task allowed while a view renders (issue 13), on a
+#: The longest main-thread task allowed while a view renders, on a
 #: machine with a core free for the browser.
 LONG_TASK_MS = 200.0
 
@@ -152,7 +152,7 @@ def real_logdir(tmp_path_factory) -> Path:
     return build_real_logdir(tmp_path_factory.mktemp("real") / "logs")
 
 
-# -- the freeze of issue 13, on data that holds it for sure -------------------------------
+# -- the log-axis freeze, on data that holds it for sure -------------------------------
 
 
 def write_tiny_run(logdir: Path, run: str = "tiny", steps: int = 40) -> None:

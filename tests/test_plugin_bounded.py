@@ -1,4 +1,4 @@
-"""Bounded provider reads: no ``read_tensors`` call grows with the run's length (issue 13).
+"""Bounded provider reads: no ``read_tensors`` call grows with the run's length.
 
 Real event files and TensorBoard's real Python data provider; the provider is
 wrapped only to record what each call returned. The call budget is made

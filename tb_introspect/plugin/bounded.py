@@ -2,7 +2,7 @@
 
 TensorBoard's Rust data server answers ``read_tensors`` in one gRPC message,
 and gRPC refuses messages over 256 MiB: a run of about 870,000 points read
-in one call made every route answer 500 (issue 13). The Python loader has no
+in one call made every route answer 500. The Python loader has no
 such limit, but the time and memory of one call grow the same way. Here every
 call is planned from the tags' layouts before it is made:
 
