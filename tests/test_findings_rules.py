@@ -428,10 +428,9 @@ def test_rules_module_does_not_import_tensorflow() -> None:
     assert out.strip().splitlines()[-1] == "TF:", out
 
 
-def test_a_large_run_is_diagnosed_quickly() -> None:
-    # 4 views x 100 tensors x 1000 steps, a NaN from mid-run in every 7th tensor.
-    import time
-
+def test_a_large_run_is_diagnosed() -> None:
+    # 4 views x 100 tensors x 1000 steps, a NaN from mid-run in every 7th tensor. How fast
+    # is benchmarks/plugin_bench.py's concern (the Overview, findings included).
     rng = np.random.default_rng(0)
     steps = list(range(1, 1001))
     nan = np.zeros(1000)
@@ -448,8 +447,6 @@ def test_a_large_run_is_diagnosed_quickly() -> None:
                                  rms=rng.lognormal(-5, 0.3, 1000),
                                  nan_count=nan if i % 7 == 0 else 0, **extra))
     r = run(*series)
-    start = time.perf_counter()
     found = find_issues(r)
-    assert time.perf_counter() - start < 15
     f = next(f for f in found if f.kind == "nonfinite")
     assert f.first_step == 501 and f.evidence["tensors_ever_nonfinite"] == 4 * 15

@@ -68,27 +68,42 @@ def test_failed_computation_is_not_cached() -> None:
     assert cache.get("k", 0, lambda: 5) == 5
 
 
+class Clock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_ttl_expires_values_and_put_stores_one() -> None:
-    cache = FingerprintCache(ttl_s=0.2)
+    clock = Clock()
+    cache = FingerprintCache(ttl_s=0.2, clock=clock)
     assert cache.get("all", None, lambda: 1) == 1
     cache.put("run", None, "listed with all")
+    clock.now += 0.19
     assert cache.get("all", None, lambda: 2) == 1
     assert cache.peek("run", None) == "listed with all"
-    time.sleep(0.25)
+    clock.now += 0.02
     assert cache.peek("run", None) is None
     assert cache.get("all", None, lambda: 3) == 3
 
 
 def test_costly_values_live_longer() -> None:
-    cache = FingerprintCache(ttl_s=0.1, ttl_per_cost=2.0)
+    clock = Clock()
+    cache = FingerprintCache(ttl_s=0.1, ttl_per_cost=2.0, clock=clock)
 
     def slow():
-        time.sleep(0.15)
+        clock.now += 0.15
         return "slow"
 
     cache.get("slow", None, slow)  # took 0.15 s: valid for 0.3 s
     cache.get("fast", None, lambda: "fast")  # valid for ttl_s
-    time.sleep(0.15)
+    clock.now += 0.15
     assert cache.peek("slow", None) == "slow" and cache.peek("fast", None) is None
-    time.sleep(0.2)
+    clock.now += 0.14
+    assert cache.peek("slow", None) == "slow"
+    clock.now += 0.02
     assert cache.peek("slow", None) is None
