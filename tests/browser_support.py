@@ -268,6 +268,12 @@ def launch_chromium(playwright):
     )
 
 
+def next_paint(frame) -> None:
+    """Returns once the page has drawn two more frames: what a mouse move or a resize set
+    off (a cursor readout, a chart redrawn at a new size) is on screen by then."""
+    frame.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
 def plugin_frame(page, timeout_s: float = 30.0):
     """The Introspect iframe inside the TensorBoard page."""
     deadline = time.monotonic() + timeout_s

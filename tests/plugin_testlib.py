@@ -22,11 +22,17 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_provider as mux_provider
+from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins import base_plugin
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
+from werkzeug.test import Client
 
 from tb_introspect import metadata, summary_pb
+from tb_introspect.plugin import introspect_plugin
 from tb_introspect.proto import plugin_data_pb2
 
 # Tensors per view: (name, layer, depth). Listed out of depth order on purpose.
@@ -251,3 +257,32 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.5):
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(interval)
+
+
+#: Where the plugin's routes live in TensorBoard's WSGI app.
+PREFIX = "/data/plugin/introspect/"
+
+
+class App:
+    """A TensorBoard WSGI app with only this plugin, over a reloadable multiplexer."""
+
+    def __init__(self, logdir: str) -> None:
+        self.mux = plugin_event_multiplexer.EventMultiplexer(
+            tensor_size_guidance={metadata.PLUGIN_NAME: 0}
+        )
+        self.mux.AddRunsFromDirectory(logdir)
+        self.mux.Reload()
+        dp = mux_provider.MultiplexerDataProvider(self.mux, logdir)
+        self.plugin = introspect_plugin.IntrospectLoader().load(
+            base_plugin.TBContext(data_provider=dp, logdir=logdir)
+        )
+        self.client = Client(application.TensorBoardWSGI([self.plugin], data_provider=dp))
+
+    def get(self, route: str, *, status: int = 200, gzip_ok: bool = False):
+        headers = {"Accept-Encoding": "gzip"} if gzip_ok else {}
+        r = self.client.get(PREFIX + route, headers=headers)
+        body = r.get_data()
+        if r.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        assert r.status_code == status, (route, r.status_code, body[:300])
+        return json.loads(body) if r.mimetype == "application/json" else body

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from browser_session import COLOURED_PIXELS_JS, Session, readout_pairs
 from browser_support import launch_chromium, tensorboard
 from playwright.sync_api import sync_playwright
-from test_browser_tab import COLOURED_PIXELS_JS, Session, readout_pairs
 
 pytestmark = pytest.mark.browser
 

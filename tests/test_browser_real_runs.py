@@ -29,10 +29,20 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from browser_session import (
+    COLOURED_PIXELS_JS,
+    DEMO_RUNS,
+    LONG_TASKS_SINCE_MARK_JS,
+    MIN_PIXELS,
+    TIMINGS,
+    WATCH_FIRST_DRAW_JS,
+    Probe,
+    long_task_budget_ms,
+    readout_pairs,
+)
 from browser_support import TENSORS, launch_chromium, stats_vector, tensorboard
 from playwright.sync_api import sync_playwright
 from tensorboard.compat.proto import summary_pb2
-from test_browser_tab import COLOURED_PIXELS_JS, Session, readout_pairs
 
 from tb_introspect import metadata, summary_pb
 from tb_introspect.demo.models import HEALTHY_LR, MOMENTUM
@@ -40,69 +50,6 @@ from tb_introspect.writer import NumpyWriter
 
 pytestmark = pytest.mark.browser
 
-#: The longest main-thread task allowed while a view renders, on a
-#: machine with a core free for the browser.
-LONG_TASK_MS = 200.0
-
-
-def long_task_budget_ms() -> float:
-    """LONG_TASK_MS, stretched by the run queue when the machine is oversubscribed.
-
-    A task's wall time grows with the number of runnable processes per core
-    (2 cores at load 5: each gets ~40% of one), and the test suite shares its
-    machine. The stretch is measured, never assumed: 1 on a machine with room.
-    """
-    return LONG_TASK_MS * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-
-# Every long task of the frame it runs in, with its start (performance.now()).
-LONGTASK_PROBE = """
-window.__longTasks = [];
-// The first chart after the frame's navigation start (later renders: WATCH_FIRST_DRAW_JS).
-window.__mark = 0;
-window.__firstDraw = null;
-(function look() {
-  if (document.querySelector('.chart canvas')) window.__firstDraw = performance.now();
-  else if (performance.now() < 120000) requestAnimationFrame(look);
-})();
-try {
-  new PerformanceObserver((list) => {
-    for (const e of list.getEntries()) window.__longTasks.push([e.startTime, e.duration]);
-  }).observe({ type: 'longtask', buffered: true });
-} catch (e) { /* no longtask support: the list stays empty */ }
-"""
-
-# Marks the canvases on screen as old, then watches each frame for the first
-# new chart canvas: the time to the first drawn chart of the next render.
-WATCH_FIRST_DRAW_JS = """
-() => {
-  for (const c of document.querySelectorAll('canvas')) c.__old = true;
-  const t0 = performance.now();
-  window.__firstDraw = null;
-  window.__mark = t0;
-  const look = () => {
-    const c = [...document.querySelectorAll('.chart canvas')].find((x) => !x.__old);
-    if (c) window.__firstDraw = performance.now() - t0;
-    else if (performance.now() - t0 < 120000) requestAnimationFrame(look);
-  };
-  requestAnimationFrame(look);
-}
-"""
-
-# Long tasks since the mark of WATCH_FIRST_DRAW_JS, in ms.
-LONG_TASKS_SINCE_MARK_JS = """
-() => window.__longTasks.filter(([s]) => s >= window.__mark).map(([, d]) => d)
-"""
-
-# True once every panel of a grid has its chart (the off-screen ones are
-# drawn in idle time after "ready"), or at once for views without panels.
-ALL_DRAWN_JS = """
-() => [...document.querySelectorAll('.panel')].every((p) => p.querySelector('.chart canvas'))
-"""
-
-#: Data pixels a drawn chart has at least (axes and text are grey: 0).
-MIN_PIXELS = 30
-
-TIMINGS: list[tuple[str, str, float]] = []
 
 
 # -- real runs ------------------------------------------------------------------------------
@@ -208,89 +155,6 @@ def tiny_tb(tmp_path_factory):
         yield server
 
 
-class Probe:
-    """A Session that also watches long tasks and the first drawn chart of each render."""
-
-    def __init__(self, browser, tb):
-        self.s = Session(browser, tb)
-        self.s.page.add_init_script(LONGTASK_PROBE)
-
-    def open(self, hash_: str):
-        self.s.page.goto(self.s.tb.url + "#introspect&" + hash_)
-        from browser_support import plugin_frame
-
-        self.s.frame = plugin_frame(self.s.page)
-        self.settle()
-
-    @property
-    def f(self):
-        return self.s.frame
-
-    def act(self, fn) -> None:
-        """Runs ``fn`` (a click, a select) and waits for the new render to settle."""
-        self.f.evaluate(WATCH_FIRST_DRAW_JS)
-        fn()
-        self.settle()
-
-    def settle(self) -> None:
-        self.f.wait_for_selector("html[data-status=ready]", timeout=60_000)
-        # Polled on a timer, not every frame: the probe must not load the page it measures.
-        self.f.wait_for_function(ALL_DRAWN_JS, timeout=60_000, polling=100)
-        # One more frame: idle-time panels and the first-draw watcher ran.
-        self.f.evaluate("() => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)))")
-
-    def check(self, label: str, run: str, skip: tuple[str, ...] = ()) -> None:
-        """Asserts on the view now on screen and records its first-draw time.
-
-        ``skip``: chart names (``data-chart``) that may stay blank, such as a
-        tensor that is zero everywhere on a log axis.
-        """
-        assert self.s.errors == [], f"{label}: {self.s.errors}"
-        assert self.f.evaluate("document.documentElement.dataset.status") == "ready", label
-        # Read before counting pixels: that count is itself a long task of the page.
-        long = self.f.evaluate(LONG_TASKS_SINCE_MARK_JS)
-        first = self.f.evaluate("window.__firstDraw")
-        counts = self.f.evaluate(COLOURED_PIXELS_JS, ".chart canvas")
-        names = self.f.evaluate(
-            "() => [...document.querySelectorAll('.chart')].map((c) => c.dataset.chart)")
-        assert counts and len(counts) == len(names), f"{label}: {len(counts)} canvases"
-        blank = [n for n, c in zip(names, counts, strict=True) if c < MIN_PIXELS and n not in skip]
-        assert not blank, f"{label}: charts without data pixels: {blank}"
-        budget = long_task_budget_ms()
-        assert max(long, default=0) <= budget, f"{label}: long tasks {long} ms > {budget:.0f}"
-        assert first is not None, f"{label}: no new chart was drawn"
-        TIMINGS.append((run, label, first))
-
-    def sweep_layers(self, run: str, views: tuple[str, ...], skip=lambda name: False) -> None:
-        """Layers: each view, then each mode of the "all panels" switch not yet on."""
-        self.act(lambda: self.f.locator('.tab[data-tab="layers"]').click())
-        for view in views:
-            if self.f.locator("select.view-select").input_value() != view:
-                self.act(lambda v=view: self.f.locator("select.view-select").select_option(v))
-            # None when the mode kept from the last view does not exist in this one.
-            current = self.f.evaluate(
-                "document.querySelector('.view-head .segmented button.on')?.dataset.mode ?? null")
-            shown = "kept" if current is None else current or "default"
-            self.check(f"layers {view} {shown}", run, self.skipped(skip))
-            modes = self.f.locator(".view-head .segmented button").evaluate_all(
-                "(bs) => bs.map((b) => b.dataset.mode)")
-            for mode in modes:
-                if mode == current:
-                    continue
-                sel = f'.view-head .segmented button[data-mode="{mode}"]'
-                self.act(lambda s=sel: self.f.locator(s).click())
-                self.check(f"layers {view} {mode or 'default'}", run, self.skipped(skip))
-                current = mode
-
-    def skipped(self, skip) -> tuple[str, ...]:
-        names = self.f.evaluate(
-            "() => [...document.querySelectorAll('.chart')].map((c) => c.dataset.chart)")
-        return tuple(n for n in names if skip(n))
-
-    def close(self) -> None:
-        self.s.close()
-
-
 def test_tiny_magnitudes_never_freeze_a_log_axis(browser, tiny_tb):
     """Magnitudes of 1e-30…1e-60 froze the page for ~11 s (log splits), then left it blank."""
     p = Probe(browser, tiny_tb)
@@ -309,7 +173,6 @@ def test_tiny_magnitudes_never_freeze_a_log_axis(browser, tiny_tb):
 
 # -- every run, every view -----------------------------------------------------------------
 
-DEMO_RUNS = ("1_healthy_cnn", "2_lr_too_high_cnn", "3_dying_relu_mlp", "4_vanishing_sigmoid_mlp")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from browser_support import launch_chromium, plugin_frame, tensorboard
+from browser_support import launch_chromium, next_paint, plugin_frame, tensorboard
 
 pytestmark = pytest.mark.browser
 
@@ -55,7 +55,7 @@ def test_gradient_stack_has_one_band_per_layer(vanishing_logdir) -> None:
         named = []
         for mid in mids:
             page.mouse.move(box["x"] + fx * box["width"], box["y"] + (1 - mid) * box["height"])
-            frame.wait_for_timeout(50)
+            next_paint(frame)
             named.append(chart.locator(".layer-name").text_content().split(" · ")[0])
         assert named == [b["layer"] for b in bands]
         # A click on the bottom band opens the first layer's gradient in the Layers view.

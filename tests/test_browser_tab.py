@@ -14,14 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from browser_session import COLUMN_JS, Session, readout_pairs
 from browser_support import (
     HTML_LAYER,
-    SCREENSHOTS,
     TENSORS,
     known_loss,
     known_lr,
     known_rms,
     launch_chromium,
+    next_paint,
     plugin_frame,
     tensorboard,
     write_fixture_logdir,
@@ -30,49 +31,6 @@ from browser_support import (
 from playwright.sync_api import sync_playwright
 
 pytestmark = pytest.mark.browser
-
-# Counts pixels that belong to drawn data: saturated colours. Axes, grid lines
-# and text are grey, so a chart with only axes counts ~0.
-COLOURED_PIXELS_JS = """
-(sel) => Array.from(document.querySelectorAll(sel)).map((c) => {
-  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-  let n = 0;
-  for (let i = 0; i < d.length; i += 4) {
-    const hi = Math.max(d[i], d[i + 1], d[i + 2]);
-    const lo = Math.min(d[i], d[i + 1], d[i + 2]);
-    if (d[i + 3] > 0 && hi - lo > 40) n++;
-  }
-  return n;
-})
-"""
-
-# Data pixels in one canvas column of a chart's plot, at fraction `frac` of its width;
-# the chart is a panel's (by tag) or any chart (by CSS selector, when `tag` starts with ".").
-COLUMN_JS = """
-([tag, frac]) => {
-  const sel = tag.startsWith('.') ? tag : `.panel[data-tag="${CSS.escape(tag)}"]`;
-  const c = document.querySelector(`${sel} canvas`);
-  const o = document.querySelector(`${sel} .u-over`).getBoundingClientRect();
-  const r = c.getBoundingClientRect();
-  const s = c.width / r.width;
-  const x = Math.round((o.left - r.left + frac * o.width) * s);
-  const top = Math.round((o.top - r.top) * s);
-  const d = c.getContext('2d').getImageData(x, top, 1, Math.round(o.height * s)).data;
-  let n = 0;
-  for (let i = 0; i < d.length; i += 4) {
-    if (Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 40) n++;
-  }
-  return n;
-}
-"""
-FAILED_LOAD = "Failed to load resource: the server responded with a status of 404 (NOT FOUND)"
-
-# Reports CSP violations of any frame as console errors (collected below).
-CSP_PROBE = """
-document.addEventListener('securitypolicyviolation', (e) =>
-  console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI));
-"""
-
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory) -> Path:
@@ -97,81 +55,11 @@ def browser():
         b.close()
 
 
-class Session:
-    """One browser page on TensorBoard, collecting console errors and requests."""
-
-    def __init__(self, browser, tb, height: int = 1100):
-        self.tb = tb
-        self.context = browser.new_context(viewport={"width": 1400, "height": height},
-                                           accept_downloads=True)
-        self.page = self.context.new_page()
-        self.page.add_init_script(CSP_PROBE)
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.failed: list[str] = []
-        self.page.on("response",
-                     lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
-        self.frame = None
-
-    def open(self, hash_: str = ""):
-        self.page.goto(self.tb.url + "#introspect" + (f"&{hash_}" if hash_ else ""))
-        self.frame = plugin_frame(self.page)
-        self.wait_ready()
-        return self.frame
-
-    def wait_ready(self):
-        self.frame.wait_for_selector("html[data-status=ready]", timeout=30_000)
-
-    def click(self, selector: str):
-        self.frame.locator(selector).first.click()
-        self.wait_ready()
-
-    def wait_url(self, text: str):
-        """TensorBoard's URL gets our state shortly after a change (the write is deferred)."""
-        self.page.wait_for_function("(t) => location.href.includes(t)", arg=text, timeout=5_000)
-
-    def coloured(self, selector: str = ".chart canvas") -> list[int]:
-        return self.frame.evaluate(COLOURED_PIXELS_JS, selector)
-
-    def hover(self, chart, fx: float, fy: float = 0.5):
-        over = chart.locator(".u-over")
-        over.scroll_into_view_if_needed()
-        box = over.bounding_box()
-        self.page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
-
-    def shot(self, name: str):
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
-
-    def close(self):
-        self.context.close()
-        # TensorBoard's own page asks for its fonts at an absolute /font-roboto/
-        # path that ignores --path_prefix: not ours, and harmless (a fallback
-        # font). Every other failed load or console error fails the test.
-        tb_fonts = [u for u in self.failed if "/font-roboto/" in u and "/plugin/" not in u]
-        errors = list(self.errors)
-        for _ in tb_fonts:
-            errors.remove(FAILED_LOAD)
-        others = [u for u in self.failed if u not in tb_fonts]
-        assert errors == [] and others == [], f"console errors: {errors}; failed requests: {others}"
-
-
 @pytest.fixture
 def session(browser, tb):
     s = Session(browser, tb)
     yield s
     s.close()
-
-
-def readout_pairs(chart) -> dict[str, str]:
-    """The readout's label -> value pairs, and its head under key '@'."""
-    out = {"@": chart.locator(".readout b").first.text_content()}
-    for pair in chart.locator(".readout .pair").all():
-        out[pair.locator(".k").text_content().strip()] = pair.locator(".v").text_content().strip()
-    return out
 
 
 def panel_sel(tag: str) -> str:
@@ -213,7 +101,8 @@ def test_overview_draws_every_chart(session):
     session.shot("overview")
     # Full overview in a tall window, for the eye.
     session.page.set_viewport_size({"width": 1400, "height": 2300})
-    session.page.wait_for_timeout(400)
+    session.wait_ready()
+    next_paint(f)
     session.shot("overview-full")
 
 
@@ -259,7 +148,6 @@ def test_hover_readouts_are_exact(session):
             "  + `[data-drawn=\"${mode}\"] .chart`)",
             arg=[f"introspect/{view}/{name}", mode])
         session.hover(panel, fx)
-        f.wait_for_timeout(100)
         pairs = readout_pairs(panel)
         step = head_step(pairs["@"])
         assert 10 < step < 115, pairs
@@ -344,7 +232,6 @@ def test_stack_plot_hover_names_layer_and_click_opens_it(session):
     stack = f.locator('.chart[data-chart="gradient-stack"]')
     # Near the bottom: the first layer's band (conv1, depth 0).
     session.hover(stack, 0.5, 0.97)
-    f.wait_for_timeout(100)
     name = stack.locator(".layer-name").text_content()
     assert name.startswith("conv1 · conv1/"), name
     tensor = name.split(" · ")[1]
@@ -448,8 +335,7 @@ def test_filter_regex(session):
     assert sorted(f.locator(".panel-name").all_text_contents()) == ["conv1/bias", "conv1/kernel"]
     session.wait_url("p.introspect.filter=%5Econv1%2F")
     f.locator("input.filter").fill("conv(")
-    f.wait_for_timeout(500)
-    assert "bad" in f.locator("input.filter").get_attribute("class")
+    f.wait_for_function("document.querySelector('input.filter').classList.contains('bad')")
     assert f.locator(".panel").count() == 2
 
 

@@ -11,10 +11,9 @@ import time
 
 import numpy as np
 import pytest
-from plugin_testlib import fetch, get_json, stats_vector, tensorboard, wait_for
+from plugin_testlib import App, fetch, get_json, stats_vector, tensorboard, wait_for
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
-from test_plugin_routes import App
 
 from tb_introspect import metadata, summary_pb
 from tb_introspect.plugin import activity

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from plugin_testlib import LAYOUT, write_run
-from test_plugin_routes import App
+from plugin_testlib import LAYOUT, App, write_run
 
 from tb_introspect.plugin import bounded, introspect_plugin, reader
 

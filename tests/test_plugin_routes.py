@@ -3,55 +3,24 @@
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import os
 import time
 
 import numpy as np
 import pytest
-from plugin_testlib import Written, write_bad_tags, write_run
-from tensorboard.backend import application
-from tensorboard.backend.event_processing import data_provider as mux_provider
-from tensorboard.backend.event_processing import plugin_event_multiplexer
+from plugin_testlib import PREFIX, App, Written, write_bad_tags, write_run
 from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins import base_plugin
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
-from werkzeug.test import Client
 
 from tb_introspect import diagnose, metadata, summary_pb
 from tb_introspect.plugin import assets, introspect_plugin
 
-PREFIX = "/data/plugin/introspect/"
 VARIABLE_ORDER = ["dense/bias", "dense/kernel", "dense_1/kernel", "out/kernel"]
 # Each layer's largest tensor; the fixture's tensors all have 100 elements, and on a tie
 # the first in depth and name order is kept.
 STACK_ORDER = ["dense/bias", "dense_1/kernel", "out/kernel"]
-
-
-class App:
-    """A TensorBoard WSGI app with only this plugin, over a reloadable multiplexer."""
-
-    def __init__(self, logdir: str) -> None:
-        self.mux = plugin_event_multiplexer.EventMultiplexer(
-            tensor_size_guidance={metadata.PLUGIN_NAME: 0}
-        )
-        self.mux.AddRunsFromDirectory(logdir)
-        self.mux.Reload()
-        dp = mux_provider.MultiplexerDataProvider(self.mux, logdir)
-        self.plugin = introspect_plugin.IntrospectLoader().load(
-            base_plugin.TBContext(data_provider=dp, logdir=logdir)
-        )
-        self.client = Client(application.TensorBoardWSGI([self.plugin], data_provider=dp))
-
-    def get(self, route: str, *, status: int = 200, gzip_ok: bool = False):
-        headers = {"Accept-Encoding": "gzip"} if gzip_ok else {}
-        r = self.client.get(PREFIX + route, headers=headers)
-        body = r.get_data()
-        if r.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        assert r.status_code == status, (route, r.status_code, body[:300])
-        return json.loads(body) if r.mimetype == "application/json" else body
 
 
 def write_nonfinite_run(run_dir: str) -> None:

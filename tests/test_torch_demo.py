@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_browser_real_runs import DEMO_RUNS, Probe
+from browser_session import DEMO_RUNS, Probe
 
 from tb_introspect import metadata
 from tb_introspect.diagnose import find_issues
