@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LOGDIR ?= logs/demo
 PORT ?= 6006
 
-.PHONY: venv frontend demo serve test test-oldest lint chromium bench clean
+.PHONY: venv frontend demo serve test test-js test-oldest lint chromium bench clean
 
 # The oldest TensorFlow, Keras, TensorBoard and protobuf that setup.py's ranges allow (keep in step).
 OLDEST_VENV := .venv-oldest
@@ -46,9 +46,14 @@ chromium:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) chromium lint
+test: $(STAMP) chromium lint test-js
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
+
+# The frontend's pure modules under node's own test runner: only node, no node_modules.
+# The shell expands the glob: node 20 reads no glob patterns itself.
+test-js:
+	cd frontend && node --test test/*.test.js
 
 # The collection and plugin tests on the oldest dependencies the ranges allow, in a second
 # virtual environment (it reuses the frontend bundle when one is built).

@@ -79,9 +79,19 @@ function parseHash(hash) {
   for (const p of parts) {
     const i = p.indexOf("=");
     if (i < 0) dict.push([null, p]);
-    else dict.push([decodeURIComponent(p.slice(0, i)), decodeURIComponent(p.slice(i + 1))]);
+    else dict.push([decode(p.slice(0, i)), decode(p.slice(i + 1))]);
   }
   return dict;
+}
+
+// A hand-edited hash may hold a stray "%": keep that part as typed rather
+// than let a URIError stop the tab from starting.
+function decode(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
 }
 
 function formatHash(entries) {
@@ -100,26 +110,39 @@ function hashWindow() {
   return window;
 }
 
-/** Reads our keys straight from the hash (used when not embedded in TensorBoard). */
-export function readOwnHash() {
-  const w = hashWindow();
+/** Our keys' `{key: string}` data in a hash string, without the `p.introspect.` prefix. */
+export function dataFromHash(hash) {
   const prefix = `p.${PLUGIN}.`;
   const data = {};
-  for (const [k, v] of parseHash(w.location.hash)) {
+  for (const [k, v] of parseHash(hash)) {
     if (k && k.startsWith(prefix)) data[k.slice(prefix.length)] = v;
   }
   return data;
+}
+
+/**
+ * `hash` with our keys replaced by the non-default values of `state`, other
+ * keys kept; `embedded` (TensorBoard's page) puts the plugin name first when
+ * the hash has none, as tf_storage expects.
+ */
+export function hashWithState(hash, state, embedded) {
+  const prefix = `p.${PLUGIN}.`;
+  const kept = parseHash(hash).filter(([k]) => !(k && k.startsWith(prefix)));
+  if (embedded && !kept.some(([k]) => k === null)) kept.unshift([null, PLUGIN]);
+  const ours = Object.entries(serialise(state)).map(([k, v]) => [prefix + k, v]);
+  return formatHash([...kept, ...ours]);
+}
+
+/** Reads our keys straight from the hash (used when not embedded in TensorBoard). */
+export function readOwnHash() {
+  return dataFromHash(hashWindow().location.hash);
 }
 
 let lastWritten = null;
 
 export function writeState(state) {
   const w = hashWindow();
-  const prefix = `p.${PLUGIN}.`;
-  const kept = parseHash(w.location.hash).filter(([k]) => !(k && k.startsWith(prefix)));
-  if (w !== window && !kept.some(([k]) => k === null)) kept.unshift([null, PLUGIN]);
-  const ours = Object.entries(serialise(state)).map(([k, v]) => [prefix + k, v]);
-  const hash = formatHash([...kept, ...ours]);
+  const hash = hashWithState(w.location.hash, state, w !== window);
   if (hash === lastWritten || hash === w.location.hash.replace(/^#/, "")) return;
   lastWritten = hash;
   try {
