@@ -52,7 +52,7 @@ export const MODES = [
   {
     id: "ilr",
     label: "ILR",
-    help: "implicit learning rate |Δw| / |mean gradient| per element between logged points: percentiles over the"
+    help: "implicit learning rate |Δw| / |Σg| per element between logged points (Σg: the sum of the gradients in between): percentiles over the"
       + " elements (log axis). Plain SGD: every percentile is the learning rate (with momentum m about"
       + " rate / (1 − m)); Adam/RMSprop: the spread is the per-element step sizes, about rate / |g|. Compare"
       + " layers: one far from the others is scaled by something else (clipping, its own rate, no update)",

@@ -17,7 +17,7 @@ const LEGEND_MAX = 8;
 const HOVER_PX = 12;
 
 /** The section title's help text. */
-export const ILR_HELP = "|Δw| / |mean gradient| per weight between logged points: the step size the"
+export const ILR_HELP = "|Δw| / |Σg| per weight between logged points (Σg: the sum of the gradients in between): the step size the"
   + " optimizer really takes; with plain SGD it is the learning rate";
 
 /**
