@@ -3,8 +3,8 @@
 The other browser tests use generated data with known values. Real runs break
 the tab in ways that data does not: magnitudes of 1e-40 in a gradient, tensors
 that are all zeros, hundreds of tensors per view. Here a session-scoped
-fixture trains real models once per test run (the quick variants of the four
-demo runs and a randomly initialised MobileNetV2), a real ``tensorboard``
+fixture (conftest.py) trains real models once per test run (the quick variants of the
+four demo runs and a randomly initialised MobileNetV2), a real ``tensorboard``
 serves them, and every run is opened in every view and mode. For each:
 
 - no console error or uncaught exception;
@@ -21,10 +21,7 @@ uPlot's log-axis splits looping on every log chart.
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import subprocess
-import sys
 import urllib.parse
 from pathlib import Path
 
@@ -42,6 +39,7 @@ from browser_session import (
 )
 from browser_support import TENSORS, launch_chromium, stats_vector, tensorboard
 from playwright.sync_api import sync_playwright
+from shared_runs import APP_RUN
 from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import metadata, summary_pb
@@ -49,54 +47,6 @@ from tb_introspect.demo.models import HEALTHY_LR, MOMENTUM
 from tb_introspect.writer import NumpyWriter
 
 pytestmark = pytest.mark.browser
-
-
-
-# -- real runs ------------------------------------------------------------------------------
-
-#: The keras.applications model of the fixture, and its training.
-APP_RUN = "mobilenetv2"
-APP_EPOCHS = 2
-APP_SAMPLES = 64
-
-
-def build_real_logdir(root: Path) -> Path:
-    """The quick demo runs (the real CLI) and a MobileNetV2 trained with ``Introspect``.
-
-    Both trainings run at once, each in its own process (TensorFlow only
-    there: the test process stays light), so two cores take the longer one.
-    """
-    cli = Path(sys.executable).with_name("tb-introspect")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    code = f"""
-import numpy as np, keras
-from tb_introspect.keras import Introspect
-keras.utils.set_random_seed(0)
-model = keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), classes=10)
-model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(),
-              metrics=["accuracy"])
-rng = np.random.default_rng(0)
-x = rng.normal(size=({APP_SAMPLES}, 32, 32, 3)).astype("float32")
-y = rng.integers(0, 10, {APP_SAMPLES})
-model.fit(x, y, batch_size=16, epochs={APP_EPOCHS}, verbose=0,
-          callbacks=[Introspect({str(root / APP_RUN)!r}, every=2)])
-"""
-    jobs = [
-        subprocess.Popen([str(cli), "demo", "--quick", "--no-progress", "--logdir", str(root)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
-        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env),
-    ]
-    for job in jobs:
-        _, err = job.communicate(timeout=1800)
-        assert job.returncode == 0, err[-3000:]
-    return root
-
-
-@pytest.fixture(scope="session")
-def real_logdir(tmp_path_factory) -> Path:
-    """Real runs, trained once per test session (about 3 minutes on 2 cores)."""
-    return build_real_logdir(tmp_path_factory.mktemp("real") / "logs")
 
 
 # -- the log-axis freeze, on data that holds it for sure -------------------------------

@@ -1,8 +1,8 @@
 """The layer-scale stack plot on a real demo run, in headless Chromium.
 
-Trains the demo's vanishing-gradient scenario (quick variant, the real ``Introspect``
-callback), serves it with a real TensorBoard and checks that the gradient stack draws one
-band per layer: hovering the middle of each band, bottom to top, names each layer with
+Reads the quick demo's vanishing-gradient run (the real ``Introspect`` callback, trained
+once per session), serves it with a real TensorBoard and checks that the gradient stack
+draws one band per layer: hovering the middle of each band, bottom to top, names each layer with
 weights once, in depth order; a click opens that layer in the Layers view.
 """
 
@@ -14,23 +14,14 @@ from browser_support import launch_chromium, next_paint, plugin_frame, tensorboa
 
 pytestmark = pytest.mark.browser
 
-
-@pytest.fixture(scope="module")
-def vanishing_logdir(tmp_path_factory):
-    from tb_introspect.demo.run import run_demo
-
-    logdir = tmp_path_factory.mktemp("demo")
-    run_demo(str(logdir), quick=True, scenarios=["vanishing_sigmoid_mlp"], progress=False)
-    return logdir
+RUN = "4_vanishing_sigmoid_mlp"  # of the session's quick demo (conftest.py)
 
 
-def test_gradient_stack_has_one_band_per_layer(vanishing_logdir) -> None:
+def test_gradient_stack_has_one_band_per_layer(trained) -> None:
     from playwright.sync_api import sync_playwright
 
-    with tensorboard(vanishing_logdir) as tb, sync_playwright() as p:
-        run = tb.get_json("runs")["runs"][0]
-        run = run["run"] if isinstance(run, dict) else run
-        ov = tb.get_json(f"overview?run={run}")["views"]["gradient"]
+    with tensorboard(trained.demo, wait_runs=4) as tb, sync_playwright() as p:
+        ov = tb.get_json(f"overview?run={RUN}")["views"]["gradient"]
         layers_with_weights = list(dict.fromkeys(t["layer"] for t in ov["tensors"]))
         bands = ov["stack_layers"]
         # One band per layer (8 sigmoid layers + the classifier), not per tensor (18).
@@ -41,7 +32,7 @@ def test_gradient_stack_has_one_band_per_layer(vanishing_logdir) -> None:
 
         browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.goto(tb.url + "#introspect")
+        page.goto(tb.url + f"#introspect&p.introspect.run={RUN}")
         frame = plugin_frame(page)
         chart = frame.locator('.chart[data-chart="gradient-stack"]')
         chart.wait_for(timeout=60_000)

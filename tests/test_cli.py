@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from shared_runs import link_runs
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = shutil.which("tb-introspect", path=os.path.dirname(sys.executable)) or shutil.which(
@@ -52,14 +53,11 @@ def snapshot(path: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def small_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two short demo runs (the MLPs: fast) made by the real console script."""
-    logdir = tmp_path_factory.mktemp("cli") / "logs"
-    r = cli("demo", "--logdir", str(logdir), "--epochs", "3", "--no-progress",
-            "--scenario", "dying_relu_mlp", "--scenario", "vanishing_sigmoid_mlp")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "3_dying_relu_mlp" in r.stdout and "4_vanishing_sigmoid_mlp" in r.stdout
-    return logdir
+def small_logdir(trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's quick demo runs (made by the real console script, conftest.py), as
+    links in a logdir of this module's own: ``demo`` adds a run to it below."""
+    runs = {p.name: p for p in sorted(trained.demo.iterdir()) if p.is_dir()}
+    return link_runs(runs, tmp_path_factory.mktemp("cli") / "logs")
 
 
 # --------------------------------------------------------------------------- help, usage

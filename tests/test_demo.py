@@ -94,20 +94,14 @@ def test_scenarios_are_listed_without_keras() -> None:
 
 
 @pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Evidence]]:
-    """``tb-introspect demo --quick`` once; the evidence of each run read back from disk."""
-    if CLI is None:
-        pytest.skip("console script not installed (pip install -e .)")
-    logdir = tmp_path_factory.mktemp("demo") / "logs"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    r = subprocess.run([CLI, "demo", "--quick", "--logdir", str(logdir)], capture_output=True,
-                       text=True, timeout=900, env=env, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-4000:]
+def quick_demo(trained) -> tuple[Path, str, dict[str, Evidence]]:
+    """The session's ``tb-introspect demo --quick`` (conftest.py); each run's evidence read
+    back from disk."""
     from tb_introspect.plugin.reader import read_logdir
 
-    runs = read_logdir(str(logdir))
+    runs = read_logdir(str(trained.demo))
     assert sorted(runs) == list(RUNS)
-    return logdir, r.stderr, {name: collect(run) for name, run in runs.items()}
+    return trained.demo, trained.demo_stderr, {name: collect(run) for name, run in runs.items()}
 
 
 @pytest.mark.slow

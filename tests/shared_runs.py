@@ -1,0 +1,87 @@
+"""The real trainings that test modules read (trained once per session by the fixtures of
+``conftest.py``): the quick demo, by the real console script, and randomly initialised
+keras.applications models with ``Introspect``: a MobileNetV2 (two epochs, a point every two
+steps) and a ResNet50 (one epoch of two steps: its graph is what is tested, and its logged
+point alone takes a minute to compile on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The console script of this environment (None when the package is not installed).
+CLI = shutil.which("tb-introspect", path=os.path.dirname(sys.executable)) or shutil.which(
+    "tb-introspect")
+
+#: The keras.applications run, and its training.
+APP_RUN = "mobilenetv2"
+APP_EPOCHS = 2
+APP_SAMPLES = 64
+APP_BATCH = 16
+APP_EVERY = 2
+#: The ResNet50 run: one epoch of two steps of RESNET_BATCH samples, one point at its end.
+RESNET_BATCH = 4
+
+APP_CODE = """
+import sys
+import numpy as np, keras
+from tb_introspect.keras import Introspect
+keras.utils.set_random_seed(0)
+model = keras.applications.{name}(weights=None, input_shape=(32, 32, 3), classes=10)
+model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(),
+              metrics=["accuracy"])
+rng = np.random.default_rng(0)
+x = rng.normal(size=({samples}, 32, 32, 3)).astype("float32")
+y = rng.integers(0, 10, {samples})
+model.fit(x, y, batch_size={batch}, epochs={epochs}, verbose=0,
+          callbacks=[Introspect(sys.argv[1], every={every})])
+"""
+
+
+@dataclass(frozen=True)
+class Trained:
+    demo: Path  #: the quick demo's logdir: its four runs and nothing else
+    demo_stderr: str  #: what the demo printed (its progress bars)
+    app: Path  #: the MobileNetV2 run's directory
+    resnet: Path  #: the ResNet50 run's directory
+
+
+def train_shared(root: Path) -> Trained:
+    """The three trainings at once, each in its own process (TensorFlow only there: the test
+    process stays light). The demo computes; the two applications mostly build and compile
+    graphs, single-threaded: together they keep two cores busy."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    demo, app, resnet = root / "demo", root / "app" / APP_RUN, root / "resnet50"
+    mobilenet = APP_CODE.format(name="MobileNetV2", samples=APP_SAMPLES, batch=APP_BATCH,
+                                epochs=APP_EPOCHS, every=APP_EVERY)
+    resnet50 = APP_CODE.format(name="ResNet50", samples=2 * RESNET_BATCH, batch=RESNET_BATCH,
+                               epochs=1, every='"epoch"')
+    jobs = [
+        subprocess.Popen([CLI, "demo", "--quick", "--logdir", str(demo)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env),
+        *(subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+          for code, out in ((mobilenet, app), (resnet50, resnet))),
+    ]
+    errs = []
+    for job in jobs:
+        _, err = job.communicate(timeout=1800)
+        assert job.returncode == 0, err[-3000:]
+        errs.append(err)
+    return Trained(demo, errs[0], app, resnet)
+
+
+def link_runs(runs: dict[str, Path], root: Path) -> Path:
+    """A logdir ``root`` whose run ``name`` holds hard links to the files of ``runs[name]``
+    (closed event files: the links read as copies, for free)."""
+    for name, src in runs.items():
+        for path in src.rglob("*"):
+            if path.is_file():
+                dst = root / name / path.relative_to(src)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, dst)
+    return root

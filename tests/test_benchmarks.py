@@ -1,0 +1,53 @@
+"""Every benchmark runs, once, with small arguments: a benchmark that breaks fails here,
+not on the day its figures are needed. The figures themselves are not checked (speed is
+measured by the benchmarks, on a quiet machine); what is checked is that each one finishes,
+exits 0 and prints its Markdown table. ``load_test.py`` exits 1 on any wrong or failed
+answer, so its row is also the load test: 32 concurrent clients, both loaders, no error.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+#: (script, small arguments, minutes allowed); each prints a Markdown table but align_bench,
+#: whose last line is its ratio.
+SMALL = [
+    ("align_bench.py", ["--tensors", "20", "--steps", "200", "--repeats", "2"], 3),
+    ("stats_bench.py", ["--sizes", "1000", "100000", "--repeats", "2"], 5),
+    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "4"], 8),
+    ("plugin_bench.py", ["--tensors", "10", "--steps", "60", "--repeats", "2", "--isolated",
+                         "1", "--cold", "1"], 5),
+    ("frontend_bench.py", ["--tensors", "10", "--steps", "60", "--repeats", "1", "--cold",
+                           "1"], 5),
+    ("load_test.py", ["--tensors", "200", "--steps", "20", "--clients", "32", "--requests",
+                      "5"], 5),
+    ("overhead.py", ["--models", "cnn", "--quick"], 8),
+    ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
+    ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
+]
+
+
+def test_every_benchmark_is_listed() -> None:
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")}
+    assert scripts == {s for s, _, _ in SMALL}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "args", "minutes"), SMALL, ids=[s for s, _, _ in SMALL])
+def test_benchmark_runs(script: str, args: list[str], minutes: int) -> None:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    r = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True,
+                       text=True, timeout=60 * minutes, env=env)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    if script == "align_bench.py":
+        assert "per field / one pass:" in r.stdout, r.stdout[-2000:]
+        return
+    table = [line for line in r.stdout.splitlines() if line.startswith("|")]
+    assert len(table) >= 3, r.stdout[-2000:]  # a header, its rule and at least one row
