@@ -13,15 +13,16 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugin_testlib import served_port
 from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import metadata, summary_pb
@@ -189,12 +190,6 @@ def write_fixture_logdir(logdir: Path) -> Path:
     return logdir
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 NO_TF_TENSORBOARD = (
     "import sys; sys.modules['tensorflow'] = None; "
     "from tensorboard.main import run_main; sys.argv[0] = 'tensorboard'; run_main()"
@@ -219,19 +214,26 @@ class TensorBoard:
 def tensorboard(logdir: Path, path_prefix: str = "", wait_runs: int = 1,
                 extra_args: tuple[str, ...] = ()) -> Iterator[TensorBoard]:
     """A real ``tensorboard`` process serving ``logdir``; waits until its runs are loaded."""
-    port = free_port()
-    log_path = logdir.parent / f"tensorboard-{port}.log"
+    fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log", dir=logdir.parent)
+    log_path = Path(name)
     # TensorBoard without TensorFlow, as on a viewing server: it proves the
     # plugin needs no TensorFlow and saves seconds of import per process.
     args = [
         sys.executable, "-c", NO_TF_TENSORBOARD, "--logdir", str(logdir),
-        "--host", "127.0.0.1", "--port", str(port), "--load_fast=false",
+        "--host", "127.0.0.1", "--port", "0", "--load_fast=false",
         "--reload_interval", "1", *extra_args,
     ]
     if path_prefix:
         args += ["--path_prefix", path_prefix]
-    log = open(log_path, "wb")
+    log = os.fdopen(fd, "wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
+    try:
+        port = served_port(proc, name, time.monotonic() + 90)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        log.close()
+        raise
     tb = TensorBoard(f"http://127.0.0.1:{port}{path_prefix}/", proc, log_path)
     try:
         deadline = time.monotonic() + 90

@@ -11,7 +11,7 @@ import contextlib
 import gzip
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import tempfile
@@ -161,11 +161,23 @@ def write_bad_tags(run_dir: str, steps: int = 5) -> None:
 # -- real TensorBoard processes ---------------------------------------------------
 
 
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def served_port(proc: subprocess.Popen, log_path: str, deadline: float) -> int:
+    """The port a ``tensorboard --port 0`` process bound, from the line it prints.
+
+    Port 0 lets the kernel choose at bind time: a port picked free beforehand can be taken
+    by another test's server in between (tests run in parallel workers), and then the
+    checks would talk to that server.
+    """
+    while True:
+        with open(log_path, errors="replace") as f:
+            m = re.search(r"TensorBoard \S+ at http://[^:/]+:(\d+)", f.read())
+        if m:
+            return int(m.group(1))
+        if proc.poll() is not None:
+            raise RuntimeError(f"tensorboard exited early:\n{open(log_path).read()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"tensorboard did not start:\n{open(log_path).read()[-3000:]}")
+        time.sleep(0.2)
 
 
 @dataclass
@@ -189,19 +201,23 @@ class TensorBoardProcess:
 def tensorboard(
     *args: str, load_fast: str = "false", path_prefix: str = "", timeout: float = 90.0
 ):
-    """Start ``tensorboard`` on a free port (args e.g. ``--logdir X``); yields the process."""
-    port = free_port()
+    """Start ``tensorboard`` on a port of its own (args e.g. ``--logdir X``); yields it."""
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)  # noqa: SIM115
     cmd = [sys.executable, "-m", "tensorboard.main", *args, "--host", "127.0.0.1",
-           "--port", str(port), f"--load_fast={load_fast}", "--reload_interval", "1"]
+           "--port", "0", f"--load_fast={load_fast}", "--reload_interval", "1"]
     if path_prefix:
         cmd += ["--path_prefix", path_prefix]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    root = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    try:
+        root = f"http://127.0.0.1:{served_port(proc, log.name, deadline)}"
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     tb = TensorBoardProcess(proc, root, root + path_prefix, log.name)
     try:
-        deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"tensorboard exited early:\n{tb.log()}")

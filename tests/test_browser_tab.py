@@ -449,3 +449,31 @@ def test_path_prefix(browser, logdir):
             s.shot("layers-path-prefix")
         finally:
             s.close()
+
+
+def test_panel_downloads_every_point_as_csv_and_json(session):
+    """A panel's CSV and JSON links download the tensor's series at full resolution."""
+    import csv
+    import io
+    import json
+
+    f = session.open("p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.1"
+                     "&p.introspect.view=gradient")
+    tag = "introspect/gradient/conv1/kernel"
+    panel = f.locator(panel_sel(tag))
+    with session.page.expect_download() as dl:
+        panel.locator("a.export", has_text="CSV").click()
+    download = dl.value
+    assert download.suggested_filename == "exp1_lr_0.1__gradient_conv1_kernel.csv"
+    rows = list(csv.reader(io.StringIO(Path(download.path()).read_text())))
+    assert rows[0][:4] == ["step", "epoch", "wall_time", "count"] and "rms" in rows[0]
+    steps = [int(r[0]) for r in rows[1:]]
+    assert steps == list(range(1, 121))  # every point, not the panel's downsampled read
+    rms = rows[0].index("rms")
+    index = tensor_index("gradient", "conv1/kernel")
+    assert float(rows[60][rms]) == pytest.approx(known_rms("exp1/lr_0.1", "gradient", index, 60),
+                                                 rel=1e-5)
+    with session.page.expect_download() as dl:
+        panel.locator("a.export", has_text="JSON").click()
+    doc = json.loads(Path(dl.value.path()).read_text())
+    assert doc["tag"] == tag and doc["steps"] == steps

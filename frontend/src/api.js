@@ -31,6 +31,14 @@ async function getJSON(path, params) {
  * Caches responses until the next TensorBoard reload (invalidate()), so tab
  * switches are instant and only a reload re-reads the data.
  */
+/**
+ * The URL of one tag's download at full resolution (`./export`, docs/http_api.md):
+ * `format` "csv" or "json"; the server names the file.
+ */
+export function exportURL(run, tag, format) {
+  return `export?${new URLSearchParams({ run, tag, format })}`;
+}
+
 export class Api {
   constructor() {
     this.cache = new Map();

@@ -49,6 +49,14 @@ def gzipped_json_response(request: wrappers.Request, body_gz: bytes) -> wrappers
     return http_util.Respond(request, body_gz, JSON, content_encoding="gzip")
 
 
+def file_response(request: wrappers.Request, body: bytes, mime: str,
+                  filename: str) -> wrappers.Response:
+    """A download: ``body`` as the attachment ``filename`` (gzip-compressed in transit)."""
+    response = http_util.Respond(request, body, mime)
+    response.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
 def error_response(request: wrappers.Request, error: RequestError) -> wrappers.Response:
     """``{"error": message}`` with the error's status."""
     return json_response(request, {"error": str(error)}, status=error.status)

@@ -25,12 +25,13 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_introspect import metadata
-from tb_introspect.plugin import activity, assets, bounded, overview, reader
+from tb_introspect.plugin import activity, assets, bounded, export, overview, reader
 from tb_introspect.plugin.cache import FingerprintCache
 from tb_introspect.plugin.http_io import (
     RequestError,
     encode,
     error_response,
+    file_response,
     gzip_bytes,
     gzipped_json_response,
     int_list,
@@ -183,6 +184,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             "/runs": self._serve_runs,
             "/run": self._serve_run,
             "/series": self._serve_series,
+            "/export": self._serve_export,
             "/overview": self._serve_overview,
             "/activity": self._serve_activity,
             "/index.js": self._serve_index,
@@ -344,7 +346,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                 )
             return gzip_bytes(encode({
                 "run": run,
-                "series": {t: _series_json(series[t], fields, t in sampled)
+                "series": {t: export.series_json(series[t], fields, t in sampled)
                            for t in tags if t in series},
                 "skipped": [{"tag": t, "reason": r} for t, r in bad + unreadable],
             }))
@@ -353,6 +355,32 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         return gzipped_json_response(
             request, self._series.get(key, listing.fingerprint, render)
         )
+
+    @_route
+    def _serve_export(self, request: wrappers.Request):
+        """One tag at full resolution as a CSV or JSON file (see docs/http_api.md)."""
+        run, tag = required(request, "run"), required(request, "tag")
+        fmt = request.args.get("format", "csv")
+        if fmt not in export.FORMATS:
+            raise RequestError(f"format must be one of {', '.join(export.FORMATS)}, not {fmt!r}")
+        listing = self._list_run(request, run)
+        info = listing.infos.get(tag)
+        if info is None:
+            reason = dict(listing.bad).get(tag)
+            raise RequestError(f"tag {tag!r} cannot be read: {reason}") if reason else \
+                not_found(f"run {run!r} has no tb-introspect tag {tag!r}")
+        if activity.is_activity(info):
+            raise RequestError(f"tag {tag!r} is an activity map; read it with ./activity")
+        series, sampled, skipped = bounded.read(
+            self._provider, plugin_util.experiment_id(request.environ), run, [info],
+            ctx=plugin_util.context(request.environ), multiplexer=self._multiplexer)
+        if tag not in series:
+            raise RequestError(f"tag {tag!r} cannot be read: {dict(skipped).get(tag)}")
+        s = series[tag]
+        body = export.csv_bytes(s) if fmt == "csv" else \
+            export.json_bytes(run, s, tag in sampled)
+        mime, ext = export.FORMATS[fmt]
+        return file_response(request, body, mime, export.filename(run, tag, ext))
 
     @_route
     def _serve_overview(self, request: wrappers.Request):
@@ -481,17 +509,3 @@ def _metric_entry(
     }
 
 
-def _series_json(s: reader.Series, fields: list[str], sampled: bool = False) -> dict[str, Any]:
-    i = s.info
-    out: dict[str, Any] = {"kind": i.kind, "name": i.name, "sampled": sampled}
-    if i.kind == reader.KIND_TENSOR_STATS:
-        out.update({
-            "view": i.view, "layer": i.layer, "depth": i.depth, "shape": list(i.shape),
-            "dtype": i.dtype, "cadence": i.cadence, "quantiles": num_list(i.quantiles),
-        })
-    wanted = fields or [f for f in i.fields if f != "epoch"]
-    out["steps"] = s.steps.tolist()
-    out["epochs"] = int_list(s.epochs)
-    out["wall_times"] = num_list(s.wall_times)
-    out["values"] = {f: num_list(s.field(f)) for f in wanted if s.has(f)}
-    return out

@@ -4,6 +4,7 @@
 // fraction on a second axis), RMS, a view's own slot (update ratio, gradient
 // cosine), or the weights' implicit-learning-rate percentiles (log axis).
 
+import { exportURL } from "../api.js";
 import { afterPaint, chart, percentileBands, readoutLine } from "../charts.js";
 import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, sampleBudget, sampleNote, shapeText, xValues } from "../common.js";
 import { h } from "../dom.js";
@@ -159,7 +160,12 @@ function panel(L, t) {
   const plot = h("div.panel-plot");
   // Line 1: the name (and the PNG button); line 2: the shape and the mode
   // switch. Layer and dtype are in the tooltip: the name already says them.
-  const tools = h("div.panel-tools");
+  const tools = h("div.panel-tools",
+    ["csv", "json"].map((format) => h("a.export", {
+      href: exportURL(ctx.state.run, t.tag, format),
+      download: "",
+      title: `Download every point of this tensor (step, epoch and every statistic) as ${format.toUpperCase()}`,
+    }, format.toUpperCase())));
   const meta = h("div.panel-meta", {
     title: [t.layer ? `layer ${t.layer}` : "", t.dtype || "", t.cadence === "epoch" ? "logged per epoch" : ""]
       .filter(Boolean).join(" · "),
