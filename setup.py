@@ -75,6 +75,8 @@ setup(
         "demo": ["scikit-learn>=1.3,<2", "tqdm>=4.66,<5"],
         "test": [
             "pytest>=8,<10",
+            "pytest-xdist>=3.6,<4",
+            "filelock>=3.12,<5",
             "hypothesis>=6.100,<7",
             "playwright>=1.45,<2",
             "ruff==0.17.5",

@@ -128,20 +128,20 @@ def xla_compile_rows(sizes: tuple[int, ...]) -> None:
         print(f"| {n} | {s} | {mib} |", flush=True)
 
 
-def log_row(repeats: int) -> None:
+def log_row(repeats: int, name: str = "mobilenetv2") -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from overhead import dataset, make
 
     from tb_introspect.keras import Introspect
 
-    model = make("mobilenetv2")
+    model = make(name)
     cb = Introspect(tempfile.mkdtemp(prefix="tbi_engine_"), every="epoch")
     model.fit(dataset(2, 16), epochs=1, verbose=0, callbacks=[cb])
     c = cb.collector
     steps = iter(range(10**6))
     w, cpu = timed(lambda: c.log(next(steps), 0), repeats)
     tensors = len(c.var_specs) * 2 + len(c.out_specs) * 2
-    print(f"| `Collector.log`, one point, MobileNetV2 ({tensors} tensors) | {w:.0f} | {cpu:.0f} |")
+    print(f"| `Collector.log`, one point, {name} ({tensors} tensors) | {w:.0f} | {cpu:.0f} |")
     cb.close()
 
 
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--xla-sizes", default="4,16,32",
                    help="numbers of batch_state computations in the XLA compile rows")
+    p.add_argument("--log-model", default="mobilenetv2",
+                   help="the model of the Collector.log row (a model of overhead.py)")
     p.add_argument("--xla-compile-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.xla_compile_child:
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| what | wall ms | CPU ms |\n|---|---:|---:|")
     batch_state_rows(args.repeats)
     counting_rows(2 * args.repeats)
-    log_row(max(3, args.repeats // 3))
+    log_row(max(3, args.repeats // 3), args.log_model)
     xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
     return 0
 

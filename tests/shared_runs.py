@@ -6,11 +6,12 @@ point alone takes a minute to compile on 2 cores)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 #: The console script of this environment (None when the package is not installed).
@@ -42,18 +43,33 @@ model.fit(x, y, batch_size={batch}, epochs={epochs}, verbose=0,
 """
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Trained:
     demo: Path  #: the quick demo's logdir: its four runs and nothing else
     demo_stderr: str  #: what the demo printed (its progress bars)
     app: Path  #: the MobileNetV2 run's directory
     resnet: Path  #: the ResNet50 run's directory
 
+    def save(self, root: Path) -> None:
+        """Marks ``root`` as trained, for the other test processes (``load``)."""
+        (root / "trained.json").write_text(json.dumps(
+            {k: str(v) for k, v in dataclasses.asdict(self).items()}))
+
+    @classmethod
+    def load(cls, root: Path) -> Trained | None:
+        """What ``train_shared(root)`` made, or None when it has not run."""
+        done = root / "trained.json"
+        if not done.is_file():
+            return None
+        d = json.loads(done.read_text())
+        return cls(Path(d["demo"]), d["demo_stderr"], Path(d["app"]), Path(d["resnet"]))
+
 
 def train_shared(root: Path) -> Trained:
     """The three trainings at once, each in its own process (TensorFlow only there: the test
     process stays light). The demo computes; the two applications mostly build and compile
     graphs, single-threaded: together they keep two cores busy."""
+    root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     demo, app, resnet = root / "demo", root / "app" / APP_RUN, root / "resnet50"
     mobilenet = APP_CODE.format(name="MobileNetV2", samples=APP_SAMPLES, batch=APP_BATCH,
@@ -72,7 +88,9 @@ def train_shared(root: Path) -> Trained:
         _, err = job.communicate(timeout=1800)
         assert job.returncode == 0, err[-3000:]
         errs.append(err)
-    return Trained(demo, errs[0], app, resnet)
+    trained = Trained(demo, errs[0], app, resnet)
+    trained.save(root)
+    return trained
 
 
 def link_runs(runs: dict[str, Path], root: Path) -> Path:

@@ -21,14 +21,15 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMALL = [
     ("align_bench.py", ["--tensors", "20", "--steps", "200", "--repeats", "2"], 3),
     ("stats_bench.py", ["--sizes", "1000", "100000", "--repeats", "2"], 5),
-    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "4"], 8),
+    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "4", "--log-model", "cnn"], 8),
+    # one loader each: load_test below runs both
     ("plugin_bench.py", ["--tensors", "10", "--steps", "60", "--repeats", "2", "--isolated",
-                         "1", "--cold", "1"], 5),
+                         "1", "--cold", "1", "--loaders", "true"], 5),
     ("frontend_bench.py", ["--tensors", "10", "--steps", "60", "--repeats", "1", "--cold",
                            "1"], 5),
     ("load_test.py", ["--tensors", "200", "--steps", "20", "--clients", "32", "--requests",
                       "5"], 5),
-    ("overhead.py", ["--models", "cnn", "--quick"], 8),
+    ("overhead.py", ["--models", "cnn", "--every", "epoch,1", "--quick"], 8),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
 ]
@@ -45,7 +46,9 @@ def test_benchmark_runs(script: str, args: list[str], minutes: int) -> None:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     r = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True,
                        text=True, timeout=60 * minutes, env=env)
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    if r.returncode != 0:  # every line: a truncated assertion repr would hide the errors
+        pytest.fail(f"{script} exited {r.returncode}\n--- stdout\n{r.stdout[-4000:]}"
+                    f"\n--- stderr\n{r.stderr[-6000:]}", pytrace=False)
     if script == "align_bench.py":
         assert "per field / one pass:" in r.stdout, r.stdout[-2000:]
         return

@@ -333,7 +333,7 @@ def test_loader_defaults_samples_but_keeps_users_value() -> None:
     plugin = loader.load(base_plugin.TBContext(data_provider=None))
     assert plugin.frontend_metadata().es_module_path == "/index.js"
     assert plugin.frontend_metadata().tab_name == "Introspect"
-    assert set(plugin.get_plugin_apps()) == {"/runs", "/run", "/series", "/overview",
+    assert set(plugin.get_plugin_apps()) == {"/runs", "/run", "/series", "/export", "/overview",
                                              "/activity", "/index.js", "/static/*"}
 
 
