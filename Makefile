@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LOGDIR ?= logs/demo
 PORT ?= 6006
 # pytest-xdist workers of `make test`. Much of the suite waits on subprocesses (training,
-# tensorboard, Chromium), so two workers are a third faster than one even on 2 cores.
+# tensorboard, Chromium), so a second worker keeps the cores busy even on a 2-core machine.
 TEST_WORKERS ?= 2
 
 .PHONY: venv frontend demo serve test test-js test-oldest lint chromium bench clean
