@@ -8,6 +8,7 @@ LOGDIR ?= logs/demo
 PORT ?= 6006
 # pytest-xdist workers of `make test`. Much of the suite waits on subprocesses (training,
 # tensorboard, Chromium), so a second worker keeps the cores busy even on a 2-core machine.
+# loadfile: a module and its module-scoped fixtures stay on one worker (built once).
 TEST_WORKERS ?= 2
 
 .PHONY: venv frontend demo serve test test-js test-oldest lint chromium bench clean
@@ -50,7 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: $(STAMP) chromium lint test-js
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests; rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
 
 # The frontend's pure modules under node's own test runner: only node, no node_modules.
