@@ -28,10 +28,6 @@ async function getJSON(path, params) {
 }
 
 /**
- * Caches responses until the next TensorBoard reload (invalidate()), so tab
- * switches are instant and only a reload re-reads the data.
- */
-/**
  * The URL of one tag's download at full resolution (`./export`, docs/http_api.md):
  * `format` "csv" or "json"; the server names the file.
  */
@@ -39,6 +35,10 @@ export function exportURL(run, tag, format) {
   return `export?${new URLSearchParams({ run, tag, format })}`;
 }
 
+/**
+ * Caches responses until the next TensorBoard reload (invalidate()), so tab
+ * switches are instant and only a reload re-reads the data.
+ */
 export class Api {
   constructor() {
     this.cache = new Map();

@@ -305,16 +305,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         fields = repeated(request, "field")
         downsample = non_negative_int(request, "downsample", 0)
         listing = self._list_run(request, run)
-        infos = listing.infos
-        bad = [(t, r) for t, r in listing.bad if t in tags]
-        missing = [t for t in tags if t not in infos and t not in dict(bad)]
-        if missing:
-            raise not_found(f"run {run!r} has no tb-introspect tag {missing[0]!r}"
-                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        infos = {t: infos[t] for t in tags if t in infos}
-        maps = [t for t, i in infos.items() if activity.is_activity(i)]
-        if maps:
-            raise RequestError(f"tag {maps[0]!r} is an activity map; read it with ./activity")
+        infos, bad = _series_tags(listing, run, tags)
         if fields:
             known = {f for i in infos.values() for f in i.fields}
             unknown = [f for f in fields if f not in known]
@@ -363,16 +354,11 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         fmt = request.args.get("format", "csv")
         if fmt not in export.FORMATS:
             raise RequestError(f"format must be one of {', '.join(export.FORMATS)}, not {fmt!r}")
-        listing = self._list_run(request, run)
-        info = listing.infos.get(tag)
-        if info is None:
-            reason = dict(listing.bad).get(tag)
-            raise RequestError(f"tag {tag!r} cannot be read: {reason}") if reason else \
-                not_found(f"run {run!r} has no tb-introspect tag {tag!r}")
-        if activity.is_activity(info):
-            raise RequestError(f"tag {tag!r} is an activity map; read it with ./activity")
+        infos, bad = _series_tags(self._list_run(request, run), run, [tag])
+        if bad:
+            raise RequestError(f"tag {tag!r} cannot be read: {bad[0][1]}")
         series, sampled, skipped = bounded.read(
-            self._provider, plugin_util.experiment_id(request.environ), run, [info],
+            self._provider, plugin_util.experiment_id(request.environ), run, [infos[tag]],
             ctx=plugin_util.context(request.environ), multiplexer=self._multiplexer)
         if tag not in series:
             raise RequestError(f"tag {tag!r} cannot be read: {dict(skipped).get(tag)}")
@@ -468,6 +454,23 @@ def _run_document(
         "activity": maps,
         "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
     }
+
+
+def _series_tags(listing: _Listing, run: str, tags: list[str]
+                 ) -> tuple[dict[str, reader.TagInfo], list[tuple[str, str]]]:
+    """``tags`` of ``run`` as ``./series`` and ``./export`` read them: (the readable ones'
+    infos, (tag, reason) of the unreadable ones). 404 for a tag the run does not have, 400
+    for an activity map."""
+    bad = [(t, r) for t, r in listing.bad if t in tags]
+    missing = [t for t in tags if t not in listing.infos and t not in dict(bad)]
+    if missing:
+        raise not_found(f"run {run!r} has no tb-introspect tag {missing[0]!r}"
+                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    infos = {t: listing.infos[t] for t in tags if t in listing.infos}
+    maps = [t for t, i in infos.items() if activity.is_activity(i)]
+    if maps:
+        raise RequestError(f"tag {maps[0]!r} is an activity map; read it with ./activity")
+    return infos, bad
 
 
 def _last_finite(values) -> float:
