@@ -2,19 +2,8 @@
 
 import { h } from "./dom.js";
 
-export const VIEWS = ["variable", "gradient", "output", "output_gradient"];
-export const VIEW_LABELS = {
-  variable: "Weights",
-  gradient: "Gradients",
-  output: "Layer outputs",
-  output_gradient: "Output gradients",
-};
-export const VIEW_HELP = {
-  variable: "trainable variables",
-  gradient: "gradients of the loss w.r.t. the variables",
-  output: "layer outputs (activations)",
-  output_gradient: "gradients of the loss w.r.t. the layer outputs",
-};
+// The views, their names and one-line help: the schema's (tb_introspect/metadata.py).
+export { VIEWS, VIEW_HELP, VIEW_LABELS } from "./schema.js";
 
 /**
  * Maps (step, epoch) to training progress in epochs: a point logged at step s
@@ -63,6 +52,16 @@ export function xValues(mode, steps, epochs, epochMap) {
     return steps.map((s, i) => epochMap.x(s, epochs[i]));
   }
   return steps.slice();
+}
+
+/**
+ * The spacing of evenly spaced percentile points that run from 0 to 100
+ * (12.5 for 0, 12.5, …, 100); null when they are not.
+ */
+export function percentileStep(qs) {
+  if (!qs || qs.length < 2 || qs[0] !== 0 || qs.at(-1) !== 100) return null;
+  const step = qs[1] - qs[0];
+  return qs.every((q, i) => Math.abs(q - i * step) < 1e-9) ? step : null;
 }
 
 /** A readout head: "step 120 · epoch 3". */

@@ -8,6 +8,7 @@ import { destroyCharts, resizeCharts } from "./charts.js";
 import { VIEW_LABELS, VIEWS, compileFilter } from "./common.js";
 import { clear, h } from "./dom.js";
 import { HostChannel } from "./host.js";
+import { tensorNameOfTag } from "./slots.js";
 import { parseState, readOwnHash, writeState } from "./state.js";
 import { applyTheme, watchTheme } from "./theme.js";
 import { renderActivity } from "./views/activity.js";
@@ -106,7 +107,7 @@ class App {
 
   /** The current filter if it shows `tag`, else none (a jump must show its target). */
   keepFilter(tag) {
-    const t = { tag, name: tag.replace(/^introspect\/[a-z_]+\//, ""), layer: "" };
+    const t = { tag, name: tensorNameOfTag(tag), layer: "" };
     return compileFilter(this.state.filter).test(t) ? this.state.filter : "";
   }
 

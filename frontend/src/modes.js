@@ -1,14 +1,21 @@
 // The Layers view's chart modes: one table that the mode buttons, the fields a
 // panel requests, the help texts and the URL state (state.js: `lmode`) all read.
-// A new mode is one entry here plus, unless it plots a single slot, its drawing
-// function in views/layers.js.
+// A new mode is one entry here, its texts in tb_introspect/metadata.py (CHARTS)
+// and, unless it plots a single slot, its drawing function in views/layers.js.
+
+import { CHARTS, ILR_PREFIX } from "./schema.js";
+import { ilrField, quantileField } from "./slots.js";
+
+/** Mode `id`'s texts from the schema: `label`, `help` and, for some, `readout`. */
+const text = (id) => CHARTS[`layers.${id}`];
 
 /**
- * id: the URL value; label: the button text; help: the button's tooltip;
+ * id: the URL value; from the schema, label: the button text, help: the
+ * button's tooltip, readout: the readout's label of a one-slot chart;
  * fields(quantiles): the statistics slots its chart needs;
  * defaultFor: the views that open in this mode;
  * slot: a mode that plots one view-specific slot (only offered where the
- * writer logged it), with its reference line, axis and readout label;
+ * writer logged it), with its reference line and axis;
  * view + prefix: a mode of one view whose slots all start with `prefix`
  * (only offered for tensors whose layout has them);
  * logged(ovView): whether the run holds data for it, from the view's entry of
@@ -17,47 +24,37 @@
 export const MODES = [
   {
     id: "values",
-    label: "values",
-    help: "percentiles of the values (linear axis)",
+    ...text("values"),
     fields: (qs) => qs.map((q) => quantileField(q, false)),
     // The article's advice: weights and outputs read best as values, gradients as magnitudes.
     defaultFor: ["variable", "output"],
   },
   {
     id: "magnitude",
-    label: "|x| log",
-    help: "percentiles of |x| on a log axis (zeros at the bottom); right axis: orange = sign balance of the"
-      + " non-zero values (−100%…+100%; a ReLU output reads +100%), dashed grey = share of exact zeros (0…100%)",
+    ...text("magnitude"),
     fields: (qs) => [...qs.map((q) => quantileField(q, true)), "zero_fraction", "sign_balance"],
     defaultFor: ["gradient", "output_gradient"],
   },
   {
     id: "rms",
-    label: "RMS",
-    help: "RMS = L2 norm / √size, comparable across layers",
+    ...text("rms"),
     fields: () => ["rms"],
   },
   {
     id: "update",
-    label: "Δw/w",
-    help: "update-to-weight ratio ‖Δw‖/‖w‖ between logged points (log axis; ~1e-3 per step is the usual rule of thumb)",
-    slot: { field: "update_ratio", view: "variable", ref: 1e-3, refLabel: "1e-3", log: true, readout: "‖Δw‖/‖w‖" },
+    ...text("update"),
+    slot: { field: "update_ratio", view: "variable", ref: 1e-3, refLabel: "1e-3", log: true },
   },
   {
     id: "cos",
-    label: "cos",
-    help: "cosine between consecutive gradient aggregates (−1…1; persistently negative = oscillation)",
-    slot: { field: "cos_prev", view: "gradient", ref: 0, refLabel: "0", range: [-1, 1], readout: "cos to previous" },
+    ...text("cos"),
+    slot: { field: "cos_prev", view: "gradient", ref: 0, refLabel: "0", range: [-1, 1] },
   },
   {
     id: "ilr",
-    label: "ILR",
-    help: "implicit learning rate |Δw| / |Σg| per element between logged points (Σg: the sum of the gradients in between): percentiles over the"
-      + " elements (log axis). Plain SGD: every percentile is the learning rate (with momentum m about"
-      + " rate / (1 − m)); Adam/RMSprop: the spread is the per-element step sizes, about rate / |g|. Compare"
-      + " layers: one far from the others is scaled by something else (clipping, its own rate, no update)",
+    ...text("ilr"),
     view: "variable",
-    prefix: "ilr_",
+    prefix: ILR_PREFIX,
     fields: (qs) => qs.map((q) => ilrField(q)),
     logged: (ovView) => !!(ovView && ovView.ilr),
   },
@@ -105,14 +102,4 @@ export function modesFor(tensor, ovView) {
 export function fieldsFor(id, quantiles, extra = []) {
   const m = mode(id) || mode("rms");
   return [...(m.slot ? [m.slot.field] : m.fields(quantiles)), ...extra];
-}
-
-/** The implicit-learning-rate slot of percentile `q` (metadata.ILR_PREFIX + quantile_field). */
-export function ilrField(q) {
-  return `ilr_${quantileField(q, false)}`;
-}
-
-/** Matches metadata.quantile_field: Python's f"{q:g}" for the quantile. */
-export function quantileField(q, log) {
-  return `${log ? "logq" : "q"}${String(Number(q.toPrecision(6)))}`;
 }

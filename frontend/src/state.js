@@ -6,8 +6,10 @@
 // hashchange so TensorBoard's tf_storage re-reads the hash.
 
 import { MODE_IDS } from "./modes.js";
+import { PLUGIN_NAME, VIEWS } from "./schema.js";
 
-export const PLUGIN = "introspect";
+/** TensorBoard's name of the plugin: the hash keys are `p.<PLUGIN>.<key>`. */
+export const PLUGIN = PLUGIN_NAME;
 
 export const DEFAULTS = {
   tab: "overview",
@@ -29,7 +31,6 @@ export const DEFAULTS = {
 
 const JSON_KEYS = new Set(["modes", "cmp"]);
 const TABS = ["overview", "layers", "activity", "compare"];
-const VIEWS = ["variable", "gradient", "output", "output_gradient"];
 
 /** Parse `{key: string}` URL data into a validated state object. */
 export function parseState(data) {

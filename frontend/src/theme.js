@@ -3,6 +3,8 @@
 // else the OS preference. Chart colours come from CSS custom properties so
 // style.css is the one place that defines both palettes.
 
+import { VIEWS } from "./schema.js";
+
 let cached = null;
 
 export function theme() {
@@ -19,12 +21,8 @@ export function theme() {
     line: v("--line"),
     accent: v("--accent"),
     font: v("--font-family") || "sans-serif",
-    views: {
-      variable: v("--c-variable"),
-      gradient: v("--c-gradient"),
-      output: v("--c-output"),
-      output_gradient: v("--c-output-gradient"),
-    },
+    // One colour per view: --c-<view>, "_" written "-" (style.css).
+    views: Object.fromEntries(VIEWS.map((view) => [view, v(`--c-${view.replace(/_/g, "-")}`)])),
     active: v("--c-active"),
     dead: v("--c-dead"),
     spatial: v("--c-spatial"),

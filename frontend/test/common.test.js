@@ -2,8 +2,10 @@ import test from "node:test";
 import assert from "node:assert/strict";
 
 import {
-  EpochMap, compileFilter, joinParts, nearestIndex, pointLabel, sampleBudget, sampleNote, shapeText, xValues,
+  EpochMap, VIEWS, VIEW_LABELS, compileFilter, joinParts, nearestIndex, percentileStep, pointLabel, sampleBudget, sampleNote,
+  shapeText, xValues,
 } from "../src/common.js";
+import { DEFAULT_QUANTILES, VIEWS as SCHEMA_VIEWS } from "../src/schema.js";
 
 // Ten steps, five per epoch: epoch 0 ends at step 4, epoch 1 at step 9.
 const STEPS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9];
@@ -109,4 +111,19 @@ test("sampleNote: says how many points of how many are shown", () => {
   assert.equal(sampleNote({ steps: [1, 2], sampled: true }, { num_points: null }),
     "2 points shown (a sample); drag to zoom for all");
   assert.equal(sampleNote({ steps: [1, 2] }, { num_points: null }), "");
+});
+
+test("percentileStep: the spacing of evenly spaced points from 0 to 100, else null", () => {
+  assert.equal(percentileStep(DEFAULT_QUANTILES), 12.5);
+  assert.equal(percentileStep([0, 25, 50, 75, 100]), 25);
+  assert.equal(percentileStep([0, 100]), 100);
+  assert.equal(percentileStep([0, 10, 50, 90, 100]), null);
+  assert.equal(percentileStep([5, 50, 95]), null);
+  assert.equal(percentileStep([50]), null);
+  assert.equal(percentileStep(undefined), null);
+});
+
+test("the views and their labels are the schema's", () => {
+  assert.equal(VIEWS, SCHEMA_VIEWS);
+  assert.deepEqual(Object.keys(VIEW_LABELS), VIEWS);
 });

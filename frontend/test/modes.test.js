@@ -1,9 +1,8 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 
-import {
-  MODES, MODE_IDS, defaultMode, fieldsFor, ilrField, mode, modesFor, modesOfView, quantileField,
-} from "../src/modes.js";
+import { MODES, MODE_IDS, defaultMode, fieldsFor, mode, modesFor, modesOfView } from "../src/modes.js";
+import { BASE_FIELDS, CHARTS, ILR_PREFIX, VIEWS, VIEW_EXTRA_FIELDS } from "../src/schema.js";
 
 const QS = [5, 25, 50, 75, 95];
 
@@ -21,15 +20,34 @@ test("defaultMode: weights and outputs open as values, gradients as magnitudes",
   assert.equal(defaultMode("unknown"), MODES[0].id);
 });
 
-test("quantileField matches Python's f\"{q:g}\" (metadata.quantile_field)", () => {
-  // Values printed by Python: f"{float(q):g}" for each q.
-  const python = [[50, "50"], [2.5, "2.5"], [12.3456789, "12.3457"], [99.9, "99.9"], [0.001, "0.001"],
-    [100, "100"], [0.1 + 0.2, "0.3"], [33.33333333, "33.3333"]];
-  for (const [q, text] of python) {
-    assert.equal(quantileField(q, false), `q${text}`);
-    assert.equal(quantileField(q, true), `logq${text}`);
+test("every mode has its texts in the schema, and every Layers text of the schema a mode", () => {
+  for (const m of MODES) {
+    assert.ok(m.label && m.help, m.id);
+    assert.deepEqual({ label: m.label, help: m.help, readout: m.readout }, {
+      label: CHARTS[`layers.${m.id}`].label, help: CHARTS[`layers.${m.id}`].help, readout: CHARTS[`layers.${m.id}`].readout,
+    });
   }
-  assert.equal(ilrField(2.5), "ilr_q2.5");
+  const layers = Object.keys(CHARTS).filter((k) => k.startsWith("layers.")).map((k) => k.slice("layers.".length));
+  assert.deepEqual(layers.sort(), [...MODE_IDS].sort());
+  // A one-slot chart needs its readout label; the update ratio's is the formula.
+  for (const m of MODES.filter((x) => x.slot)) assert.ok(m.readout, m.id);
+  assert.equal(mode("update").readout, "‖Δw‖/‖w‖");
+});
+
+test("the slots and views the modes name exist in the schema's layout", () => {
+  for (const m of MODES) {
+    for (const v of m.defaultFor || []) assert.ok(VIEWS.includes(v), `${m.id}: ${v}`);
+    if (m.slot) assert.ok(VIEW_EXTRA_FIELDS[m.slot.view].includes(m.slot.field), m.id);
+    if (m.view) assert.ok(VIEWS.includes(m.view), m.id);
+    if (!m.slot) {
+      for (const f of m.fields([50])) {
+        assert.ok(BASE_FIELDS.includes(f) || /^(log)?q50$/.test(f) || f === `${ILR_PREFIX}q50`, `${m.id}: ${f}`);
+      }
+    }
+  }
+  assert.equal(mode("ilr").prefix, ILR_PREFIX);
+  // Every view opens in some mode of the table.
+  for (const v of VIEWS) assert.ok(MODES.some((m) => (m.defaultFor || []).includes(v)), v);
 });
 
 test("fieldsFor: the slots each mode's chart requests", () => {

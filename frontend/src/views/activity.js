@@ -6,15 +6,14 @@ import { afterPaint, chart, readoutLine } from "../charts.js";
 import { EpochMap, VIEW_LABELS, compileFilter, emptyNote, pointLabel, sampleBudget, shapeText, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { pct } from "../format.js";
+import { ACTIVITY_FIELDS, SLOT_HELP, SLOT_LABELS, WINDOW_STEP_FIELDS } from "../schema.js";
 import { theme } from "../theme.js";
 import { LazyDrawer } from "../lazy.js";
 import { renderActivityMaps } from "./activitymap.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
-const FIELDS = ["activation_rate", "dead_rate", "spatial_dead_rate"];
-// How many of a window's steps the activity and the other statistics came from (layer
-// outputs written since these slots exist; older runs lack them).
-const STEP_FIELDS = ["activity_steps", "stats_steps", "steps"];
+// WINDOW_STEP_FIELDS: how many of a window's steps the activity and the other statistics
+// came from (layer outputs written since these slots exist; older runs lack them).
 // Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
 // closes each after one response): split the tensors into at most that many
 // requests, so none waits for a free connection.
@@ -31,9 +30,7 @@ export async function renderActivity(ctx) {
   const tensors = all.filter(filter.test);
   const cadence = h("p.hint.cadence");
   root.append(h("div.view-head", h("h2", `Activity of ${VIEW_LABELS[view].toLowerCase()}: ${tensors.length} of ${all.length} tensors`)),
-    h("p.hint", "Blue: activation rate (share of non-zero elements). Red: dead rate (channels zero for every sample and position). ",
-      "Orange: spatial dead rate (positions zero for every sample and channel). ",
-      "“exact”: counted on every step (rectifier outputs); “sampled”: counted on the statistics steps only (other outputs, which essentially never hold exact zeros)."),
+    h("p.hint", activityHint()),
     cadence);
   if (!all.length) {
     root.append(emptyNote(`No ${VIEW_LABELS[view].toLowerCase()} statistics were logged in run “${state.run}”.`,
@@ -96,8 +93,8 @@ export async function renderActivity(ctx) {
   for (let i = 0; i < panels.length; i += size) {
     const part = panels.slice(i, i + size);
     const downsample = part.some((p) => sampleBudget(p.tensor, budget)) ? budget : 0;
-    const steps = STEP_FIELDS.filter((f) => part.some((p) => (p.tensor.fields || []).includes(f)));
-    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), [...FIELDS, ...steps], { downsample, chunk: size }).then((series) => {
+    const steps = WINDOW_STEP_FIELDS.filter((f) => part.some((p) => (p.tensor.fields || []).includes(f)));
+    jobs.push(api.series(state.run, part.map((p) => p.tensor.tag), [...ACTIVITY_FIELDS, ...steps], { downsample, chunk: size }).then((series) => {
       if (!ctx.alive()) return;
       for (const p of part) {
         p.series = series[p.tensor.tag];
@@ -111,6 +108,13 @@ export async function renderActivity(ctx) {
   await lazy.drawNear();
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
   await afterPaint();
+}
+
+/** The colour key over the grid: each activity slot's colour and meaning, then "exact"/"sampled". */
+function activityHint() {
+  const colours = { activation_rate: "Blue", dead_rate: "Red", spatial_dead_rate: "Orange" };
+  const keys = ACTIVITY_FIELDS.map((f) => `${colours[f]}: ${SLOT_LABELS[f]} (${SLOT_HELP[f]}). `);
+  return `${keys.join("")}${SLOT_HELP.activity_steps}.`;
 }
 
 function lastFinite(arr) {
@@ -158,10 +162,10 @@ function drawPanel(ctx, p, s, width, epochMap) {
   }
   if (finalDead != null && finalDead > 0.2) p.label.classList.add("bad");
   const series = [
-    { label: "activation rate", values: act, color: t.active, width: 1.25, fill: t.alpha(t.active, 0.25) },
-    { label: "dead rate", values: dead, color: t.dead, width: 1.25, fill: t.alpha(t.dead, 0.3) },
+    { label: SLOT_LABELS.activation_rate, values: act, color: t.active, width: 1.25, fill: t.alpha(t.active, 0.25) },
+    { label: SLOT_LABELS.dead_rate, values: dead, color: t.dead, width: 1.25, fill: t.alpha(t.dead, 0.3) },
   ];
-  if (hasSpatial) series.push({ label: "spatial dead rate", values: spatial, color: t.spatial, width: 1.25, dash: [4, 3] });
+  if (hasSpatial) series.push({ label: SLOT_LABELS.spatial_dead_rate, values: spatial, color: t.spatial, width: 1.25, dash: [4, 3] });
   const em = epochMap.empty ? new EpochMap().add(s.steps, s.epochs) : epochMap;
   p.chart = chart(p.plot, {
     name: `activity-${p.tensor.name}`,

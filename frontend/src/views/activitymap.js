@@ -15,8 +15,11 @@ import { clear, h } from "../dom.js";
 import { pct } from "../format.js";
 import { aliveColor, cellAt, cellSize, drawCells, gridOf, mixHex, rateColor, scaleGradient } from "../heatmap.js";
 import { barAt, barText, drawHistogram, rateStats, statsLine } from "../histogram.js";
+import { CHARTS } from "../schema.js";
 import { theme } from "../theme.js";
 
+/** The section's title and help: the schema's definition of the ACTIVITY_MAP slots. */
+const MAPS = CHARTS["activity.maps"];
 const HIST_W = 440;
 const HIST_H = 210;
 
@@ -55,8 +58,7 @@ function card(name, title, onPNG) {
 export async function renderActivityMaps(ctx, parent, info) {
   const maps = info.activity || [];
   const section = h("section.amap", { dataset: { state: "loading" } },
-    h("h2", "Per-channel and spatial activity ",
-      h("span.h-help", "share of non-zero values of each channel (over every sample and position) and of each spatial position (over every sample and channel), over one epoch")));
+    h("h2", `${MAPS.title} `, h("span.h-help", MAPS.help)));
   parent.append(section);
   if (!maps.length) {
     section.dataset.state = "none";

@@ -1,9 +1,10 @@
 // The findings panel of the Overview: automatic diagnoses from the server's
 // rules (docs/findings.md), most severe first; a click jumps to the evidence.
 
-import { VIEWS, VIEW_LABELS } from "../common.js";
+import { VIEW_LABELS } from "../common.js";
 import { h } from "../dom.js";
 import { fmt } from "../format.js";
+import { viewOfTag } from "../slots.js";
 
 const RANK = { critical: 0, error: 0, warning: 1, warn: 1, info: 2 };
 
@@ -12,16 +13,7 @@ export function normaliseFinding(f) {
   const severity = String(f.severity || "info").toLowerCase();
   const layers = asList(f.layers ?? f.layer);
   const tags = asList(f.tags ?? f.tag);
-  let view = f.view || null;
-  if (!view) {
-    for (const tag of tags) {
-      const m = /^introspect\/([a-z_]+)\//.exec(tag);
-      if (m && VIEWS.includes(m[1])) {
-        view = m[1];
-        break;
-      }
-    }
-  }
+  const view = f.view || tags.map(viewOfTag).find(Boolean) || null;
   return {
     kind: f.kind || f.rule || "finding",
     severity: RANK[severity] === undefined ? "info" : severity === "error" ? "critical" : severity === "warn" ? "warning" : severity,

@@ -1,7 +1,7 @@
 // The Overview's implicit-learning-rate row: per layer (its largest variable,
-// as the stack plot picks it) the median over its elements of |Δw| / |mean
-// gradient| between logged points, from the `ilr` entry of the variable view
-// in `./overview`. Left: the band over layers of those medians; right: one
+// as the stack plot picks it) the median over its elements of the implicit
+// learning rate between logged points (its formula and help: the schema's
+// CHARTS["overview.ilr"]), from the `ilr` entry of the variable view in `./overview`. Left: the band over layers of those medians; right: one
 // line per layer coloured by depth, so that a layer departing from the others
 // stands out (hover names it, a click opens it in the Layers view's ILR mode).
 
@@ -9,6 +9,7 @@ import { chart, depthColors, percentileBands, readoutLine } from "../charts.js";
 import { emptyNote, pointLabel, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { fmt } from "../format.js";
+import { CHARTS } from "../schema.js";
 import { theme } from "../theme.js";
 
 /** Legend of the per-layer lines: every layer when they fit, else the two ends of the ramp. */
@@ -16,9 +17,8 @@ const LEGEND_MAX = 8;
 /** How near (CSS px) the cursor must be to a line to pick its layer. */
 const HOVER_PX = 12;
 
-/** The section title's help text. */
-export const ILR_HELP = "|Δw| / |Σg| per weight between logged points (Σg: the sum of the gradients in between): the step size the"
-  + " optimizer really takes; with plain SGD it is the learning rate";
+/** The section's title and help text. */
+export const ILR_TEXT = CHARTS["overview.ilr"];
 
 /**
  * Draws the row into `sec` (already in the page: charts measure their cells).
@@ -65,7 +65,7 @@ function bandChart(cell, v, ilr, x, xLabel) {
   };
   const layer = (k) => (k >= 0 ? ilr.layers[k].layer : "—");
   return chart(cell, {
-    title: "Implicit learning rate: distribution over layers",
+    title: `${ILR_TEXT.title}: distribution over layers`,
     subtitle: `each layer's median over its weights (${ilr.layers.length} layers): median line, 25–75% and min–max bands`,
     name: "variable-ilr-bands",
     x,
@@ -158,7 +158,7 @@ function layersChart(cell, v, ilr, x, xLabel, ctx) {
   };
   let lastHover = -1;
   return chart(cell, {
-    title: "Implicit learning rate per layer",
+    title: `${ILR_TEXT.title} per layer`,
     subtitle: "median over each layer's largest variable, coloured by depth (light = input side);"
       + " a layer far from the others stands out; click a line to open its layer",
     name: "variable-ilr-layers",

@@ -11,10 +11,11 @@ import { h } from "../dom.js";
 import { pct } from "../format.js";
 import { theme } from "../theme.js";
 import { LazyDrawer } from "../lazy.js";
-import { defaultMode, fieldsFor, ilrField, mode as modeInfo, modesFor, modesOfView, quantileField as qField } from "../modes.js";
+import { defaultMode, fieldsFor, mode as modeInfo, modesFor, modesOfView } from "../modes.js";
+import { NONFINITE_FIELDS, SLOT_LABELS } from "../schema.js";
+import { ilrField, quantileField as qField } from "../slots.js";
 import { overviewEpochMap } from "./shared.js";
 
-const NONFINITE = ["nan_count", "posinf_count", "neginf_count"];
 // Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
 // closes each after one response): split the tensors into at most that many
 // requests, so none waits for a free connection.
@@ -35,7 +36,7 @@ export function modeOf(state, view, tensor, ovView) {
  * three columns to every request.
  */
 function panelFields(mode, quantiles, withNonfinite) {
-  return fieldsFor(mode, quantiles, withNonfinite ? NONFINITE : []);
+  return fieldsFor(mode, quantiles, withNonfinite ? NONFINITE_FIELDS : []);
 }
 
 /**
@@ -213,10 +214,9 @@ function nonfiniteText(s, idx) {
   const v = s.values;
   const parts = [];
   if (!v.nan_count) return null;
-  const names = { nan_count: "NaN", posinf_count: "+Inf", neginf_count: "−Inf" };
-  for (const f of NONFINITE) {
+  for (const f of NONFINITE_FIELDS) {
     const c = v[f] ? v[f][idx] : 0;
-    if (c) parts.push(`${names[f]} ×${c}`);
+    if (c) parts.push(`${SLOT_LABELS[f]} ×${c}`);
   }
   return parts.length ? parts.join(", ") : null;
 }
@@ -247,7 +247,8 @@ function drawPanel(L, p, s) {
     } : null,
   };
   const title = "";
-  const slot = modeInfo(mode) && modeInfo(mode).slot;
+  const info = modeInfo(mode);
+  const slot = info && info.slot;
   if (slot) {
     const v = s.values[slot.field];
     // A dashed reference: the ~1e-3 rule of thumb, or zero cosine.
@@ -256,11 +257,11 @@ function drawPanel(L, p, s) {
       ...common,
       title,
       series: [
-        { label: modeInfo(mode).label, values: v, color, width: 1.5 },
+        { label: info.label, values: v, color, width: 1.5 },
         { label: slot.refLabel, values: ref, color: t.muted, width: 1, dash: [4, 4] },
       ],
       y: slot.range ? { range: slot.range } : { log: !!slot.log },
-      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[slot.readout, v[idx]]], nonfiniteText(s, idx)),
+      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[info.readout, v[idx]]], nonfiniteText(s, idx)),
     });
     return;
   }
@@ -269,9 +270,9 @@ function drawPanel(L, p, s) {
     p.chart = chart(p.plot, {
       ...common,
       title,
-      series: [{ label: "RMS", values: rms, color, width: 1.5 }],
+      series: [{ label: info.readout, values: rms, color, width: 1.5 }],
       y: { log: ctx.state.y === "log" },
-      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [["RMS", rms[idx]]], nonfiniteText(s, idx)),
+      readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[info.readout, rms[idx]]], nonfiniteText(s, idx)),
     });
     return;
   }
@@ -297,8 +298,8 @@ function drawPanel(L, p, s) {
   const { rows, floor } = magnitudeRows(qs, logRows, zf);
   const { series, bands } = percentileBands(qs, rows, color, (q) => `|x| ${q}%`);
   // Over the non-zero values (format 2): a ReLU output reads +100 %, its zeros are the grey line.
-  series.push({ label: "sign balance", values: s.values.sign_balance, color: t.sign, width: 1, scale: "y2" });
-  if (zf) series.push({ label: "zeros", values: zf, color: t.muted, width: 1, dash: [3, 3], scale: "y2" });
+  series.push({ label: SLOT_LABELS.sign_balance, values: s.values.sign_balance, color: t.sign, width: 1, scale: "y2" });
+  if (zf) series.push({ label: SLOT_LABELS.zero_fraction, values: zf, color: t.muted, width: 1, dash: [3, 3], scale: "y2" });
   p.chart = chart(p.plot, {
     ...common,
     title,
@@ -309,7 +310,7 @@ function drawPanel(L, p, s) {
     readout: (idx) => {
       if (idx == null) return "";
       const pairs = quantilePairs(qs, rows.map((r) => r.map((v) => (v === floor ? 0 : v))), idx, "|x| ");
-      pairs.push(["zeros", pct(zf ? zf[idx] : null), t.muted],
+      pairs.push([SLOT_LABELS.zero_fraction, pct(zf ? zf[idx] : null), t.muted],
         ["sign", s.values.sign_balance[idx] == null ? "—" : `${s.values.sign_balance[idx] > 0 ? "+" : ""}${pct(s.values.sign_balance[idx])}`, t.sign]);
       return readoutLine(head(idx), pairs, nonfiniteText(s, idx));
     },

@@ -4,12 +4,13 @@
 // the weights the implicit learning rate (./ilr.js).
 
 import { chart, depthColors, percentileBands, readoutLine, stackDrawer } from "../charts.js";
-import { VIEW_HELP, VIEW_LABELS, VIEWS, emptyNote, joinParts, pointLabel, xValues } from "../common.js";
+import { VIEW_HELP, VIEW_LABELS, VIEWS, emptyNote, joinParts, percentileStep, pointLabel, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { fmt, pct } from "../format.js";
+import { METRIC_EPOCH_BAND_FIELDS } from "../schema.js";
 import { theme } from "../theme.js";
 import { renderFindings } from "./findings.js";
-import { ILR_HELP, renderIlrRow } from "./ilr.js";
+import { ILR_TEXT, renderIlrRow } from "./ilr.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
 
 export async function renderOverview(ctx) {
@@ -70,7 +71,7 @@ export async function renderOverview(ctx) {
 
   // Right under the weights' row: it reads the weights' movement against their gradients.
   const ilrSec = h("section.ilr-row", { id: "sec-ilr" },
-    h("h2", "Implicit learning rate", h("span.h-help", ` — ${ILR_HELP}`)));
+    h("h2", ILR_TEXT.title, h("span.h-help", ` — ${ILR_TEXT.help}`)));
   root.querySelector("#sec-variable").after(ilrSec);
   renderIlrRow(ilrSec, ov.views && ov.views.variable, ctx, { xMode, xLabel, epochMap });
 }
@@ -86,10 +87,10 @@ export function metricChart(cell, name, m, { xMode, xLabel, epochMap, log }) {
   const t = theme();
   const parts = [{ x: xValues(xMode, m.steps, m.epochs, epochMap), y: m.values }];
   const b = m.epoch_band;
-  const bandKeys = ["min", "p25", "p50", "p75", "max"];
   if (b && b.steps && b.steps.length) {
     const bx = xValues(xMode, b.steps, b.epochs, epochMap);
-    for (const k of bandKeys) parts.push({ x: bx, y: b[k] });
+    // min, p25, p50, p75, max: the five series below, in this order.
+    for (const k of METRIC_EPOCH_BAND_FIELDS) parts.push({ x: bx, y: b[k] });
   }
   const { x, ys } = joinParts(parts);
   const series = [{ label: name, values: ys[0], color: t.alpha(t.metric, 0.55), width: 1 }];
@@ -152,7 +153,7 @@ function rmsBandsChart(cell, view, v, x, xLabel, log) {
   const mid = q.indexOf(50);
   return chart(cell, {
     title: "Per-layer RMS: distribution over layers",
-    subtitle: `percentiles over ${v.tensors.length} tensors: median line, 12.5% steps to min–max`,
+    subtitle: `percentiles over ${v.tensors.length} tensors: median line, ${bandsText(q)} to min–max`,
     name: `${view}-rms-bands`,
     x,
     xLabel,
@@ -174,6 +175,12 @@ function rmsBandsChart(cell, view, v, x, xLabel, log) {
       ], nonfinite ? `non-finite values: ${nonfinite}` : null);
     },
   });
+}
+
+/** "12.5% steps" for the server's evenly spaced percentile points (overview.RMS_QUANTILES). */
+function bandsText(qs) {
+  const step = percentileStep(qs);
+  return step ? `${step}% steps` : "percentile bands";
 }
 
 /** Legend of the stack: every layer when they fit, else the two ends of the ramp. */
