@@ -20,7 +20,9 @@ PLUGIN_NAME = "introspect"
 #: Version 2: ``sign_balance`` is taken over the non-zero values (version 1 divided by every
 #: finite value, zeros included; readers convert it with ``upgrade_values``), the variable
 #: view has the implicit-learning-rate slots, and the ACTIVITY_MAP kind exists.
-PROTO_VERSION = 2
+#: Version 3: the VIEW_SUMMARY kind, one tag per view holding the first screen's slots of
+#: every tensor of the view (``view_summary``); the per-tensor tags are unchanged.
+PROTO_VERSION = 3
 
 VIEWS = ("variable", "gradient", "output", "output_gradient")
 CADENCES = ("step", "epoch")
@@ -29,6 +31,7 @@ TENSOR_STATS = plugin_data_pb2.PluginData.TENSOR_STATS
 METRIC = plugin_data_pb2.PluginData.METRIC
 METRIC_EPOCH = plugin_data_pb2.PluginData.METRIC_EPOCH
 ACTIVITY_MAP = plugin_data_pb2.PluginData.ACTIVITY_MAP
+VIEW_SUMMARY = plugin_data_pb2.PluginData.VIEW_SUMMARY
 
 TAG_PREFIX = PLUGIN_NAME + "/"
 
@@ -82,6 +85,80 @@ METRIC_FIELDS: tuple[str, ...] = ("epoch", "value")
 METRIC_EPOCH_FIELDS: tuple[str, ...] = (
     "epoch", "min", "p25", "p50", "p75", "max", "mean", "count",
 )
+
+
+#: Slots of a VIEW_SUMMARY row: what the Overview draws (the RMS bands and stack, the
+#: activity and non-finite rows) and what the Layers grid's first screen needs to place
+#: its panels. The variable view adds ``ilr_q50``, the median implicit learning rate.
+SUMMARY_FIELDS: tuple[str, ...] = (
+    "epoch", "rms", "activation_rate", "dead_rate", "spatial_dead_rate",
+    "nan_count", "posinf_count", "neginf_count",
+)
+#: The summary matrix is stored as float32: 4 bytes a slot keep the run's bytes per logged
+#: point within a tenth more than the per-tensor float64 vectors alone.
+SUMMARY_DTYPE = np.float32
+
+
+def summary_fields(view: str) -> tuple[str, ...]:
+    """The slots of one row of ``view``'s VIEW_SUMMARY matrix."""
+    _check_view(view)
+    return SUMMARY_FIELDS + ((ILR_PREFIX + quantile_field(50.0),) if view == "variable" else ())
+
+
+def summary_tag(view: str) -> str:
+    """Tag of the VIEW_SUMMARY of ``view``."""
+    _check_view(view)
+    return f"{TAG_PREFIX}summary/{view}"
+
+
+def median_weights(quantiles: Sequence[float]) -> tuple[float, float, float] | None:
+    """How the median follows from percentile points ``quantiles``: ``(lo, hi, w)`` with
+    median = ``(1 - w) * p_lo + w * p_hi`` (numpy's linear interpolation between the points
+    around 50); ``None`` without points."""
+    qs = sorted(float(q) for q in quantiles)
+    if not qs:
+        return None
+    below = [q for q in qs if q <= 50.0]
+    above = [q for q in qs if q >= 50.0]
+    lo = below[-1] if below else above[0]
+    hi = above[0] if above else below[-1]
+    return lo, hi, 0.0 if hi == lo else (50.0 - lo) / (hi - lo)
+
+
+def view_summary(view: str, vectors: np.ndarray,
+                 quantiles: Sequence[float] = DEFAULT_QUANTILES) -> np.ndarray:
+    """The VIEW_SUMMARY matrix ``[rows, summary_fields(view)]`` (float32) of the packed
+    TENSOR_STATS vectors ``[rows, tensor_stats_fields(view, quantiles)]`` of one logged
+    point. Every writer builds its summary with this one function."""
+    fields = tensor_stats_fields(view, quantiles)
+    v = np.asarray(vectors, dtype=np.float64).reshape(-1, len(fields))
+    index = {f: i for i, f in enumerate(fields)}
+    cols = [v[:, index[f]] for f in SUMMARY_FIELDS]
+    if view == "variable":
+        lo, hi, w = median_weights(quantiles)
+        a, b = (v[:, index[ILR_PREFIX + quantile_field(q)]] for q in (lo, hi))
+        cols.append(a if w == 0.0 else (1.0 - w) * a + w * b)
+    return np.stack(cols, axis=1).astype(SUMMARY_DTYPE)
+
+
+def create_view_summary_metadata(
+    *, view: str, rows: Sequence[str], cadence: str = "step"
+) -> summary_pb2.SummaryMetadata:
+    """SummaryMetadata for the VIEW_SUMMARY of ``view``; ``rows``: the TENSOR_STATS tag of
+    each row, in order (fixed for the run: a row without a value at a point holds NaN)."""
+    if cadence not in CADENCES:
+        raise ValueError(f"unknown cadence {cadence!r}; expected 'step' or 'epoch'")
+    data = plugin_data_pb2.PluginData(
+        version=PROTO_VERSION,
+        kind=VIEW_SUMMARY,
+        view=view,
+        name=view,
+        cadence=cadence,
+        fields=summary_fields(view),
+        quantiles=[50.0] if view == "variable" else [],
+        rows=list(rows),
+    )
+    return _summary_metadata(data, f"{view} summary of {len(rows)} tensors")
 
 
 def metric_epoch_band(values, epoch: float = 0) -> np.ndarray:

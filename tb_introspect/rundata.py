@@ -37,6 +37,13 @@ class TagInfo:
     quantiles: tuple[float, ...] = ()
     max_step: int = -1
     max_wall_time: float = 0.0
+    #: VIEW_SUMMARY only: the TENSOR_STATS tag of each row of its [rows, fields] matrix.
+    rows: tuple[str, ...] = ()
+
+    @property
+    def width(self) -> int:
+        """Values in one point: ``fields`` per row of a summary, else one per field."""
+        return len(self.fields) * max(len(self.rows), 1)
 
     def sort_key(self) -> tuple[int, str, str]:
         """Depth order: nearest the input first, then by layer and tensor name."""

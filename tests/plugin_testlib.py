@@ -86,19 +86,27 @@ def write_run(
     metrics: tuple[str, ...] = ("loss",),
     epoch_bands: bool = True,
     written: Written | None = None,
+    summaries: bool = False,
+    summary_rows: dict[str, list[str]] | None = None,
 ) -> Written:
-    """Write a synthetic run (all views of ``LAYOUT`` by default) into ``run_dir``."""
+    """Write a synthetic run (all views of ``LAYOUT`` by default) into ``run_dir``.
+
+    ``summaries``: also the view summaries of format 3, rows in ``LAYOUT`` order, or
+    ``summary_rows[view]`` (tensor names; a name without a vector gets a NaN row).
+    """
     views = LAYOUT if views is None else views
     written = written or Written()
     writer = EventFileWriter(run_dir, flush_secs=1)
     collected: dict[str, list] = {}
     metric_vals: dict[str, list] = {}
-    for step in steps:
+    for n, step in enumerate(steps):
         epoch = step // steps_per_epoch
         summary = summary_pb2.Summary()
         for view, tensors in views.items():
+            vectors = {}
             for name, layer, depth in tensors:
                 vec = stats_vector(view, name, depth, step, epoch)
+                vectors[name] = vec
                 one = summary_pb.tensor_stats_pb(
                     vec, view=view, name=name, layer=layer, depth=depth, shape=(4, 3)
                 )
@@ -106,6 +114,16 @@ def write_run(
                 tag = metadata.stats_tag(view, name)
                 collected.setdefault(tag, []).append((step, vec))
                 written.info[tag] = (view, layer, depth)
+            if summaries:
+                names = (summary_rows or {}).get(view) or [t[0] for t in tensors]
+                width = len(metadata.tensor_stats_fields(view))
+                block = np.stack([vectors.get(name, np.full(width, np.nan)) for name in names])
+                value = summary.value.add(
+                    tag=metadata.summary_tag(view),
+                    tensor=tensor_util.make_tensor_proto(metadata.view_summary(view, block)))
+                if n == 0:
+                    value.metadata.CopyFrom(metadata.create_view_summary_metadata(
+                        view=view, rows=[metadata.stats_tag(view, name) for name in names]))
         for m in metrics:
             value = 2.0 / (1 + 0.05 * step) + 0.01 * np.cos(step)
             summary.value.extend(summary_pb.metric_pb(m, value, epoch).value)

@@ -43,7 +43,7 @@ POINT_OVERHEAD = 64
 
 def point_bytes(info: reader.TagInfo) -> int:
     """Upper estimate of one point of ``info``'s tag in a provider response (float64 values)."""
-    return 8 * len(info.fields) + POINT_OVERHEAD
+    return 8 * info.width + POINT_OVERHEAD
 
 
 def full_points(info: reader.TagInfo) -> int:

@@ -25,7 +25,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_introspect import metadata
-from tb_introspect.plugin import activity, assets, bounded, export, overview, reader
+from tb_introspect.plugin import activity, assets, bounded, export, overview, reader, summaries
 from tb_introspect.plugin.cache import FingerprintCache
 from tb_introspect.plugin.http_io import (
     RequestError,
@@ -58,6 +58,9 @@ SAMPLED_POINTS = 1000
 #: Each point costs the data provider ~12 µs of Python (see the README's table).
 RUN_SAMPLED_POINTS = 250_000
 MIN_SAMPLED_POINTS = 200
+#: Points per tag of the first-screen read of a run with view summaries (format 3): its
+#: 4 summary tags and the metrics, whatever the number of tensors; the Overview's columns.
+SUMMARY_POINTS = overview.DEFAULT_MAX_POINTS
 
 
 def sample_points(tags: int) -> int:
@@ -160,6 +163,10 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         # Sampled reads of runs: ./series answers from them when the sample is enough.
         self._sampled = FingerprintCache(8, 256 * mib, lambda d: bounded.nbytes(
             d.rs.all_series().values()))
+        # First-screen reads from view summaries, and the findings (from the sampled read).
+        self._first = FingerprintCache(8, 128 * mib, lambda d: bounded.nbytes(
+            d.rs.all_series().values()))
+        self._findings = FingerprintCache(16, 16 * mib)
 
     @property
     def listing_ttl_s(self) -> float:
@@ -186,6 +193,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             "/series": self._serve_series,
             "/export": self._serve_export,
             "/overview": self._serve_overview,
+            "/findings": self._serve_findings,
             "/activity": self._serve_activity,
             "/index.js": self._serve_index,
             "/static/*": self._serve_static,
@@ -244,8 +252,10 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def read() -> _Sampled:
-            # Activity maps are read on demand (./activity): one point can hold 50k values.
-            infos = [i for i in listing.infos.values() if not activity.is_activity(i)]
+            # Activity maps are read on demand (./activity): one point can hold 50k values;
+            # view summaries repeat slots of the tensors' own tags.
+            infos = [i for i in listing.infos.values()
+                     if i.kind not in (reader.KIND_ACTIVITY_MAP, reader.KIND_VIEW_SUMMARY)]
             points = sample_points(len(infos))
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, infos,
@@ -257,11 +267,48 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
         return self._sampled.get((eid, run), listing.fingerprint, read)
 
+    def _first_screen(self, request: wrappers.Request, run: str, listing: _Listing
+                      ) -> _Sampled | None:
+        """The run from its view summaries and metrics (a few tags, ``SUMMARY_POINTS`` each),
+        cached; ``None`` when some view has no summary covering its tensors (format 1 and
+        2 runs): those read the per-tensor sample."""
+        cover = summaries.covering(listing.infos)
+        if cover is None:
+            return None
+        eid = plugin_util.experiment_id(request.environ)
+
+        def read() -> _Sampled:
+            metrics = [i for i in listing.infos.values()
+                       if i.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)]
+            series, sampled, unreadable = bounded.read(
+                self._provider, eid, run, [*cover.values(), *metrics],
+                ctx=plugin_util.context(request.environ), points=SUMMARY_POINTS,
+                multiplexer=self._multiplexer,
+            )
+            tags = {i.tag: v for v, i in cover.items()}
+            rs = summaries.summary_run(
+                run, listing.infos, {tags[t]: s for t, s in series.items() if t in tags},
+                {t: s for t, s in series.items() if t not in tags}, listing.bad + unreadable)
+            # A row's own tag may hold fewer points than its summary: its count is unknown.
+            rows = {s.info.tag for view in rs.tensors.values() for s in view}
+            return _Sampled(rs, frozenset(sampled) | rows, SUMMARY_POINTS)
+
+        return self._first.get((eid, run), listing.fingerprint, read)
+
     def _documents_of(self, request: wrappers.Request, run: str) -> _Documents:
-        """The run's ``./run`` and default ``./overview`` bodies, from one sampled read."""
+        """The run's ``./run`` and default ``./overview`` bodies: from the view summaries
+        (the findings then come from ``./findings``), else from one sampled read."""
         listing = self._list_run(request, run)
 
         def render() -> _Documents:
+            first = self._first_screen(request, run, listing)
+            if first is not None:
+                return _Documents(
+                    run=gzip_bytes(encode(_run_document(first.rs, first.sampled,
+                                                        listing.infos))),
+                    overview=gzip_bytes(encode(overview.compute_overview(first.rs,
+                                                                         findings=False))),
+                )
             d = self._sampled_run(request, run, listing)
             return _Documents(
                 run=gzip_bytes(encode(_run_document(d.rs, d.sampled, listing.infos))),
@@ -377,6 +424,10 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         listing = self._list_run(request, run)
 
         def render() -> bytes:
+            first = self._first_screen(request, run, listing)
+            if first is not None:
+                return gzip_bytes(encode(overview.compute_overview(first.rs, max_points,
+                                                                   findings=False)))
             rs = self._sampled_run(request, run, listing).rs
             return gzip_bytes(encode(overview.compute_overview(rs, max_points)))
 
@@ -384,6 +435,25 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         return gzipped_json_response(
             request, self._overviews.get(key, listing.fingerprint, render)
         )
+
+    @_route
+    def _serve_findings(self, request: wrappers.Request):
+        """The run's findings, from the sampled read of every tensor's own tag: what
+        ``./overview`` leaves out when it is drawn from view summaries."""
+        run = required(request, "run")
+        listing = self._list_run(request, run)
+
+        def render() -> bytes:
+            rs = self._sampled_run(request, run, listing).rs
+            findings, error = overview.findings_of(rs)
+            doc: dict[str, Any] = {"run": run, "findings": findings}
+            if error is not None:
+                doc["findings_error"] = error
+            return gzip_bytes(encode(doc))
+
+        key = (plugin_util.experiment_id(request.environ), run)
+        return gzipped_json_response(request, self._findings.get(key, listing.fingerprint,
+                                                                 render))
 
     @_route
     def _serve_activity(self, request: wrappers.Request):
@@ -437,7 +507,8 @@ def _run_document(
     ``infos``: the run's listing (activity maps are listed from it, never read here)."""
     views: dict[str, list] = {v: [] for v in metadata.VIEWS}
     for view, series in rs.tensors.items():
-        views[view] = [_tensor_entry(s, s.info.tag in sampled) for s in series]
+        views[view] = [_tensor_entry(s, s.info.tag in sampled, infos.get(s.info.tag, s.info))
+                       for s in series]
     dead = {s.info.name: _last_finite(s.field("dead_rate")) for s in rs.tensors.get("output", [])}
     maps = activity.entries(infos, dead)
     by_name = {m["name"]: m["tag"] for m in maps}
@@ -470,6 +541,10 @@ def _series_tags(listing: _Listing, run: str, tags: list[str]
     maps = [t for t, i in infos.items() if activity.is_activity(i)]
     if maps:
         raise RequestError(f"tag {maps[0]!r} is an activity map; read it with ./activity")
+    held = [t for t, i in infos.items() if i.kind == reader.KIND_VIEW_SUMMARY]
+    if held:
+        raise RequestError(f"tag {held[0]!r} is a view summary; its rows are the tensors'"
+                           " own tags, read those")
     return infos, bad
 
 
@@ -478,8 +553,9 @@ def _last_finite(values) -> float:
     return float(finite[-1]) if finite.size else math.nan
 
 
-def _tensor_entry(s: reader.Series, sampled: bool) -> dict[str, Any]:
-    i = s.info
+def _tensor_entry(s: reader.Series, sampled: bool, i: reader.TagInfo) -> dict[str, Any]:
+    """``./run``'s entry of one tensor: ``i`` is its listing (the layout of its own tag;
+    ``s`` may be a view summary's row)."""
     epochs = s.epochs
     return {
         "tag": i.tag, "name": i.name, "layer": i.layer, "depth": i.depth,

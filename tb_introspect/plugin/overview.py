@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 #: Percentiles (over tensors) of the per-tensor RMS drawn as model-level bands.
 RMS_QUANTILES: tuple[float, ...] = metadata.DEFAULT_QUANTILES
-ACTIVITY_FIELDS = ("activation_rate", "dead_rate", "spatial_dead_rate")
 DEFAULT_MAX_POINTS = 2000
 #: Percentiles (over layers) of the per-layer median implicit learning rate.
 ILR_BAND_QUANTILES: tuple[float, ...] = (0.0, 25.0, 50.0, 75.0, 100.0)
@@ -50,7 +49,7 @@ def stack_rows(series: Sequence[Series]) -> list[int]:
 def _tensor_size(s: Series) -> float:
     # The logged element count is exact for weights; an output's varies with the batch,
     # but a layer has one output, so any count ranks it.
-    count = s.field("count") if len(s) else np.empty(0)
+    count = s.field("count") if len(s) and s.has("count") else np.empty(0)
     if np.isfinite(count).any():
         return float(np.nanmax(count))
     return float(np.prod([d for d in s.info.shape if d and d > 0]))
@@ -130,14 +129,10 @@ def median_fields(s: Series) -> tuple[str, str, float] | None:
     A layout whose percentile points skip 50 is interpolated linearly between the two
     logged points around it, as numpy interpolates between order statistics.
     """
-    qs = sorted(q for q in s.info.quantiles if s.has(_ilr_field(q)))
-    if not qs:
+    how = metadata.median_weights([q for q in s.info.quantiles if s.has(_ilr_field(q))])
+    if how is None:
         return None
-    above = [q for q in qs if q >= 50.0]
-    below = [q for q in qs if q <= 50.0]
-    lo = below[-1] if below else above[0]
-    hi = above[0] if above else below[-1]
-    w = 0.0 if hi == lo else (50.0 - lo) / (hi - lo)
+    lo, hi, w = how
     return _ilr_field(lo), _ilr_field(hi), w
 
 
@@ -176,7 +171,7 @@ def ilr_overview(a: Aligned, rows: Sequence[int], cols: np.ndarray) -> dict[str,
 def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
     a = align("", series)
-    a.raws(("rms", *ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS))  # in one pass
+    a.raws(("rms", *metadata.ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS))  # in one pass
     steps, epochs, rms = a.steps, a.epochs, a.raw("rms")
     nonfinite_m = a.nonfinite_counts()
     first_nonfinite = None
@@ -191,7 +186,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
     with np.errstate(divide="ignore", invalid="ignore"):
         log_rms = np.where(np.isfinite(rms_c) & (rms_c > 0), np.log10(rms_c), np.nan)
     activity = {}
-    for name in ACTIVITY_FIELDS:
+    for name in metadata.ACTIVITY_FIELDS:
         summary = summarise_rows(a.raw(name)[:, cols])
         entry = {k: num_list(summary[k]) for k in ("mean", "min", "max")}
         if name != "activation_rate":
@@ -274,16 +269,19 @@ def findings_of(run: RunSeries) -> tuple[list[dict], str | None]:
         return [], f"findings failed: {e}"
 
 
-def compute_overview(run: RunSeries, max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
-    """The whole ``./overview`` document of a run (JSON-ready)."""
+def compute_overview(run: RunSeries, max_points: int = DEFAULT_MAX_POINTS,
+                     findings: bool = True) -> dict[str, Any]:
+    """The whole ``./overview`` document of a run (JSON-ready). ``findings=False``: a run
+    read from view summaries, which hold too few slots for the rules; ``findings`` is then
+    null and ``./findings`` serves them."""
     names = sorted(set(run.metrics) | set(run.metric_epochs))
-    findings, error = findings_of(run)
+    found, error = findings_of(run) if findings else (None, None)
     doc: dict[str, Any] = {
         "run": run.run,
         "views": {v: view_overview(s, max_points) for v, s in run.tensors.items() if s},
         "metrics": {n: metric_overview(run.metrics.get(n), run.metric_epochs.get(n))
                     for n in names},
-        "findings": findings,
+        "findings": found,
     }
     if error is not None:
         doc["findings_error"] = error

@@ -21,6 +21,7 @@ from tb_introspect.rundata import RunSeries, Series, TagInfo
 
 __all__ = [
     "ALL_POINTS", "KIND_ACTIVITY_MAP", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_TENSOR_STATS",
+    "KIND_VIEW_SUMMARY",
     "RunSeries", "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
     "parse_tag_info", "read_logdir", "read_run", "read_series",
 ]
@@ -37,11 +38,13 @@ KIND_TENSOR_STATS = "tensor_stats"
 KIND_METRIC = "metric"
 KIND_METRIC_EPOCH = "metric_epoch"
 KIND_ACTIVITY_MAP = "activity_map"
+KIND_VIEW_SUMMARY = "view_summary"
 _KIND_NAMES = {
     metadata.TENSOR_STATS: KIND_TENSOR_STATS,
     metadata.METRIC: KIND_METRIC,
     metadata.METRIC_EPOCH: KIND_METRIC_EPOCH,
     metadata.ACTIVITY_MAP: KIND_ACTIVITY_MAP,
+    metadata.VIEW_SUMMARY: KIND_VIEW_SUMMARY,
 }
 
 
@@ -55,8 +58,10 @@ def parse_tag_info(
         raise ValueError(f"unknown summary kind {data.kind}")
     if not data.fields:
         raise ValueError("metadata lists no fields")
-    if kind == KIND_TENSOR_STATS and not data.view:
-        raise ValueError("tensor statistics without a view")
+    if kind in (KIND_TENSOR_STATS, KIND_VIEW_SUMMARY) and not data.view:
+        raise ValueError(f"{kind} without a view")
+    if kind == KIND_VIEW_SUMMARY and not data.rows:
+        raise ValueError("view summary lists no rows")
     return TagInfo(
         tag=tag,
         kind=kind,
@@ -72,6 +77,7 @@ def parse_tag_info(
         quantiles=tuple(float(q) for q in data.quantiles),
         max_step=int(max_step),
         max_wall_time=float(max_wall_time),
+        rows=tuple(data.rows),
     )
 
 
@@ -164,7 +170,7 @@ def read_series(
 
 
 def _to_series(info: TagInfo, datums: Sequence[tb_provider.TensorDatum]) -> Series:
-    width = len(info.fields)
+    width = info.width
     n = len(datums)
     steps = np.fromiter((d.step for d in datums), dtype=np.int64, count=n)
     wall_times = np.fromiter((d.wall_time for d in datums), dtype=np.float64, count=n)
@@ -203,8 +209,9 @@ def assemble_run(
             result.metrics[info.name] = s
         elif info.kind == KIND_METRIC_EPOCH:
             result.metric_epochs[info.name] = s
-        else:
+        elif info.kind == KIND_ACTIVITY_MAP:
             result.activity[info.name] = s
+        # VIEW_SUMMARY tags repeat slots of the TENSOR_STATS tags (plugin.summaries reads them)
     # Views in the format's order, unknown (newer) views after them.
     order = {v: i for i, v in enumerate(metadata.VIEWS)}
     result.tensors = dict(
@@ -231,8 +238,9 @@ def read_run(
     if run not in infos and run not in bad:
         raise KeyError(f"run {run!r} has no tb-introspect data")
     run_infos = infos.get(run, {})
+    wanted = [i for i in run_infos.values() if i.kind != KIND_VIEW_SUMMARY]
     series, unreadable = read_series(
-        data_provider, experiment_id, run, run_infos.values(), ctx=ctx, downsample=downsample
+        data_provider, experiment_id, run, wanted, ctx=ctx, downsample=downsample
     )
     return assemble_run(run, run_infos, series, bad.get(run, []) + unreadable)
 
