@@ -15,6 +15,7 @@ TensorBoard process tree's RSS against the event files' bytes.
     python benchmarks/plugin_bench.py                 # 200 tensors x 4 views x 1,000 steps
     python benchmarks/plugin_bench.py --tensors 20 --steps 100 --loaders true
     python benchmarks/plugin_bench.py --preset 5m     # 195 x 4 x 6,400 = 5M points
+    python benchmarks/plugin_bench.py --format-version 2   # a run without view summaries
 """
 
 from __future__ import annotations
@@ -99,8 +100,23 @@ def write_records(f, records: list[bytes]) -> None:
     ))
 
 
-def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int = 100) -> int:
-    """Write the benchmark run, one event per tag and step as tf.summary does; returns points."""
+def _as_version(meta: summary_pb2.SummaryMetadata, version: int) -> summary_pb2.SummaryMetadata:
+    """``meta`` with its PluginData's format version set to ``version``."""
+    data = metadata.parse_plugin_data(meta.plugin_data.content)
+    data.version = version
+    meta.plugin_data.content = data.SerializeToString()
+    return meta
+
+
+def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int = 100,
+                    format_version: int = metadata.PROTO_VERSION) -> int:
+    """Write the benchmark run, one event per tag and step as tf.summary does; returns points.
+
+    ``format_version`` 3 adds each view's VIEW_SUMMARY at every step, as the package's
+    writers do; 2 writes the run without them (its metadata saying version 2).
+    """
+    if format_version not in (2, 3):
+        raise ValueError(f"format_version {format_version}: 2 or 3")
     os.makedirs(run_dir, exist_ok=True)
     rng = np.random.default_rng(0)
     layers = [f"layer_{i:03d}" for i in range(tensors)]
@@ -108,9 +124,11 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
     for view in metadata.VIEWS:
         for depth, layer in enumerate(layers):
             tags[(view, layer)] = metadata.stats_tag(view, f"{layer}/kernel")
-            metas[(view, layer)] = metadata.create_tensor_stats_metadata(
-                view=view, name=f"{layer}/kernel", layer=layer, depth=depth, shape=(64, 64))
-    loss_meta = metadata.create_metric_metadata("loss")
+            metas[(view, layer)] = _as_version(metadata.create_tensor_stats_metadata(
+                view=view, name=f"{layer}/kernel", layer=layer, depth=depth, shape=(64, 64)),
+                format_version)
+    loss_meta = _as_version(metadata.create_metric_metadata("loss"), format_version)
+    summaries = summary_pb.ViewSummaries()
     widths = {v: len(metadata.tensor_stats_fields(v)) for v in metadata.VIEWS}
     cols = {f: i for i, f in enumerate(metadata.tensor_stats_fields("variable"))}
     # A healthy tensor of 4,096 values: no NaN/Inf; the other slots stay random in [0, 1].
@@ -140,6 +158,10 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
                     batch.append(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb2
                                                  .Summary(value=[value])).SerializeToString())
                     points += 1
+                if format_version >= 3:
+                    summary = summaries.summary(view, [tags[(view, la)] for la in layers], block)
+                    batch.append(event_pb2.Event(step=step, wall_time=wall,
+                                                 summary=summary).SerializeToString())
             loss = summary_pb2.Summary.Value(tag=metadata.metric_tag("loss"),
                                              tensor=_tensor(np.array([epoch, 2.0 / (1 + step)])))
             if step == 0:
@@ -149,6 +171,7 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
             if (step + 1) % steps_per_epoch == 0:
                 band = summary_pb.metric_epoch_pb(
                     "loss", 2.0 / (1 + np.arange(step + 1 - steps_per_epoch, step + 1)), epoch)
+                _as_version(band.value[0].metadata, format_version)
                 batch.append(event_pb2.Event(step=step, wall_time=wall,
                                              summary=band).SerializeToString())
             if len(batch) >= 50_000 or step == steps - 1:
@@ -310,6 +333,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="5m: 195 tensors x 4 views x 6,400 steps (sets --tensors/--steps)")
     parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
+    parser.add_argument("--format-version", type=int, choices=(2, 3),
+                        default=metadata.PROTO_VERSION,
+                        help="3: with the view summaries (default); 2: without them")
     args = parser.parse_args(argv)
     if args.preset:
         args.tensors, args.steps = PRESETS[args.preset]
@@ -319,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not os.path.isdir(run_dir):
             t = time.perf_counter()
-            points = write_bench_run(run_dir, args.tensors, args.steps)
+            points = write_bench_run(run_dir, args.tensors, args.steps,
+                                     format_version=args.format_version)
             size = sum(os.path.getsize(os.path.join(run_dir, f)) for f in os.listdir(run_dir))
             print(f"wrote {points:,} points ({size / 2**20:.0f} MiB) in "
                   f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -331,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.logdir:
             shutil.rmtree(logdir, ignore_errors=True)
 
-    print(f"\n{args.tensors} tensors x 4 views x {args.steps} steps; medians of "
+    print(f"\n{args.tensors} tensors x 4 views x {args.steps} steps, format version "
+          f"{args.format_version}; medians of "
           f"{args.repeats} back-to-back and {args.isolated} isolated calls over HTTP\n")
     print("| loader | route | first call (ms) | warm median (ms) | isolated median (ms) |"
           " target (ms) | gzip size |")

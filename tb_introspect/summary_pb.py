@@ -131,3 +131,96 @@ def fill_slots(
 def vector_of(summary: summary_pb2.Summary) -> np.ndarray:
     """The packed float64 vector of a one-value tb-introspect Summary."""
     return tensor_util.make_ndarray(summary.value[0].tensor).astype(np.float64)
+
+
+def view_summary_pb(
+    view: str,
+    rows: Sequence[str],
+    vectors,
+    *,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    cadence: str = "step",
+    with_metadata: bool = True,
+) -> summary_pb2.Summary:
+    """A Summary holding one logged point's VIEW_SUMMARY of ``view`` (format version 3).
+
+    ``rows``: the TENSOR_STATS tags (``metadata.stats_tag``) the summary covers, in order;
+    keep them the same at every point of a run. ``vectors``: ``[len(rows), slots]``, each
+    row the packed vector that tag holds at this point (all NaN where it has none). Write
+    the metadata (``with_metadata``) with the tag's first point only: TensorBoard keeps a
+    tag's first metadata, so later points need none. ``ViewSummaries`` does this
+    bookkeeping for a writer.
+
+    Example:
+        >>> import numpy as np
+        >>> from tensorboard.util import tensor_util
+        >>> from tb_introspect import metadata, summary_pb
+        >>> rows = [metadata.stats_tag("gradient", n) for n in ("dense/kernel", "dense/bias")]
+        >>> vecs = [summary_pb.vector_of(summary_pb.tensor_stats_pb_from_array(
+        ...     np.ones(4), view="gradient", name=n)) for n in ("dense/kernel", "dense/bias")]
+        >>> pb = summary_pb.view_summary_pb("gradient", rows, vecs)
+        >>> pb.value[0].tag, tensor_util.make_ndarray(pb.value[0].tensor).shape
+        ('introspect/summary/gradient', (2, 8))
+    """
+    width = len(metadata.tensor_stats_fields(view, quantiles))
+    v = np.asarray(vectors, dtype=np.float64)
+    if v.shape != (len(rows), width):
+        raise ValueError(f"{view} summary: vectors have shape {v.shape}, expected"
+                         f" ({len(rows)}, {width}) (rows, slots)")
+    matrix = metadata.view_summary(view, v, quantiles)
+    summary = summary_pb2.Summary()
+    value = summary.value.add(tag=metadata.summary_tag(view),
+                              tensor=tensor_util.make_tensor_proto(matrix))
+    if with_metadata:
+        value.metadata.CopyFrom(
+            metadata.create_view_summary_metadata(view=view, rows=rows, cadence=cadence))
+    return summary
+
+
+class ViewSummaries:
+    """The VIEW_SUMMARY bookkeeping of one writer, shared by every writer of the package.
+
+    Each view's rows are fixed at its first point: the tags of that point, in order. At
+    later points the vectors are placed by tag (a row without one is NaN) and tags that are
+    not rows are left out (the plugin then reads that view from its per-tensor tags). The
+    first summary of each view carries the metadata, later ones none.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, ...]] = {}
+        self._index: dict[str, dict[str, int]] = {}
+        self._described: set[str] = set()
+
+    def restart(self) -> None:
+        """A new writer object (a new event file): each view's next summary carries its
+        metadata again, with the same rows."""
+        self._described.clear()
+
+    def summary(
+        self,
+        view: str,
+        tags: Sequence[str],
+        vectors,
+        *,
+        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        cadence: str = "step",
+    ) -> summary_pb2.Summary | None:
+        """The summary of ``view`` at one point whose tensors' tags are ``tags`` and packed
+        vectors ``vectors`` (``[len(tags), slots]``); None when the point has no tensor."""
+        if not len(tags):
+            return None
+        width = len(metadata.tensor_stats_fields(view, quantiles))
+        v = np.asarray(vectors, dtype=np.float64).reshape(len(tags), width)
+        if view not in self.rows:
+            self.rows[view] = tuple(dict.fromkeys(tags))  # a repeated tag is one row
+            self._index[view] = {t: i for i, t in enumerate(self.rows[view])}
+        index = self._index[view]
+        packed = np.full((len(index), width), np.nan)
+        for tag, vec in zip(tags, v, strict=True):
+            i = index.get(tag)
+            if i is not None:
+                packed[i] = vec
+        first = view not in self._described
+        self._described.add(view)
+        return view_summary_pb(view, self.rows[view], packed, quantiles=quantiles,
+                               cadence=cadence, with_metadata=first)

@@ -3,6 +3,13 @@
 TensorBoard's own ``EventFileWriter`` imports TensorFlow when it is installed
 (for ``tf.io.gfile``), so this writes the event file directly with
 TensorBoard's TF-free ``RecordWriter``: local directories only.
+
+View summaries (format version 3): the statistics added with ``add_tensor_stats`` /
+``add_stats_vector`` are held per step, and each view's VIEW_SUMMARY of a step is written
+when a tensor of another step arrives, or on ``flush()`` / ``close()``. A flush therefore
+closes its step's summaries: a tensor added at that step after the flush is written to its
+own tag only (with a warning), so that no step gets two summary points. Protos written with
+``add_summary`` are not summarised (``summary_pb.view_summary_pb`` builds one).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -49,6 +57,15 @@ class NumpyWriter:
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
         self._records = RecordWriter(self._file)
         self._lock = threading.Lock()
+        # The step whose vectors are held for the view summaries: view -> tag -> vector, and
+        # each view's quantiles and cadence; a step whose summaries are written is ``_done``.
+        self._summaries = summary_pb.ViewSummaries()
+        self._pending_lock = threading.Lock()
+        self._pending_step: int | None = None
+        self._pending: dict[str, dict[str, np.ndarray]] = {}
+        self._pending_layout: dict[str, tuple[tuple[float, ...], str]] = {}
+        self._done: int | None = None
+        self._warned_late = False
         self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
 
@@ -97,7 +114,9 @@ class NumpyWriter:
             extras=extras,
         )
         self.add_summary(summary, step)
-        return summary_pb.vector_of(summary)
+        vector = summary_pb.vector_of(summary)
+        self._hold(step, view, name, vector, quantiles, cadence)
+        return vector
 
     def add_stats_vector(
         self,
@@ -121,6 +140,8 @@ class NumpyWriter:
             ),
             step,
         )
+        self._hold(step, view, name, np.asarray(vector, dtype=np.float64).reshape(-1),
+                   quantiles, cadence)
 
     def add_metric(self, name: str, value: float, step: int, *, epoch: int = 0) -> None:
         """Write one per-step value of a loss or metric."""
@@ -155,14 +176,61 @@ class NumpyWriter:
             step,
         )
 
+    # ------------------------------------------------------------------ view summaries
+
+    def _hold(self, step: int, view: str, name: str, vector: np.ndarray,
+              quantiles: Sequence[float], cadence: str) -> None:
+        """Keep ``vector`` for the view summaries of ``step``."""
+        step = int(step)
+        with self._pending_lock:
+            if step != self._pending_step:
+                self._emit()
+                if step == self._done:
+                    if not self._warned_late:
+                        self._warned_late = True
+                        warnings.warn(
+                            f"tb_introspect: {metadata.stats_tag(view, name)} added at step"
+                            f" {step} after that step's view summaries were written (by"
+                            " flush() or a tensor of another step): it is in its own tag only",
+                            RuntimeWarning, stacklevel=3)
+                    return
+                self._pending_step = step
+            layout = self._pending_layout.setdefault(view, (tuple(quantiles), cadence))
+            # One matrix per view: a tensor of other percentile points stays out of it.
+            if layout[0] == tuple(quantiles):
+                self._pending.setdefault(view, {})[metadata.stats_tag(view, name)] = vector
+
+    def _emit(self) -> None:
+        """Write the held step's view summaries (caller holds ``_pending_lock``)."""
+        step, pending, layout = self._pending_step, self._pending, self._pending_layout
+        if step is None:
+            return
+        self._pending_step, self._pending, self._pending_layout = None, {}, {}
+        self._done = step
+        for view, vectors in pending.items():
+            quantiles, cadence = layout[view]
+            summary = self._summaries.summary(
+                view, list(vectors), np.stack(list(vectors.values())),
+                quantiles=quantiles, cadence=cadence)
+            if summary is not None:
+                self.add_summary(summary, step)
+
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
+        """Write the held step's view summaries and flush the file."""
+        with self._pending_lock:
+            if not self._file.closed:
+                self._emit()
         with self._lock:
             if not self._file.closed:
                 self._file.flush()
 
     def close(self) -> None:
+        """Write the held step's view summaries and close the file."""
+        with self._pending_lock:
+            if not self._file.closed:
+                self._emit()
         with self._lock:
             if not self._file.closed:
                 self._file.flush()

@@ -32,6 +32,7 @@ SMALL = [
     ("overhead.py", ["--models", "cnn", "--every", "epoch,1", "--quick"], 8),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
+    ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3"], 5),
 ]
 
 

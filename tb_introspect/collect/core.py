@@ -26,7 +26,8 @@ Split of the work (why it is split this way):
   ``all_gather``) and merged, everything is finalized with ``stats.finalize``
   (vectorised over tensors), the ``epoch`` / ``update_ratio`` / ``cos_prev``
   columns are filled, the accumulators are reset, and the chief writes all
-  summaries as numpy-built protos in one ``write_raw_pb``.
+  summaries as numpy-built protos in one ``write_raw_pb``, each view's VIEW_SUMMARY
+  (``summary_pb.ViewSummaries``) with them.
 
 Per-epoch cadence therefore gives the design's aggregation (docs/design.md):
 variables at the epoch's end, gradients summed over every step of the epoch, outputs and output
@@ -186,6 +187,9 @@ class Collector:
         self.seed = options.seed
         self.strategy = strategy or tf.distribute.get_strategy()
         self.writer = writer
+        # The VIEW_SUMMARY rows of each view (fixed at its first point) and which views'
+        # metadata the current writer has written (``set_writer`` starts that again).
+        self.summaries = summary_pb.ViewSummaries()
         self.variables: list[Any] = []
         self.var_specs: list[Monitored] = []
         self.var_index: dict[int, int] = {}
@@ -215,6 +219,7 @@ class Collector:
         """Write to ``writer`` from now on (traced logging functions captured the old one)."""
         self.writer = writer
         self._log_fns = {}
+        self.summaries.restart()
 
     def switch_off(self, part: Part) -> None:
         """Stop monitoring ``part`` quietly."""
@@ -386,11 +391,17 @@ class Collector:
             return
         protos = []
         for (view, specs), block in zip(plan, blocks, strict=True):
-            for s, vec in zip(specs, block.numpy(), strict=True):
+            vectors = block.numpy()
+            for s, vec in zip(specs, vectors, strict=True):
                 protos.append(summary_pb.tensor_stats_pb(
                     vec, view=view, name=s.name, layer=s.layer, depth=s.depth, shape=s.shape,
                     dtype=s.dtype, cadence=self.cadence, quantiles=self.quantiles,
                 ).SerializeToString())
+            summary = self.summaries.summary(
+                view, [metadata.stats_tag(view, s.name) for s in specs], vectors,
+                quantiles=self.quantiles, cadence=self.cadence)
+            if summary is not None:
+                protos.append(summary.SerializeToString())
         if protos:
             with self.writer.as_default():
                 tf.summary.experimental.write_raw_pb(tf.constant(protos), step=step)

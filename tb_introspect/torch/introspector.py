@@ -48,6 +48,8 @@ logger = logging.getLogger("tb_introspect")
 _OUTPUT_VIEWS = ("output", "output_gradient")
 #: Steps of per-step metric values held on the device between two copies to the host.
 METRIC_ROWS = 1024
+#: One tensor's statistics at a logged point: (view, tag, packed vector, Summary proto).
+_Stats = tuple[str, str, np.ndarray, Any]
 
 
 class Introspector:
@@ -125,6 +127,7 @@ class Introspector:
             self._out_grad_scale = 1.0 / self.world
         self.log_dir = check_log_dir(log_dir)
         self.writer = NumpyWriter(self.log_dir) if self.rank == 0 else None
+        self._summaries = summary_pb.ViewSummaries()
 
         self.step_count = int(initial_step)
         self.epoch = int(initial_epoch)
@@ -395,15 +398,27 @@ class Introspector:
         """One logged point at TensorBoard ``step``: copy, merge ranks, finalize, write,
         reset. Every rank calls it at the same steps (the output buffers are gathered)."""
         self._guard("metrics", self._drain)
-        protos = []
-        protos += self._output_protos()
+        point: list[_Stats] = []
+        point += self._output_protos()
         if self._grad_buf is not None:
-            protos += self._gradient_protos()
+            point += self._gradient_protos()
         if "variable" in self.options.views and self.rank == 0:
-            protos += self._variable_protos()
+            point += self._variable_protos()
         self._last_log = step
         self._window = self._stat_steps = 0
-        self._write(protos, step)
+        self._write([pb for _, _, _, pb in point] + self._view_summaries(point), step)
+
+    def _view_summaries(self, point: list[_Stats]) -> list:
+        """Each view's VIEW_SUMMARY of one logged point."""
+        protos = []
+        for view in metadata.VIEWS:
+            stats = [(tag, vec) for v, tag, vec, _ in point if v == view]
+            summary = self._summaries.summary(
+                view, [tag for tag, _ in stats], [vec for _, vec in stats],
+                quantiles=self.quantiles, cadence=self._cadence)
+            if summary is not None:
+                protos.append(summary)
+        return protos
 
     def _gathered(self, buf: torch.Tensor) -> np.ndarray:
         """``[ranks, length]``: every rank's copy of ``buf`` on rank 0 (one host copy)."""
@@ -415,8 +430,8 @@ class Introspector:
             return _host(torch.stack(parts))
         return _host(buf)[None]
 
-    def _output_protos(self) -> list:
-        protos = []
+    def _output_protos(self) -> list[_Stats]:
+        protos: list[_Stats] = []
         for view in self._out_views:
             buf = self._bufs[view]
             host = self._gathered(buf) if buf.numel() else None
@@ -438,10 +453,11 @@ class Introspector:
                                      activity_rates=view == "output")
                 vec = summary_pb.fill_slots(vec, view, self.quantiles, epoch=self.epoch,
                                             **self._step_slots(view, spec))
-                protos.append(summary_pb.tensor_stats_pb(
-                    vec, view=view, name=spec.name, layer=spec.layer, depth=spec.depth,
-                    shape=spec.shape, dtype=spec.dtype, cadence=self._cadence,
-                    quantiles=self.quantiles))
+                protos.append((view, metadata.stats_tag(view, spec.name), vec,
+                               summary_pb.tensor_stats_pb(
+                                   vec, view=view, name=spec.name, layer=spec.layer,
+                                   depth=spec.depth, shape=spec.shape, dtype=spec.dtype,
+                                   cadence=self._cadence, quantiles=self.quantiles)))
         return protos
 
     def _step_slots(self, view: str, spec: modules.OutputSpec) -> dict[str, float]:
@@ -460,7 +476,7 @@ class Introspector:
         prev = self._epoch_activity.get(spec.name)
         self._epoch_activity[spec.name] = part if prev is None else prev + part
 
-    def _gradient_protos(self) -> list:
+    def _gradient_protos(self) -> list[_Stats]:
         if self.rank != 0:
             self._grad_buf.zero_()
             self._skipped.zero_()
@@ -482,7 +498,7 @@ class Introspector:
         return [self._param_proto("gradient", self.params[i], v)
                 for i, v in zip(keep, vecs, strict=True)]
 
-    def _variable_protos(self) -> list:
+    def _variable_protos(self) -> list[_Stats]:
         ws = self._read_weights()
         gsums = getattr(self, "_gsums", None) if self._grad_buf is not None else None
         steps = float(self.every) if isinstance(self.every, int) else 1.0
@@ -505,8 +521,8 @@ class Introspector:
         host = _host(flat)
         return [host[p.offset:p.offset + p.size].reshape(p.param.shape) for p in self.params]
 
-    def _param_proto(self, view: str, p: modules.ParamSpec, vec: np.ndarray) -> Any:
-        return summary_pb.tensor_stats_pb(
+    def _param_proto(self, view: str, p: modules.ParamSpec, vec: np.ndarray) -> _Stats:
+        return view, metadata.stats_tag(view, p.name), vec, summary_pb.tensor_stats_pb(
             vec, view=view, name=p.name, layer=p.layer, depth=p.depth,
             shape=tuple(p.param.shape), dtype=str(p.param.dtype).replace("torch.", ""),
             cadence=self._cadence, quantiles=self.quantiles)
