@@ -54,6 +54,9 @@ document.addEventListener('securitypolicyviolation', (e) =>
 """
 
 
+# An Overview drawn from view summaries reads its findings after it is "ready".
+FINDINGS_READ_JS = "() => !document.querySelector('#findings[data-state=loading]')"
+
 class Session:
     """One browser page on TensorBoard, collecting console errors and requests."""
 
@@ -81,6 +84,8 @@ class Session:
 
     def wait_ready(self):
         self.frame.wait_for_selector("html[data-status=ready]", timeout=30_000)
+        self.frame.wait_for_function(
+            FINDINGS_READ_JS, timeout=60_000)
 
     def click(self, selector: str):
         self.frame.locator(selector).first.click()
@@ -217,6 +222,8 @@ class Probe:
         self.f.wait_for_selector("html[data-status=ready]", timeout=60_000)
         # Polled on a timer, not every frame: the probe must not load the page it measures.
         self.f.wait_for_function(ALL_DRAWN_JS, timeout=60_000, polling=100)
+        self.f.wait_for_function(
+            FINDINGS_READ_JS, timeout=60_000)
         # One more frame: idle-time panels and the first-draw watcher ran.
         self.f.evaluate("() => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)))")
 

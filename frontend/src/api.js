@@ -72,6 +72,11 @@ export class Api {
     return this.cached(`overview\0${run}`, () => getJSON("./overview", [["run", run]]));
   }
 
+  /** The run's findings (./findings): read when ./overview was drawn from view summaries. */
+  findings(run) {
+    return this.cached(`findings\0${run}`, () => getJSON("./findings", [["run", run]]));
+  }
+
   /** One activity map, every epoch (./activity; can be megabytes: read when shown). */
   activity(run, tag) {
     return this.cached(`activity\0${run}\0${tag}`, () => getJSON("./activity", [["run", run], ["tag", tag]]));

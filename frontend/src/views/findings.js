@@ -44,7 +44,22 @@ export function sortFindings(findings) {
     .map((x) => x.f);
 }
 
+/**
+ * Draws the findings of `ov` into `box`. An overview drawn from view summaries has
+ * `findings: null`: the box says they are being read, asks ./findings (every tensor's
+ * own statistics), then draws them. `box.dataset.state` is "loading", then "ready".
+ */
 export function renderFindings(box, ov, ctx) {
+  if (ov.findings === null && !ov.findings_error) {
+    box.dataset.state = "loading";
+    box.append(h("h2", "Findings"), h("p.loading", "Reading every tensor's statistics for the findings…"));
+    ctx.api.findings(ctx.state.run).then(
+      (doc) => ctx.alive() && (box.replaceChildren(), renderFindings(box, doc, ctx)),
+      (e) => ctx.alive() && (box.replaceChildren(), renderFindings(box, { findings: [], findings_error: e.message }, ctx)),
+    );
+    return;
+  }
+  box.dataset.state = "ready";
   const findings = sortFindings(ov.findings || []);
   const counts = { critical: 0, warning: 0, info: 0 };
   for (const f of findings) counts[f.severity]++;

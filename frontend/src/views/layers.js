@@ -98,15 +98,19 @@ export async function renderLayers(ctx) {
     focus.el.scrollIntoView({ block: "center" });
   }
 
-  // Fetch in chunks; panels near the viewport are drawn as their data
-  // arrives, the others in idle time (lazy.js).
-  const jobs = [];
-  const size = chunkSize(panels.length);
-  for (let i = 0; i < panels.length; i += size) {
-    jobs.push(loadAndDraw(L, panels.slice(i, i + size)));
-  }
-  await Promise.all(jobs);
+  // The panels on (or next to) the screen are read first, in one request; the first
+  // screen is ready when they are drawn. The others follow in chunks, drawn as their data
+  // arrives (near the viewport) or in idle time (lazy.js).
+  await L.lazy.firstCallback;
   if (!ctx.alive()) return;
+  const near = panels.filter((p) => p.near);
+  await loadAndDraw(L, near);
+  if (!ctx.alive()) return;
+  const rest = panels.filter((p) => !p.near);
+  const size = chunkSize(rest.length);
+  const jobs = [];
+  for (let i = 0; i < rest.length; i += size) jobs.push(loadAndDraw(L, rest.slice(i, i + size)));
+  Promise.all(jobs).catch((e) => ctx.alive() && ctx.status(`Could not load every panel: ${e.message}`, "error"));
   await L.lazy.drawNear();
   if (focus && ctx.alive()) focus.el.scrollIntoView({ block: "center" });
   await afterPaint();
@@ -158,7 +162,8 @@ function panel(L, t) {
       dataset: { mode: m },
       on: { click: () => switchMode(L, p, m) },
     }, label)));
-  const plot = h("div.panel-plot");
+  // Until its data is drawn, a panel says that it is loading (not an empty chart).
+  const plot = h("div.panel-plot", h("div.panel-loading", "loading…"));
   // Line 1: the name (and the PNG button); line 2: the shape and the mode
   // switch. Layer and dtype are in the tooltip: the name already says them.
   const tools = h("div.panel-tools",
@@ -173,7 +178,7 @@ function panel(L, t) {
   },
   h("span.shape", `shape ${shapeText(t.shape)}`),
   t.cadence === "epoch" ? " · per epoch" : "");
-  const el = h("div.panel", { dataset: { tag: t.tag, mode } },
+  const el = h("div.panel", { dataset: { tag: t.tag, mode, state: "loading" } },
     h("div.panel-head", h("div.panel-name", { title: t.tag }, t.name), tools),
     h("div.panel-bar", meta, switcher),
     plot);
@@ -225,6 +230,8 @@ function drawPanel(L, p, s) {
   const { ctx, view, width, epochMap } = L;
   // Which mode is on screen (the switch flips before the data arrives).
   p.el.dataset.drawn = p.mode;
+  delete p.el.dataset.state;
+  p.plot.querySelector(".panel-loading")?.remove();
   if (!p.sampleNote) {
     p.sampleNote = h("div.sampled");
     p.el.append(p.sampleNote);
