@@ -118,12 +118,9 @@ def write_run(
                 names = (summary_rows or {}).get(view) or [t[0] for t in tensors]
                 width = len(metadata.tensor_stats_fields(view))
                 block = np.stack([vectors.get(name, np.full(width, np.nan)) for name in names])
-                value = summary.value.add(
-                    tag=metadata.summary_tag(view),
-                    tensor=tensor_util.make_tensor_proto(metadata.view_summary(view, block)))
-                if n == 0:
-                    value.metadata.CopyFrom(metadata.create_view_summary_metadata(
-                        view=view, rows=[metadata.stats_tag(view, name) for name in names]))
+                summary.value.extend(summary_pb.view_summary_pb(
+                    view, [metadata.stats_tag(view, name) for name in names], block,
+                    with_metadata=n == 0).value)
         for m in metrics:
             value = 2.0 / (1 + 0.05 * step) + 0.01 * np.cos(step)
             summary.value.extend(summary_pb.metric_pb(m, value, epoch).value)
