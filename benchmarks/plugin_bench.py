@@ -214,14 +214,17 @@ def tree_rss_bytes(pid: int) -> int:
 
 def time_cold(tb, run_dir: str, steps: int, tag: str, repeats: int) -> list:
     """Medians of the first-screen routes, each first call after a data change."""
-    times: dict[str, list[float]] = {"run": [], "overview": [], "full": []}
+    times: dict[str, list[float]] = {"run": [], "overview": [], "findings": [], "full": []}
     for _ in range(repeats):
         step = max(steps, get_json(tb.url("runs"))["runs"][0]["max_step"] + 1)
         touch_run(run_dir, step)
         wait_for(lambda s=step: get_json(tb.url("runs"))["runs"][0]["max_step"] >= s,
                  timeout=600, interval=0.2)
         time.sleep(LISTING_TTL_S + 0.1)  # a listing from before the point is not reused
+        # The tab's order: the first screen, then the findings (read from every tensor's tag
+        # when the overview came from view summaries, else already in the overview).
         for key, route in (("run", "run?run=bench"), ("overview", "overview?run=bench"),
+                           ("findings", "findings?run=bench"),
                            ("full", f"series?run=bench&tag={tag}")):
             t = time.perf_counter()
             status, _, body = fetch(tb.url(route), gzip_ok=True, keep_compressed=True,
@@ -234,6 +237,7 @@ def time_cold(tb, run_dir: str, steps: int, tag: str, repeats: int) -> list:
         ("after a data change: run (bounded sampled read)", med["run"], nan, nan, 0),
         ("after a data change: overview (from that read)", med["overview"], nan, nan, 0),
         ("after a data change: run + overview", med["run"] + med["overview"], nan, nan, 0),
+        ("after a data change: then findings", med["findings"], nan, nan, 0),
         ("after a data change: 1 tag, full resolution", med["full"], nan, nan, 0),
     ]
 

@@ -60,6 +60,8 @@ export function renderFindings(box, ov, ctx) {
     return;
   }
   box.dataset.state = "ready";
+  // Since the iframe's navigation start (benchmarks/frontend_bench.py reads it).
+  box.dataset.readyAt = performance.now().toFixed(1);
   const findings = sortFindings(ov.findings || []);
   const counts = { critical: 0, warning: 0, info: 0 };
   for (const f of findings) counts[f.severity]++;
