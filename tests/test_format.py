@@ -118,13 +118,19 @@ def test_raw_events_of_the_numpy_writer(tmp_path):
     events = list(event_file_loader.EventFileLoader(path).Load())
     assert events[0].file_version == "brain.Event:2"
     values = [(e.step, v) for e in events[1:] for v in e.summary.value]
-    assert [v.tag for _, v in values] == ["introspect/output/d/out", "introspect/metric/loss"]
+    # The step's view summary is written on close, after the metric.
+    assert [v.tag for _, v in values] == ["introspect/output/d/out", "introspect/metric/loss",
+                                          "introspect/summary/output"]
     for step, v in values:
         assert step == 4
         assert v.metadata.plugin_data.plugin_name == "introspect"
         assert v.metadata.data_class == summary_pb2.DATA_CLASS_TENSOR
+    for _, v in values[:2]:
         assert v.tensor.dtype == types_pb2.DT_DOUBLE
         assert len(v.tensor.tensor_shape.dim) == 1
+    summary = values[2][1].tensor
+    assert summary.dtype == types_pb2.DT_FLOAT
+    assert [d.size for d in summary.tensor_shape.dim] == [1, len(metadata.summary_fields("output"))]
 
 
 def test_numpy_path_works_without_tensorflow(tmp_path):

@@ -1,5 +1,8 @@
 """The TF summary ops and the numpy writer produce the same data, as TensorBoard reads it.
 
+The numpy writer also writes each view's VIEW_SUMMARY (the TF ops, one tensor per call,
+cannot): both loaders read it back alike, metadata from its first point included.
+
 Both loaders are exercised for real: the Python loader (EventMultiplexer +
 MultiplexerDataProvider, what ``--load_fast=false`` uses) and the Rust data
 server (``tensorboard_data_server`` spawned by TensorBoard's own
@@ -133,7 +136,7 @@ def rust_loader(logdir):
         while True:  # the server loads the logdir in the background
             snap = snapshot(ingester.data_provider)
             n_points = sum(len(p) for tags in snap.values() for _, p in tags.values())
-            if len(snap) == 2 and n_points == 2 * 7 * len(STEPS):
+            if len(snap) == 2 and n_points == (2 * 7 + 4) * len(STEPS):
                 return snap
             if time.monotonic() > deadline:
                 pytest.fail(f"data server did not load the logdir: {snap.keys()}")
@@ -152,13 +155,15 @@ EXPECTED_TAGS = {
     metadata.metric_tag("loss"),
     metadata.metric_tag("loss", per_epoch=True),
 }
+SUMMARY_TAGS = {metadata.summary_tag(view) for view in metadata.VIEWS}
 
 
 @pytest.mark.parametrize("loader", ["python_loader", "rust_loader"])
 def test_tf_and_numpy_paths_read_back_alike(loader, request):
     snap = request.getfixturevalue(loader)
     assert set(snap) == {"tf", "np"}
-    assert set(snap["tf"]) == set(snap["np"]) == EXPECTED_TAGS
+    assert set(snap["tf"]) == EXPECTED_TAGS
+    assert set(snap["np"]) == EXPECTED_TAGS | SUMMARY_TAGS
     for tag in EXPECTED_TAGS:
         meta_tf, points_tf = snap["tf"][tag]
         meta_np, points_np = snap["np"][tag]
@@ -244,3 +249,22 @@ def test_summary_ops_reject_bad_input(tmp_path):
             summary.write_stats_vector(
                 "x", np.zeros(35), 0, view="output", cadence="hourly"
             )
+
+
+@pytest.mark.parametrize("loader", ["python_loader", "rust_loader"])
+def test_view_summaries_of_the_numpy_writer_read_back(loader, request):
+    run = request.getfixturevalue(loader)["np"]
+    for view in metadata.VIEWS:
+        meta, points = run[metadata.summary_tag(view)]
+        data = metadata.parse_plugin_data(meta)  # the first point's metadata, kept
+        assert data.kind == metadata.VIEW_SUMMARY and data.view == view
+        assert tuple(data.fields) == metadata.summary_fields(view)
+        rows = [name for name, (v, *_) in DATA[0].items() if v == view]
+        rows += ["conv/output_epoch"] if view == "output" else []
+        assert list(data.rows) == [metadata.stats_tag(view, n) for n in rows]
+        assert [s for s, _ in points] == list(STEPS)
+        for i, (_, matrix) in enumerate(points):
+            assert matrix.dtype == np.float32
+            assert matrix.shape == (len(rows), len(data.fields))
+            vectors = np.stack([run[tag][1][i][1] for tag in data.rows])
+            np.testing.assert_array_equal(matrix, metadata.view_summary(view, vectors))
