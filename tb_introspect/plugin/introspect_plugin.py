@@ -59,8 +59,9 @@ SAMPLED_POINTS = 1000
 RUN_SAMPLED_POINTS = 250_000
 MIN_SAMPLED_POINTS = 200
 #: Points per tag of the first-screen read of a run with view summaries (format 3): its
-#: 4 summary tags and the metrics, whatever the number of tensors; the Overview's columns.
-SUMMARY_POINTS = overview.DEFAULT_MAX_POINTS
+#: 4 summary tags and the metrics, whatever the number of tensors (as many as a run with
+#: few tags gets from the per-tensor sample).
+SUMMARY_POINTS = SAMPLED_POINTS
 
 
 def sample_points(tags: int) -> int:

@@ -56,8 +56,9 @@ def expand(summary: Series, infos: Mapping[str, TagInfo]) -> list[Series]:
         if info is None or info.kind != reader.KIND_TENSOR_STATS:
             continue  # a row whose tag is not listed (yet): nothing to place it under
         row_info = dataclasses.replace(info, fields=fields, quantiles=summary.info.quantiles)
+        # A view of the summary's block, no copy: the rows share its memory.
         out.append(Series(info=row_info, steps=summary.steps, wall_times=summary.wall_times,
-                          values=np.ascontiguousarray(flat[:, r, :], dtype=np.float64)))
+                          values=flat[:, r, :]))
     return sorted(out, key=lambda s: s.info.sort_key())
 
 
