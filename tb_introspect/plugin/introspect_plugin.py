@@ -58,10 +58,6 @@ SAMPLED_POINTS = 1000
 #: Each point costs the data provider ~12 µs of Python (see the README's table).
 RUN_SAMPLED_POINTS = 250_000
 MIN_SAMPLED_POINTS = 200
-#: Points per tag of the first-screen read of a run with view summaries (format 3): its
-#: 4 summary tags and the metrics, whatever the number of tensors (as many as a run with
-#: few tags gets from the per-tensor sample).
-SUMMARY_POINTS = SAMPLED_POINTS
 
 
 def sample_points(tags: int) -> int:
@@ -270,9 +266,9 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
     def _first_screen(self, request: wrappers.Request, run: str, listing: _Listing
                       ) -> _Sampled | None:
-        """The run from its view summaries and metrics (a few tags, ``SUMMARY_POINTS`` each),
-        cached; ``None`` when some view has no summary covering its tensors (format 1 and
-        2 runs): those read the per-tensor sample."""
+        """The run from its view summaries and metrics (a few tags, as many points each as
+        the per-tensor sample has), cached; ``None`` when some view has no summary covering
+        its tensors (format 1 and 2 runs): those read the per-tensor sample."""
         cover = summaries.covering(listing.infos)
         if cover is None:
             return None
@@ -281,9 +277,13 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         def read() -> _Sampled:
             metrics = [i for i in listing.infos.values()
                        if i.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)]
+            # The steps the per-tensor sample would give: the same Overview columns (its
+            # JSON, a value per tensor and column, costs more than the read past ~300).
+            points = sample_points(sum(1 for i in listing.infos.values()
+                                       if i.kind == reader.KIND_TENSOR_STATS) + len(metrics))
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, [*cover.values(), *metrics],
-                ctx=plugin_util.context(request.environ), points=SUMMARY_POINTS,
+                ctx=plugin_util.context(request.environ), points=points,
                 multiplexer=self._multiplexer,
             )
             tags = {i.tag: v for v, i in cover.items()}
@@ -292,7 +292,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                 {t: s for t, s in series.items() if t not in tags}, listing.bad + unreadable)
             # A row's own tag may hold fewer points than its summary: its count is unknown.
             rows = {s.info.tag for view in rs.tensors.values() for s in view}
-            return _Sampled(rs, frozenset(sampled) | rows, SUMMARY_POINTS)
+            return _Sampled(rs, frozenset(sampled) | rows, points)
 
         return self._first.get((eid, run), listing.fingerprint, read)
 

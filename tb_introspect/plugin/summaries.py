@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-import numpy as np
-
 from tb_introspect import metadata
 from tb_introspect.plugin import reader
 from tb_introspect.rundata import RunSeries, Series, TagInfo
