@@ -167,7 +167,10 @@ def view_summary_pb(
     if v.shape != (len(rows), width):
         raise ValueError(f"{view} summary: vectors have shape {v.shape}, expected"
                          f" ({len(rows)}, {width}) (rows, slots)")
-    matrix = metadata.view_summary(view, v, quantiles)
+    # A diverging run's float64 slots past float32's range become ±inf in the summary (its
+    # per-tensor tags keep them); that is no reason to warn in the user's training loop.
+    with np.errstate(over="ignore"):
+        matrix = metadata.view_summary(view, v, quantiles)
     summary = summary_pb2.Summary()
     value = summary.value.add(tag=metadata.summary_tag(view),
                               tensor=tensor_util.make_tensor_proto(matrix))

@@ -227,14 +227,19 @@ class NumpyWriter:
                 self._file.flush()
 
     def close(self) -> None:
-        """Write the held step's view summaries and close the file."""
-        with self._pending_lock:
-            if not self._file.closed:
-                self._emit()
-        with self._lock:
-            if not self._file.closed:
-                self._file.flush()
-                self._file.close()
+        """Write the held step's view summaries and close the file (closed also when
+        writing them fails)."""
+        try:
+            with self._pending_lock:
+                if not self._file.closed:
+                    self._emit()
+        finally:
+            with self._lock:
+                if not self._file.closed:
+                    try:
+                        self._file.flush()
+                    finally:
+                        self._file.close()
 
     def __enter__(self) -> NumpyWriter:
         return self

@@ -5,6 +5,7 @@ point), and only a tag's first summary event of a writer carries the metadata.""
 
 from __future__ import annotations
 
+import doctest
 import glob
 import os
 
@@ -130,6 +131,11 @@ def test_numpy_writer_flush_closes_its_step(tmp_path):
     np.testing.assert_array_equal(
         run[metadata.summary_tag("variable")].vectors[0],
         metadata.view_summary("variable", np.arange(45.0)[None]))
+
+
+def test_view_summary_pb_example_runs():
+    result = doctest.testmod(summary_pb)
+    assert result.failed == 0 and result.attempted > 0
 
 
 def test_view_summary_pb_checks_its_shape():
