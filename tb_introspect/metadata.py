@@ -7,6 +7,7 @@ never import TensorFlow. The format is documented in ``docs/format.md``.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,16 +88,23 @@ METRIC_EPOCH_FIELDS: tuple[str, ...] = (
 )
 
 
-#: Slots of a VIEW_SUMMARY row: what the Overview draws (the RMS bands and stack, the
-#: activity and non-finite rows) and what the Layers grid's first screen needs to place
-#: its panels. The variable view adds ``ilr_q50``, the median implicit learning rate.
+#: Slots of a VIEW_SUMMARY row: ``row_key`` (``row_key(tag)`` of the row's tensor, so a
+#: reader can tell a point whose rows are not those of the tag's first metadata, e.g. another
+#: model written into the same run directory), then what the Overview draws (the RMS bands and
+#: stack, the activity and non-finite rows). The variable view adds ``ilr_q50``, the median
+#: implicit learning rate.
 SUMMARY_FIELDS: tuple[str, ...] = (
-    "epoch", "rms", "activation_rate", "dead_rate", "spatial_dead_rate",
+    "row_key", "epoch", "rms", "activation_rate", "dead_rate", "spatial_dead_rate",
     "nan_count", "posinf_count", "neginf_count",
 )
 #: The summary matrix is stored as float32: 4 bytes a slot keep the run's bytes per logged
 #: point within a tenth more than the per-tensor float64 vectors alone.
 SUMMARY_DTYPE = np.float32
+
+
+def row_key(tag: str) -> float:
+    """The ``row_key`` slot of the row of ``tag``: 24 bits of its CRC-32 (exact in float32)."""
+    return float(zlib.crc32(tag.encode()) & 0xFFFFFF)
 
 
 def summary_fields(view: str) -> tuple[str, ...]:
@@ -125,20 +133,27 @@ def median_weights(quantiles: Sequence[float]) -> tuple[float, float, float] | N
     return lo, hi, 0.0 if hi == lo else (50.0 - lo) / (hi - lo)
 
 
-def view_summary(view: str, vectors: np.ndarray,
+def view_summary(view: str, rows: Sequence[str], vectors: np.ndarray,
                  quantiles: Sequence[float] = DEFAULT_QUANTILES) -> np.ndarray:
     """The VIEW_SUMMARY matrix ``[rows, summary_fields(view)]`` (float32) of the packed
     TENSOR_STATS vectors ``[rows, tensor_stats_fields(view, quantiles)]`` of one logged
-    point. Every writer builds its summary with this one function."""
+    point, ``rows`` their tags. A finite slot past float32's range is held at its largest
+    value (still "too big", not non-finite). Every writer builds its summary with this one
+    function."""
     fields = tensor_stats_fields(view, quantiles)
     v = np.asarray(vectors, dtype=np.float64).reshape(-1, len(fields))
+    if len(rows) != len(v):
+        raise ValueError(f"{view} summary: {len(rows)} rows, {len(v)} vectors")
     index = {f: i for i, f in enumerate(fields)}
-    cols = [v[:, index[f]] for f in SUMMARY_FIELDS]
+    cols = [np.array([row_key(t) for t in rows], dtype=np.float64)]
+    cols += [v[:, index[f]] for f in SUMMARY_FIELDS[1:]]
     if view == "variable":
         lo, hi, w = median_weights(quantiles)
         a, b = (v[:, index[ILR_PREFIX + quantile_field(q)]] for q in (lo, hi))
         cols.append(a if w == 0.0 else (1.0 - w) * a + w * b)
-    return np.stack(cols, axis=1).astype(SUMMARY_DTYPE)
+    out = np.stack(cols, axis=1)
+    big = float(np.finfo(SUMMARY_DTYPE).max)
+    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(SUMMARY_DTYPE)
 
 
 def create_view_summary_metadata(

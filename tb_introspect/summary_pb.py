@@ -160,17 +160,14 @@ def view_summary_pb(
         ...     np.ones(4), view="gradient", name=n)) for n in ("dense/kernel", "dense/bias")]
         >>> pb = summary_pb.view_summary_pb("gradient", rows, vecs)
         >>> pb.value[0].tag, tensor_util.make_ndarray(pb.value[0].tensor).shape
-        ('introspect/summary/gradient', (2, 8))
+        ('introspect/summary/gradient', (2, 9))
     """
     width = len(metadata.tensor_stats_fields(view, quantiles))
     v = np.asarray(vectors, dtype=np.float64)
     if v.shape != (len(rows), width):
         raise ValueError(f"{view} summary: vectors have shape {v.shape}, expected"
                          f" ({len(rows)}, {width}) (rows, slots)")
-    # A diverging run's float64 slots past float32's range become ±inf in the summary (its
-    # per-tensor tags keep them); that is no reason to warn in the user's training loop.
-    with np.errstate(over="ignore"):
-        matrix = metadata.view_summary(view, v, quantiles)
+    matrix = metadata.view_summary(view, rows, v, quantiles)
     summary = summary_pb2.Summary()
     value = summary.value.add(tag=metadata.summary_tag(view),
                               tensor=tensor_util.make_tensor_proto(matrix))

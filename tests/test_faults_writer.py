@@ -248,6 +248,13 @@ def test_sigkill_mid_epoch_keeps_everything_flushed(tmp_path):
     data = rl.event_file(run).read_bytes()
     records, parsed_to = rl.scan_records(data)
     on_disk = rl.points_in_bytes(data)
+    # Each view's summary is written in the same call as its tensors' points: the same steps
+    # survived. The routes serve the tensors' own tags, so the check below reads those.
+    for view in ("variable", "gradient"):
+        summary = set(on_disk.pop(metadata.summary_tag(view)))
+        view_steps = set().union(*(on_disk[t] for t in on_disk
+                                   if t.startswith(metadata.TAG_PREFIX + view + "/")))
+        assert summary == view_steps, view
     stats_tags = [t for t in on_disk if not t.startswith(METRIC_PREFIX)]
     # hidden/kernel, hidden/bias, head/kernel, head/bias x (variable, gradient)
     assert len(stats_tags) == 8, sorted(on_disk)

@@ -57,8 +57,8 @@ def check_summaries(log_dir: str, views) -> dict[str, lib.Series]:
                                 if step in run[t].steps else np.full(width, np.nan)
                                 for t in data.rows])
             assert matrix.dtype == np.float32
-            np.testing.assert_array_equal(matrix, metadata.view_summary(view, vectors,
-                                                                        quantiles))
+            np.testing.assert_array_equal(
+                matrix, metadata.view_summary(view, data.rows, vectors, quantiles))
         for file_events in events[metadata.summary_tag(view)]:
             assert [m for _, m, _, _ in file_events] == [True] + [False] * (len(file_events) - 1)
             assert {d for _, _, d, _ in file_events} == {types_pb2.DT_FLOAT}
@@ -86,9 +86,13 @@ def test_numpy_writer_rows_missing_tensors_and_new_ones(tmp_path):
         # Rows: the first point's tensors, in the order written; "c" came later.
         assert list(summary.data.rows) == [metadata.stats_tag(view, n) for n in ("b", "a")]
         assert summary.steps == [0, 1, 2, 3]
-        assert np.isnan(summary.vectors[1][0]).all()  # "b" has no point at step 1
-        assert np.isfinite(summary.vectors[1][1][1]) and summary.vectors[1][1][0] == 0
-        assert summary.vectors[2][0][0] == 1  # the epoch slot
+        fields = metadata.summary_fields(view)
+        rms, epoch = fields.index("rms"), fields.index("epoch")
+        # "b" has no point at step 1: NaN but its row key.
+        assert summary.vectors[1][0][0] == metadata.row_key(metadata.stats_tag(view, "b"))
+        assert np.isnan(summary.vectors[1][0][1:]).all()
+        assert np.isfinite(summary.vectors[1][1][rms]) and summary.vectors[1][1][epoch] == 0
+        assert summary.vectors[2][0][epoch] == 1
         ilr = summary.vectors[0][:, -1]
         if view == "variable":  # the median between the 25 and 75 points (NaN: first point)
             assert metadata.summary_fields(view)[-1] == "ilr_q50" and np.isnan(ilr).all()
@@ -105,7 +109,8 @@ def test_numpy_writer_rows_missing_tensors_and_new_ones(tmp_path):
             vectors = [run[t].vectors[run[t].steps.index(step)] if step in run[t].steps else
                        np.full(len(metadata.tensor_stats_fields(view, q)), np.nan)
                        for t in summary.data.rows]
-            np.testing.assert_array_equal(matrix, metadata.view_summary(view, vectors, q))
+            np.testing.assert_array_equal(
+                matrix, metadata.view_summary(view, summary.data.rows, vectors, q))
 
 
 def test_numpy_writer_flush_closes_its_step(tmp_path):
@@ -130,7 +135,8 @@ def test_numpy_writer_flush_closes_its_step(tmp_path):
     assert run[metadata.summary_tag("variable")].steps == [7]
     np.testing.assert_array_equal(
         run[metadata.summary_tag("variable")].vectors[0],
-        metadata.view_summary("variable", np.arange(45.0)[None]))
+        metadata.view_summary("variable", [metadata.stats_tag("variable", "w")],
+                              np.arange(45.0)[None]))
 
 
 def test_view_summary_pb_example_runs():

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from shared_runs import APP_BATCH, APP_EPOCHS, APP_EVERY, APP_SAMPLES, RESNET_BATCH
 
+from tb_introspect import metadata
+
 
 def check_application(run, model, steps: list[int], epoch_ends: list[int], batch: int,
                       activity_steps: set[int]) -> None:
@@ -34,7 +36,7 @@ def check_application(run, model, steps: list[int], epoch_ends: list[int], batch
     assert depth[min(depth)] == layers[0] and depth[max(depth)] == layers[-1]
     counted = set()
     for tag, series in run.items():
-        if "/metric" in tag:
+        if "/metric" in tag or series.data.kind == metadata.VIEW_SUMMARY:
             continue
         activity = "/activity/" in tag
         assert series.steps == (epoch_ends if activity else steps), tag

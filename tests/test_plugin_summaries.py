@@ -26,6 +26,11 @@ def apps(tmp_path_factory):
     # The output view's summary misses a tensor: that run must read its per-tensor tags.
     rows = {"output": ["dense", "dense_1"]}
     write_run(str(root / "partial"), STEPS, summaries=True, summary_rows=rows)
+    # Another model's rows written later into the same run directory: TensorBoard keeps the
+    # first metadata, so those points' rows are not the ones it names.
+    write_run(str(root / "rewritten"), range(0, 30), summaries=True)
+    write_run(str(root / "rewritten"), range(30, 60), summaries=True,
+              summary_rows={"output": ["out", "dense", "dense_1"]})
     return App(str(root))
 
 
@@ -85,6 +90,19 @@ def test_a_summary_missing_a_tensor_falls_back_to_the_tensor_tags(apps) -> None:
     assert doc["findings"] is not None
     names = [t["name"] for t in doc["views"]["output"]["tensors"]]
     assert sorted(names) == sorted(n for n, _, _ in LAYOUT["output"])
+
+
+def test_points_whose_rows_are_not_the_metadata_rows_fall_back(apps) -> None:
+    doc = apps.get("overview?run=rewritten")
+    assert doc["findings"] is not None  # read from the per-tensor tags
+    assert len(doc["views"]["output"]["steps"]) == 60
+
+
+def test_row_keys_are_exact_in_float32() -> None:
+    tags = [metadata.stats_tag("output", f"layer_{i}") for i in range(1000)]
+    keys = [metadata.row_key(t) for t in tags]
+    assert all(np.float32(k) == k for k in keys)
+    assert len(set(keys)) > 995  # 24 bits: collisions are rare, and only weaken the check
 
 
 def test_a_summary_tag_is_not_a_series(apps) -> None:

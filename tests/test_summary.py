@@ -267,4 +267,5 @@ def test_view_summaries_of_the_numpy_writer_read_back(loader, request):
             assert matrix.dtype == np.float32
             assert matrix.shape == (len(rows), len(data.fields))
             vectors = np.stack([run[tag][1][i][1] for tag in data.rows])
-            np.testing.assert_array_equal(matrix, metadata.view_summary(view, vectors))
+            np.testing.assert_array_equal(
+                matrix, metadata.view_summary(view, data.rows, vectors))

@@ -161,8 +161,8 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._sampled = FingerprintCache(8, 256 * mib, lambda d: bounded.nbytes(
             d.rs.all_series().values()))
         # First-screen reads from view summaries, and the findings (from the sampled read).
-        self._first = FingerprintCache(8, 128 * mib, lambda d: bounded.nbytes(
-            d.rs.all_series().values()))
+        self._first = FingerprintCache(8, 128 * mib, lambda d: 0 if d is None else
+                                       bounded.nbytes(d.rs.all_series().values()))
         self._findings = FingerprintCache(16, 16 * mib)
 
     @property
@@ -274,7 +274,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             return None
         eid = plugin_util.experiment_id(request.environ)
 
-        def read() -> _Sampled:
+        def read() -> _Sampled | None:
             metrics = [i for i in listing.infos.values()
                        if i.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)]
             # The steps the per-tensor sample would give: the same Overview columns (its
@@ -287,9 +287,12 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                 multiplexer=self._multiplexer,
             )
             tags = {i.tag: v for v, i in cover.items()}
+            held = {tags[t]: s for t, s in series.items() if t in tags}
+            if len(held) < len(tags) or any(summaries.mismatch(s) for s in held.values()):
+                return None  # unreadable, or not the rows it names: the per-tensor sample
             rs = summaries.summary_run(
-                run, listing.infos, {tags[t]: s for t, s in series.items() if t in tags},
-                {t: s for t, s in series.items() if t not in tags}, listing.bad + unreadable)
+                run, listing.infos, held, {t: s for t, s in series.items() if t not in tags},
+                listing.bad + unreadable)
             # A row's own tag may hold fewer points than its summary: its count is unknown.
             rows = {s.info.tag for view in rs.tensors.values() for s in view}
             return _Sampled(rs, frozenset(sampled) | rows, points)

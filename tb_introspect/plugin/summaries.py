@@ -7,13 +7,16 @@ converts every point to numpy one proto at a time, so the cost is in the number 
 
 A view's summary is used only when its rows name every TENSOR_STATS tag of the view that
 the run lists (a tensor first logged after the summary's first point, or a run written
-partly by a writer without summaries, falls back to the per-tensor tags for that run).
+partly by a writer without summaries, falls back to the per-tensor tags for that run), and
+when every point holds those rows (``row_key``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+
+import numpy as np
 
 from tb_introspect import metadata
 from tb_introspect.plugin import reader
@@ -37,6 +40,21 @@ def covering(infos: Mapping[str, TagInfo]) -> dict[str, TagInfo] | None:
         if s is None or not tags <= set(s.rows):
             return None
     return {view: found[view] for view in tensors}
+
+
+def mismatch(summary: Series) -> str | None:
+    """Why the points of ``summary`` do not hold the rows its metadata names (their
+    ``row_key`` slots differ: another model written into the same run directory), or None."""
+    rows = summary.info.rows
+    if "row_key" not in summary.info.fields:
+        return "no row_key slot"
+    col = summary.info.fields.index("row_key")
+    keys = summary.values.reshape(len(summary), len(rows), len(summary.info.fields))[:, :, col]
+    want = np.array([metadata.row_key(t) for t in rows])
+    bad = np.flatnonzero((keys != want).any(axis=1))
+    if bad.size:
+        return f"rows at step {int(summary.steps[bad[0]])} are not the rows of its metadata"
+    return None
 
 
 def expand(summary: Series, infos: Mapping[str, TagInfo]) -> list[Series]:
