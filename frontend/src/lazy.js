@@ -59,8 +59,11 @@ export class LazyDrawer {
 
   drawNow(p) {
     this.urgent.delete(p);
-    if (this.stopped || p.chart || !p.series) return;
+    if (this.stopped || !p.series) return;
+    // Drawn already (near, or redrawn by a reload): out of the idle queue, which would
+    // otherwise spin on it.
     this.pending.delete(p);
+    if (p.chart) return;
     this.draw(p);
     this.check();
   }

@@ -106,7 +106,10 @@ export async function renderLayers(ctx) {
   const near = panels.filter((p) => p.near);
   await loadAndDraw(L, near);
   if (!ctx.alive()) return;
-  const rest = panels.filter((p) => !p.near);
+  // Not `!p.near`: panels move while the first ones load, and a panel read twice would
+  // be queued again after it was drawn.
+  const first = new Set(near);
+  const rest = panels.filter((p) => !first.has(p));
   const size = chunkSize(rest.length);
   const jobs = [];
   for (let i = 0; i < rest.length; i += size) jobs.push(loadAndDraw(L, rest.slice(i, i + size)));
