@@ -88,11 +88,13 @@ def write_run(
     written: Written | None = None,
     summaries: bool = False,
     summary_rows: dict[str, list[str]] | None = None,
+    format_version: int = metadata.PROTO_VERSION,
 ) -> Written:
     """Write a synthetic run (all views of ``LAYOUT`` by default) into ``run_dir``.
 
     ``summaries``: also the view summaries of format 3, rows in ``LAYOUT`` order, or
     ``summary_rows[view]`` (tensor names; a name without a vector gets a NaN row).
+    ``format_version``: the version the metadata states (2: as the last version-2 writer).
     """
     views = LAYOUT if views is None else views
     written = written or Written()
@@ -125,13 +127,15 @@ def write_run(
             value = 2.0 / (1 + 0.05 * step) + 0.01 * np.cos(step)
             summary.value.extend(summary_pb.metric_pb(m, value, epoch).value)
             metric_vals.setdefault(m, []).append((step, epoch, value))
+        _set_version(summary, format_version)
         writer.add_event(_event(step, summary, 1000.0 + step))
         last_of_epoch = (step + 1) % steps_per_epoch == 0
         if epoch_bands and last_of_epoch:
             for m in metrics:
                 vals = [v for _, e, v in metric_vals[m] if e == epoch]
-                writer.add_event(_event(step, summary_pb.metric_epoch_pb(m, vals, epoch),
-                                        1000.0 + step))
+                band = summary_pb.metric_epoch_pb(m, vals, epoch)
+                _set_version(band, format_version)
+                writer.add_event(_event(step, band, 1000.0 + step))
     writer.close()
     for tag, points in collected.items():
         fields = metadata.tensor_stats_fields(written.info[tag][0])
@@ -144,6 +148,14 @@ def write_run(
         a = np.array(pts)
         written.metrics[m] = (a[:, 0].astype(np.int64), a[:, 1], a[:, 2])
     return written
+
+
+def _set_version(summary: summary_pb2.Summary, version: int) -> None:
+    for value in summary.value:
+        if value.metadata.plugin_data.content:
+            data = metadata.parse_plugin_data(value.metadata.plugin_data.content)
+            data.version = version
+            value.metadata.plugin_data.content = data.SerializeToString()
 
 
 def write_bad_tags(run_dir: str, steps: int = 5) -> None:

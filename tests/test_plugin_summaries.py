@@ -8,6 +8,9 @@ summary does not cover its view.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 from plugin_testlib import LAYOUT, App, write_run
@@ -21,7 +24,7 @@ STEPS = range(0, 60)
 @pytest.fixture(scope="module")
 def apps(tmp_path_factory):
     root = tmp_path_factory.mktemp("summaries")
-    write_run(str(root / "v2"), STEPS)
+    write_run(str(root / "v2"), STEPS, format_version=2)
     write_run(str(root / "v3"), STEPS, summaries=True)
     # The output view's summary misses a tensor: that run must read its per-tensor tags.
     rows = {"output": ["dense", "dense_1"]}
@@ -31,6 +34,8 @@ def apps(tmp_path_factory):
     write_run(str(root / "rewritten"), range(0, 30), summaries=True)
     write_run(str(root / "rewritten"), range(30, 60), summaries=True,
               summary_rows={"output": ["out", "dense", "dense_1"]})
+    # A real run of the last version-1 writer: no summaries, read from its own tags.
+    shutil.copytree(Path(__file__).parent / "data" / "format_v1" / "adam_cnn", root / "v1")
     return App(str(root))
 
 
@@ -60,6 +65,20 @@ def test_overview_from_summaries_draws_what_the_tensor_tags_draw(apps) -> None:
     # The run name differs; everything drawn is the same.
     v2.pop("run"), v3.pop("run")
     _close(v2, v3)
+
+
+def test_versions_1_2_and_3_are_read(apps) -> None:
+    for run, version, from_summaries in (("v1", 1, False), ("v2", 2, False), ("v3", 3, True)):
+        doc = apps.get(f"run?run={run}")
+        assert doc["format_version"] == version
+        assert all(doc["views"][v] for v in metadata.VIEWS), run
+        ov = apps.get(f"overview?run={run}")
+        assert (ov["findings"] is None) == from_summaries, run
+        assert isinstance(apps.get(f"findings?run={run}")["findings"], list)
+        for view in metadata.VIEWS:
+            rms = ov["views"][view]["log10_rms"]
+            assert len(rms) == len(doc["views"][view]) and any(
+                x is not None for row in rms for x in row), (run, view)
 
 
 def test_findings_route_serves_the_findings_of_the_tensor_tags(apps) -> None:
