@@ -22,7 +22,7 @@ from tb_introspect import metadata
 from tb_introspect.plugin import overview
 from tb_introspect.rundata import Series, TagInfo, align
 
-FIELDS = ("rms", "epoch", *overview.ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS)
+FIELDS = ("rms", "epoch", *metadata.ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS)
 
 
 def synthetic_view(tensors: int, steps: int) -> list[Series]:
