@@ -58,7 +58,7 @@ def mismatch(summary: Series) -> str | None:
 
 
 def expand(summary: Series, infos: Mapping[str, TagInfo]) -> list[Series]:
-    """One series per row of a summary's points, in depth order.
+    """One series per row of a summary's points.
 
     Each carries its tensor's listing entry with the summary's fields, so the overview,
     which reads fields by name, computes on it as on the tensor's own tag.
@@ -75,21 +75,11 @@ def expand(summary: Series, infos: Mapping[str, TagInfo]) -> list[Series]:
         # A view of the summary's block, no copy: the rows share its memory.
         out.append(Series(info=row_info, steps=summary.steps, wall_times=summary.wall_times,
                           values=flat[:, r, :]))
-    return sorted(out, key=lambda s: s.info.sort_key())
+    return out
 
 
 def summary_run(run: str, infos: Mapping[str, TagInfo], summaries: Mapping[str, Series],
                 metrics: Mapping[str, Series], skipped: list[tuple[str, str]]) -> RunSeries:
     """The run as the first screen sees it: per view the summary's rows, and the metrics."""
-    rs = reader.assemble_run(run, infos, metrics, skipped)
-    for view, s in summaries.items():
-        rows = expand(s, infos)
-        if rows:
-            rs.tensors[view] = rows
-    rs.tensors = {v: rs.tensors[v] for v in _view_order(rs.tensors)}
-    return rs
-
-
-def _view_order(tensors: Mapping[str, list[Series]]) -> list[str]:
-    order = {v: i for i, v in enumerate(metadata.VIEWS)}
-    return sorted(tensors, key=lambda v: (order.get(v, len(order)), v))
+    rows = {r.info.tag: r for s in summaries.values() for r in expand(s, infos)}
+    return reader.assemble_run(run, infos, {**metrics, **rows}, skipped)
