@@ -161,8 +161,7 @@ def create_view_summary_metadata(
 ) -> summary_pb2.SummaryMetadata:
     """SummaryMetadata for the VIEW_SUMMARY of ``view``; ``rows``: the TENSOR_STATS tag of
     each row, in order (fixed for the run: a row without a value at a point holds NaN)."""
-    if cadence not in CADENCES:
-        raise ValueError(f"unknown cadence {cadence!r}; expected 'step' or 'epoch'")
+    _check_cadence(cadence)
     data = plugin_data_pb2.PluginData(
         version=PROTO_VERSION,
         kind=VIEW_SUMMARY,
@@ -288,6 +287,11 @@ def metric_tag(name: str, per_epoch: bool = False) -> str:
     return f"{TAG_PREFIX}{'metric_epoch' if per_epoch else 'metric'}/{name}"
 
 
+def _check_cadence(cadence: str) -> None:
+    if cadence not in CADENCES:
+        raise ValueError(f"unknown cadence {cadence!r}; expected 'step' or 'epoch'")
+
+
 def _check_view(view: str) -> None:
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r}; expected one of {', '.join(VIEWS)}")
@@ -305,8 +309,7 @@ def create_tensor_stats_metadata(
     quantiles: Sequence[float] = DEFAULT_QUANTILES,
 ) -> summary_pb2.SummaryMetadata:
     """SummaryMetadata for the statistics of one view of one tensor."""
-    if cadence not in CADENCES:
-        raise ValueError(f"unknown cadence {cadence!r}; expected 'step' or 'epoch'")
+    _check_cadence(cadence)
     data = plugin_data_pb2.PluginData(
         version=PROTO_VERSION,
         kind=TENSOR_STATS,

@@ -249,10 +249,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def read() -> _Sampled:
-            # Activity maps are read on demand (./activity): one point can hold 50k values;
-            # view summaries repeat slots of the tensors' own tags.
-            infos = [i for i in listing.infos.values()
-                     if i.kind not in (reader.KIND_ACTIVITY_MAP, reader.KIND_VIEW_SUMMARY)]
+            infos = _sampled_infos(listing)
             points = sample_points(len(infos))
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, infos,
@@ -279,8 +276,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                        if i.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)]
             # The steps the per-tensor sample would give: the same Overview columns (its
             # JSON, a value per tensor and column, costs more than the read past ~300).
-            points = sample_points(sum(1 for i in listing.infos.values()
-                                       if i.kind == reader.KIND_TENSOR_STATS) + len(metrics))
+            points = sample_points(len(_sampled_infos(listing)))
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, [*cover.values(), *metrics],
                 ctx=plugin_util.context(request.environ), points=points,
@@ -299,24 +295,26 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
         return self._first.get((eid, run), listing.fingerprint, read)
 
+    def _screen_run(self, request: wrappers.Request, run: str, listing: _Listing
+                    ) -> tuple[_Sampled, bool]:
+        """What the first screen is drawn from, and whether it holds every slot the findings
+        need: the view summaries when the run has them, else the per-tensor sample."""
+        first = self._first_screen(request, run, listing)
+        if first is not None:
+            return first, False
+        return self._sampled_run(request, run, listing), True
+
     def _documents_of(self, request: wrappers.Request, run: str) -> _Documents:
         """The run's ``./run`` and default ``./overview`` bodies: from the view summaries
         (the findings then come from ``./findings``), else from one sampled read."""
         listing = self._list_run(request, run)
 
         def render() -> _Documents:
-            first = self._first_screen(request, run, listing)
-            if first is not None:
-                return _Documents(
-                    run=gzip_bytes(encode(_run_document(first.rs, first.sampled,
-                                                        listing.infos))),
-                    overview=gzip_bytes(encode(overview.compute_overview(first.rs,
-                                                                         findings=False))),
-                )
-            d = self._sampled_run(request, run, listing)
+            d, findings = self._screen_run(request, run, listing)
             return _Documents(
                 run=gzip_bytes(encode(_run_document(d.rs, d.sampled, listing.infos))),
-                overview=gzip_bytes(encode(overview.compute_overview(d.rs))),
+                overview=gzip_bytes(encode(overview.compute_overview(d.rs,
+                                                                     findings=findings))),
             )
 
         key = (plugin_util.experiment_id(request.environ), run)
@@ -428,12 +426,9 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         listing = self._list_run(request, run)
 
         def render() -> bytes:
-            first = self._first_screen(request, run, listing)
-            if first is not None:
-                return gzip_bytes(encode(overview.compute_overview(first.rs, max_points,
-                                                                   findings=False)))
-            rs = self._sampled_run(request, run, listing).rs
-            return gzip_bytes(encode(overview.compute_overview(rs, max_points)))
+            d, findings = self._screen_run(request, run, listing)
+            return gzip_bytes(encode(overview.compute_overview(d.rs, max_points,
+                                                               findings=findings)))
 
         key = (plugin_util.experiment_id(request.environ), run, max_points)
         return gzipped_json_response(
@@ -529,6 +524,13 @@ def _run_document(
         "activity": maps,
         "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
     }
+
+
+def _sampled_infos(listing: _Listing) -> list[reader.TagInfo]:
+    """The tags of a run's per-tensor sample: activity maps are read on demand (./activity:
+    one point can hold 50k values), and view summaries repeat slots of the tensors' tags."""
+    return [i for i in listing.infos.values()
+            if i.kind not in (reader.KIND_ACTIVITY_MAP, reader.KIND_VIEW_SUMMARY)]
 
 
 def _series_tags(listing: _Listing, run: str, tags: list[str]
