@@ -83,7 +83,7 @@ def sample_quantiles(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Value and log10|x| percentiles from a sample of the finite non-zero values.
 
-    Mirrors ``stats._sample_quantiles``: each population order statistic is
+    Mirrors ``stats.quantiles.sample_quantiles``: each population order statistic is
     mapped into the sample within its sign stratum; exact when ``sample`` holds
     every finite non-zero value.
     """

@@ -111,6 +111,10 @@ class Monitored:
         return metadata.stats_tag(self.view, self.name)
 
 
+#: The state keys of the activity rows: what the rectifier outputs count on every step.
+ACTIVITY_KEYS = ("activity_count", "channel_nnz", "spatial_nnz")
+
+
 class BatchLayout:
     """The accumulator states of all monitored outputs, one row each, in one variable.
 
@@ -142,7 +146,7 @@ class BatchLayout:
 
     def activity_row(self, state: dict[str, tf.Tensor]) -> tf.Tensor:
         """[N, act_width] activity rows of stacked states (or ``activity_state`` parts)."""
-        return tf.concat([tf.reshape(state["count"], [-1, 1]), state["channel_nnz"],
+        return tf.concat([tf.reshape(state["activity_count"], [-1, 1]), state["channel_nnz"],
                           state["spatial_nnz"]], axis=1)
 
     def pack(self, stacked: dict[str, tf.Tensor]) -> tf.Tensor:
@@ -569,22 +573,18 @@ class Collector:
         blocks = []
         for vi, view in enumerate(views):
             if replicas > 1:
-                state = layout.unpack(gathered[0, vi])
-                for r in range(1, replicas):
-                    state = stats.merge_pair(state, layout.unpack(gathered[r, vi]))
+                state = stats.merge_stacked(layout.unpack(gathered[:, vi]))
             else:
                 state = layout.unpack(local[vi])
             columns = dict(steps)
             if view == "output":  # the rectifiers' activity counts every step of the window
                 cmax = layout.cmax
-                state = dict(state, channel_nnz=activity[:, 1:1 + cmax],
+                state = dict(state, activity_count=activity[:, 0],
+                             channel_nnz=activity[:, 1:1 + cmax],
                              spatial_nnz=activity[:, 1 + cmax:])
-                count, nnz = activity[:, 0], tf.reduce_sum(activity[:, 1:1 + cmax], axis=1)
-                rate = tf.where(count > 0, nnz / tf.maximum(count, 1.0), np.nan)
                 exact = tf.constant(self.exact_rows & (self.every == "epoch"))
-                columns.update(activation_rate=rate, zero_fraction=1.0 - rate,
-                               activity_steps=tf.where(exact, window, stat_steps))
-            block = kernels.finalize_stacked(state, view, self.quantiles, layout.k, layout.widths)
+                columns.update(activity_steps=tf.where(exact, window, stat_steps))
+            block = kernels.finalize_many_fn(view, self.quantiles, layout.k)(state)
             blocks.append(_fill(block, view, self.quantiles, epoch, **columns))
         if activity is not None:
             blocks.append(activity)
@@ -800,11 +800,9 @@ class StepRecorder:
                     c.fail(Part("output", c.out_specs[j].name), e)
                     part = None
             if part is None:
-                part = {k: tf.constant(layout.empty_row[k])
-                        for k in ("count", "channel_nnz", "spatial_nnz")}
+                part = {k: tf.constant(layout.empty_row[k]) for k in ACTIVITY_KEYS}
             rows.append(part)
-        return layout.activity_row({k: tf.stack([r[k] for r in rows])
-                                    for k in ("count", "channel_nnz", "spatial_nnz")})
+        return layout.activity_row({k: tf.stack([r[k] for r in rows]) for k in ACTIVITY_KEYS})
 
     def _fold_stats(self) -> tf.Tensor:
         """Fold this step into the statistics states; its output activity rows."""

@@ -36,27 +36,20 @@ def _attrs(xla: bool) -> dict | None:
 
 
 def activation_shape(shape: Sequence[int | None]) -> tuple[int | None, ...]:
-    """Canonical shape (batch unknown) of a layer output of static ``shape``."""
+    """Canonical shape (``stats.canonical_shape``, batch unknown) of a layer output of
+    static ``shape``. A layer output's axis 0 is its batch, so one of rank <= 1, or of
+    unknown channel count, is values of one unit."""
     shape = list(shape)
-    rank = len(shape)
-    if rank <= 1:
+    if len(shape) <= 1 or shape[-1] is None:
         return (None, 1)
-    c = shape[-1]
-    if c is None:
-        return (None, 1)
-    spatial = shape[1:-1]
-    if rank >= 3 and all(d is not None for d in spatial):
-        return (None, int(np.prod(spatial, dtype=np.int64)), c)
-    return (None, c)
+    return stats.canonical_shape(shape)
 
 
 def as_activation(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
     """A layer output reshaped to its canonical shape (see ``activation_shape``)."""
-    if len(canonical) == 3:
-        return tf.reshape(x, [tf.shape(x)[0], canonical[1], canonical[2]])
-    if canonical[1] == 1:
+    if x.shape.rank <= 1:
         return tf.reshape(x, [-1, 1])
-    return tf.reshape(x, [-1, canonical[1]])
+    return stats.as_canonical(x, canonical)
 
 
 def _state_signature(k: int, stacked: bool = False) -> dict[str, tf.TensorSpec]:
@@ -102,8 +95,7 @@ def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float
     rows, order = [], []
     for g, (kk, members) in enumerate(sorted(groups.items())):
         state = stats.many_states([tensors[n] for n in members], kk, seed + [0, g])
-        widths = [(int(stats.as_rows(tensors[n]).shape[-1]), 0) for n in members]
-        rows.append(finalize_stacked(state, view, quantiles, kk, widths))
+        rows.append(finalize_many_fn(view, quantiles, kk)(state))
         order += members
     block = tf.concat(rows, 0)
     return tf.gather(block, np.argsort(order))
@@ -125,7 +117,7 @@ def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
 
 @functools.cache
 def activity_fn(rank: int, dtype: str, xla: bool):
-    """``x[canonical] -> (count, channel_nnz, spatial_nnz)`` of one layer output
+    """``x[canonical] -> (activity_count, channel_nnz, spatial_nnz)`` of one layer output
     (``stats.activity_state``)."""
 
     @tf.function(
@@ -162,24 +154,3 @@ def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
         t = state[key]
         out[key] = tf.pad(t, [[0, width - int(t.shape[0])]])
     return out
-
-
-def finalize_stacked(stacked: dict[str, tf.Tensor], view: str, quantiles: tuple[float, ...],
-                     k: int, widths: Sequence[tuple[int, int]]) -> tf.Tensor:
-    """Vectors ``[N, fields]`` of N stacked states whose counts are zero-padded.
-
-    The dead-rate slots are recomputed over each tensor's real units
-    (``widths``: (channels, positions) per row); padding would skew them.
-    """
-    vectors = finalize_many_fn(view, quantiles, k)(stacked)
-    fields = list(metadata.tensor_stats_fields(view, quantiles))
-    count = stacked["count"]
-    cols = tf.unstack(vectors, axis=1)
-    for slot, key, w in (("dead_rate", "channel_nnz", [c for c, _ in widths]),
-                         ("spatial_dead_rate", "spatial_nnz", [p for _, p in widths])):
-        size = tf.constant(w, tf.float64)
-        active = tf.reduce_sum(tf.cast(stacked[key] > 0, tf.float64), axis=1)
-        ok = (count > 0) & (size > 0)
-        rate = (size - active) / tf.maximum(size, 1.0)
-        cols[fields.index(slot)] = tf.where(ok, rate, tf.constant(float("nan"), tf.float64))
-    return tf.stack(cols, axis=1)

@@ -1,0 +1,60 @@
+"""In-graph statistics of tensors (TensorFlow): one engine of states, merge and finalize.
+
+Everything here runs eagerly, under ``tf.function`` and with ``jit_compile=True``.
+Definitions, edge cases and the accuracy statement are in ``docs/statistics.md``;
+``tb_introspect.stats_np`` is the numpy twin with the same definitions.
+
+A *state* (``state.py``) holds exact counts, moments, extremes and per-unit non-zero
+counts, plus a bounded uniform sample of the finite non-zero values (``sample.py``).
+States come from one batch (``batch_state``, in the training step) or from many tensors
+at once (``many_states``, at logging time), merge (``merge_pair``), and ``finalize``
+(``vector.py``) turns any of them into the packed vector. ``tensor_stats`` is the state
+of one tensor, finalized.
+
+Example::
+
+    import tensorflow as tf
+    from tb_introspect import stats
+
+    state = stats.empty_state([None, 16])
+    for _ in range(3):
+        state = stats.update_state(state, tf.random.normal([32, 16]))
+    vector = stats.finalize(state, "output")   # same layout as stats.tensor_stats
+"""
+
+from tb_introspect.stats.numeric import DEFAULT_SAMPLE_SIZE, to_float
+from tb_introspect.stats.segments import segment_dots
+from tb_introspect.stats.shapes import as_canonical, canonical_shape
+from tb_introspect.stats.state import (
+    STATE_MERGE,
+    activity_state,
+    batch_state,
+    empty_state,
+    many_states,
+    merge_pair,
+    merge_replicas,
+    merge_stacked,
+    merge_states,
+    update_state,
+)
+from tb_introspect.stats.vector import finalize, tensor_stats
+
+__all__ = [
+    "DEFAULT_SAMPLE_SIZE",
+    "STATE_MERGE",
+    "activity_state",
+    "as_canonical",
+    "batch_state",
+    "canonical_shape",
+    "empty_state",
+    "finalize",
+    "many_states",
+    "merge_pair",
+    "merge_replicas",
+    "merge_stacked",
+    "merge_states",
+    "segment_dots",
+    "tensor_stats",
+    "to_float",
+    "update_state",
+]

@@ -1,0 +1,471 @@
+"""Accumulator states: of one batch, of many tensors at once, and their merge.
+
+A state is a dict of float64 tensors (``STATE_MERGE`` names each key and how it merges).
+It holds exact counts, moments and extremes, the non-zero count of every channel and
+spatial position, and a bounded percentile sample (``sample.draw``). ``finalize`` in
+``vector.py`` turns any state into the packed statistics vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect.stats import sample, shapes
+from tb_introspect.stats.numeric import (
+    DEFAULT_SAMPLE_SIZE,
+    F64,
+    INF,
+    check_sample_size,
+    content_seed,
+    count,
+    describe,
+    no_autograph,
+    pow2,
+    scale_exponent,
+    seed_pair,
+    sum_of_squares,
+    to_float,
+    where,
+)
+from tb_introspect.stats.segments import Segments, concat_flat
+
+#: How each key of a state merges (see ``merge_states``): ``sum`` adds
+#: (``channel_nnz`` / ``spatial_nnz`` are the non-zero counts of each channel and of each
+#: spatial position, over ``activity_count`` elements, so the activation rates and both dead
+#: rates follow), ``min``/``max`` take the extreme (``channels`` / ``positions`` are the
+#: numbers of real units, the count vectors may be zero-padded past them), ``moments`` is
+#: (mean, m2) merged with Chan's formula using ``finite_count`` (m2 is stored scaled by
+#: 4**-e, e from max(|min|, |max|)), ``bottom_k`` is the random-key sample (keys and values
+#: merge together).
+STATE_MERGE: dict[str, str] = {
+    "count": "sum",
+    "finite_count": "sum",
+    "posinf_count": "sum",
+    "neginf_count": "sum",
+    "pos_count": "sum",
+    "neg_count": "sum",
+    "mean": "moments",
+    "m2": "moments",
+    "min": "min",
+    "max": "max",
+    "min_abs": "min",
+    "activity_count": "sum",
+    "channel_nnz": "sum",
+    "spatial_nnz": "sum",
+    "channels": "max",
+    "positions": "max",
+    "sample_keys": "bottom_k",
+    "sample_values": "bottom_k",
+}
+
+
+def check_state(state: Mapping[str, tf.Tensor]) -> None:
+    missing = set(STATE_MERGE) - set(state)
+    if missing:
+        raise ValueError(f"not a tb_introspect statistics state: missing {sorted(missing)}")
+
+
+def state_exp(state: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    """The scale exponent the state's m2 is stored in."""
+    return scale_exponent(
+        where(state["finite_count"] > 0, state["min"], 0.0),
+        where(state["finite_count"] > 0, state["max"], 0.0),
+    )
+
+
+# --------------------------------------------------------------------------- one batch
+
+
+def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
+                thorough: bool = False) -> dict[str, tf.Tensor]:
+    """The state of one batch ``x`` in canonical shape (``[B, C]`` or ``[B, P, C]``).
+
+    This runs in the training step for every monitored output at every
+    statistics step, so it makes few passes over ``x``, each a single fused
+    kernel where TensorFlow has one: a sum (which also detects non-finite
+    values), min, max, the Euclidean norm (sum of squares), and one sign tensor
+    whose per-column norms give the exact non-zero count of every
+    (position, channel) column (hence the activation rate and both dead rates)
+    and whose sum gives the positive/negative split. Every row counts. The
+    percentile sample is ``sample.draw``'s; the smallest non-zero magnitude comes
+    from it (exact when it holds every non-zero value). ``seed`` is an int64
+    pair, or ``None`` for one made from the batch's count and sum.
+
+    ``thorough``: the sample holds ``min(k, nnz)`` values (``sample.draw``'s
+    ``min_hits=k``) and the smallest magnitude is exact, at the price of up to two
+    more passes: for a tensor taken alone (``tensor_stats``), not for a training step.
+    """
+    x = to_float(x)
+    flat = tf.reshape(x, [-1])
+    n = tf.size(flat, out_type=tf.int64)
+    n_f = tf.cast(n, F64)
+    zero = tf.constant(0.0, F64)
+    inf = tf.constant(INF, x.dtype)
+    total = tf.reduce_sum(flat)
+
+    def finite_case():
+        return x, n_f, zero, zero
+
+    def nonfinite_case():
+        ok = tf.math.is_finite(x)
+        return (tf.where(ok, x, tf.zeros_like(x)), count(ok),
+                count(tf.equal(x, inf)), count(tf.equal(x, -inf)))
+
+    # A sum is finite only when every value is (an overflow takes the slow path, still exact).
+    finite_sum = tf.math.is_finite(total)
+    z, nf, posinf, neginf = tf.cond(finite_sum, finite_case, nonfinite_case)
+    signs, channel, spatial = _unit_counts(z)
+    nnz = tf.reduce_sum(channel)
+    balance = tf.round(tf.cast(tf.reduce_sum(signs), F64))
+    has = nf > 0
+    finite_all = tf.equal(nf, n_f)
+
+    def extreme(fn, fill):
+        return lambda: tf.cast(fn(tf.where(tf.math.is_finite(flat), flat, fill)), F64)
+
+    vmin = tf.cond(finite_all, lambda: tf.cast(tf.reduce_min(flat), F64),
+                   extreme(tf.reduce_min, inf))
+    vmax = tf.cond(finite_all, lambda: tf.cast(tf.reduce_max(flat), F64),
+                   extreme(tf.reduce_max, -inf))
+    vmin = where(has, vmin, INF)
+    vmax = where(has, vmax, -INF)
+    e = scale_exponent(where(has, vmin, 0.0), where(has, vmax, 0.0))
+    f = pow2(-e)
+    # A sum that overflowed (or saw non-finite values) is taken again, scaled and in float64.
+    s = tf.cond(finite_sum, lambda: tf.cast(total, F64),
+                lambda: tf.reduce_sum(tf.cast(z, F64) * f) / f)
+    # A float32 sum can round the mean out of [min, max]; the true mean is inside.
+    mean = tf.clip_by_value(tf.cast(s * f, F64) / tf.maximum(nf, 1.0) / f,
+                            tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
+    m2 = _second_moment(z, nf, mean, e)
+    if seed is None:
+        seed = content_seed(n_f, s)
+    vals, keys = sample.draw(flat if z is x else tf.reshape(z, [-1]), tf.reshape(n, [1]),
+                             tf.reshape(nnz, [1]), k, seed,
+                             float(k) if thorough else sample.FEW_HITS)
+    vals, keys = vals[0], keys[0]
+    if thorough:
+        min_abs = tf.cast(tf.reduce_min(tf.where(tf.not_equal(z, 0), tf.abs(z), inf)), F64)
+    else:
+        min_abs = tf.reduce_min(where(tf.math.is_finite(keys), tf.abs(vals), INF))
+    pos = (nnz + balance) / 2.0
+    dims = tf.shape(x)
+    return {
+        "count": n_f,
+        "finite_count": nf,
+        "posinf_count": posinf,
+        "neginf_count": neginf,
+        "pos_count": pos,
+        "neg_count": nnz - pos,
+        "mean": where(has, mean, 0.0),
+        "m2": m2,
+        "min": vmin,
+        "max": vmax,
+        "min_abs": min_abs,
+        "activity_count": nf,
+        "channel_nnz": channel,
+        "spatial_nnz": spatial,
+        "channels": tf.cast(dims[-1], F64),
+        "positions": tf.cast(dims[1], F64) if x.shape.rank == 3 else zero,
+        "sample_keys": keys,
+        "sample_values": vals,
+    }
+
+
+def _unit_counts(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sign tensor ``[B, P*C]``, per-channel and per-position non-zero counts) of a canonical
+    batch. The norm of a column of signs is the square root of its non-zero count (exact
+    small integers), so the counts of every column cost one sign pass and one fused norm
+    kernel. A NaN makes the counts of its column NaN."""
+    rows = tf.reshape(x, [tf.shape(x)[0], tf.reduce_prod(tf.shape(x)[1:])])
+    signs = tf.sign(rows)
+    per_column = tf.round(sum_of_squares(signs, axis=0))
+    if x.shape.rank == 3:
+        block = tf.reshape(per_column, tf.shape(x)[1:])
+        return signs, tf.reduce_sum(block, axis=0), tf.reduce_sum(block, axis=1)
+    return signs, per_column, tf.zeros([0], F64)
+
+
+def activity_state(x: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The exact activity part of ``batch_state``: ``activity_count``, ``channel_nnz`` and
+    ``spatial_nnz`` of one batch ``x`` (canonical ``[B, C]`` or ``[B, P, C]``).
+
+    This is what every step of a window pays when the other statistics come from some
+    of its steps only (``Options.stats_every``): two passes over ``x`` instead of
+    ``batch_state``'s seven. Non-finite values are not masked out (a NaN makes its
+    column's counts NaN, an infinity counts as non-zero); a caller that sees a NaN
+    takes ``batch_state`` for that batch.
+    """
+    x = to_float(x)
+    _, channel, spatial = _unit_counts(x)
+    return {"activity_count": tf.cast(tf.size(x, out_type=tf.int64), F64),
+            "channel_nnz": channel, "spatial_nnz": spatial}
+
+
+def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor) -> tf.Tensor:
+    """Sum of squared deviations of the finite values ``z`` (non-finite ones are 0 in ``z``),
+    in units of ``4**e``.
+
+    Fast path: ``sum(z*z) - n*mean**2`` from one pass in the tensor's own dtype.
+    When the squares leave float32's range or the subtraction cancels (``|mean|
+    >> std``), a second, scaled float64 pass gives the exact value.
+    """
+    f = pow2(-e)
+    sumsq = sum_of_squares(z)
+    fast = (sumsq - nf * mean * mean) * f * f
+    ok = (tf.math.is_finite(sumsq) & (tf.abs(e) < 40.0)
+          & (tf.equal(sumsq, 0.0) | (fast * 1e3 > sumsq * f * f)))
+
+    def exact():
+        d = tf.cast(z, F64) * f - mean * f
+        # The zeros that stand for non-finite values each added (0 - mean)^2.
+        return tf.reduce_sum(d * d) - (tf.cast(tf.size(z), F64) - nf) * (mean * f) ** 2
+
+    return tf.maximum(tf.cond(ok, lambda: fast, exact), 0.0)
+
+
+# --------------------------------------------------------------------------- many tensors
+
+
+def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """States of many tensors of any static shapes at once, stacked ``[len(tensors), ...]``.
+
+    For logging time (variables, gradient sums): the tensors, each in its canonical
+    shape without spatial positions (a weight's kernel axes are not positions), are
+    concatenated into one buffer and every field is a segment reduction over it, so the
+    cost is a few dozen ops (and one fill per tensor) whatever the number of tensors.
+    Values are finite unless a tensor's sum is not, so the masking of non-finite values
+    is paid only then. Channel counts are zero-padded to the widest tensor. The
+    percentile sample is ``sample.draw``'s with ``min_hits=k``: every tensor's sample
+    has ``min(k, its non-zero count)`` values. Sums are taken in float64.
+    """
+    n = len(tensors)
+    mats = [to_float(t) for t in tensors]
+    sizes = np.array([int(m.shape.num_elements()) for m in mats], np.int64)
+    chans = np.array([shapes.channels(m.shape) for m in mats], np.int64)
+    cmax = int(max(chans.max(initial=0), 1))
+    values = concat_flat(mats)
+    segs = Segments(sizes)
+    # Each element's (tensor, channel) cell of the padded [n, cmax] count block.
+    cell = np.concatenate([i * cmax + np.arange(s) % max(c, 1)
+                           for i, (s, c) in enumerate(zip(sizes, chans, strict=True))]
+                          or [np.zeros(0, np.int64)])
+    count_ = tf.constant(sizes, F64)
+    total = segs.sum(values)
+    # Finite sums mean finite values (an overflowing sum takes the slow path, still exact).
+    all_finite = tf.reduce_all(tf.math.is_finite(total))
+
+    def finite_case():
+        zeros = tf.zeros_like(count_)
+        return values, count_, zeros, zeros, segs.min(values), segs.max(values), total
+
+    def nonfinite_case():
+        finite = tf.math.is_finite(values)
+        z = tf.where(finite, values, 0.0)
+        return (z, segs.sum(tf.cast(finite, F64)),
+                segs.sum(tf.cast(tf.equal(values, INF), F64)),
+                segs.sum(tf.cast(tf.equal(values, -INF), F64)),
+                segs.min(tf.where(finite, values, INF)),
+                segs.max(tf.where(finite, values, -INF)), segs.sum(z))
+
+    z, nf, posinf, neginf, vmin, vmax, s = tf.cond(all_finite, finite_case, nonfinite_case)
+    nz = tf.not_equal(z, 0.0)
+    has = nf > 0
+    vmin, vmax = where(has, vmin, INF), where(has, vmax, -INF)
+    mean = s / tf.maximum(nf, 1.0)
+    e = scale_exponent(where(has, vmin, 0.0), where(has, vmax, 0.0))
+    dev = z * segs.spread(pow2(-e)) - segs.spread(mean * pow2(-e))
+    m2 = tf.cond(all_finite, lambda: segs.sum(dev * dev),
+                 lambda: segs.sum(tf.square(tf.where(tf.math.is_finite(values), dev, 0.0))))
+    nnz = segs.sum(tf.cast(nz, F64))
+    pos = segs.sum(tf.cast(z > 0, F64))
+    per_channel = tf.math.unsorted_segment_sum(tf.cast(nz, F64), tf.constant(cell, tf.int32),
+                                               n * cmax)
+    vals, keys = sample.draw(z, tf.constant(sizes), nnz, k, seed, min_hits=float(k))
+    return {
+        "count": count_,
+        "finite_count": nf,
+        "posinf_count": posinf,
+        "neginf_count": neginf,
+        "pos_count": pos,
+        "neg_count": nnz - pos,
+        "mean": where(has, mean, 0.0),
+        "m2": m2,
+        "min": vmin,
+        "max": vmax,
+        "min_abs": segs.min(tf.where(nz, tf.abs(z), INF)),
+        "activity_count": nf,
+        "channel_nnz": tf.reshape(per_channel, [n, cmax]),
+        "spatial_nnz": tf.zeros([n, 0], F64),
+        "channels": tf.constant(chans, F64),
+        "positions": tf.zeros([n], F64),
+        "sample_keys": keys,
+        "sample_values": vals,
+    }
+
+
+# --------------------------------------------------------------------------- accumulate
+
+
+@no_autograph
+def empty_state(x_shape, *, sample_size: int = DEFAULT_SAMPLE_SIZE) -> dict[str, tf.Tensor]:
+    """A state holding nothing, for tensors of static shape ``x_shape``.
+
+    All entries are float64 tensors of fixed shape, so a state can live in
+    ``tf.Variable``s. The batch axis may be unknown; the channel (last) axis and
+    the spatial axes must be known for the dead rates to be tracked (otherwise
+    those slots finalize to NaN).
+    """
+    k = check_sample_size(sample_size)
+    shape = tf.TensorShape(x_shape)
+    if shape.rank is None:
+        raise ValueError("empty_state needs a tensor shape of known rank")
+    canonical = shapes.canonical_shape(shape.as_list())
+    z = tf.constant(0.0, F64)
+    return {
+        "count": z,
+        "finite_count": z,
+        "posinf_count": z,
+        "neginf_count": z,
+        "pos_count": z,
+        "neg_count": z,
+        "mean": z,
+        "m2": z,
+        "min": tf.constant(INF, F64),
+        "max": tf.constant(-INF, F64),
+        "min_abs": tf.constant(INF, F64),
+        "activity_count": z,
+        "channel_nnz": tf.zeros([canonical[-1]], F64),
+        "spatial_nnz": tf.zeros([canonical[1] if len(canonical) == 3 else 0], F64),
+        "channels": z,
+        "positions": z,
+        "sample_keys": tf.fill([k], tf.constant(INF, F64)),
+        "sample_values": tf.fill([k], tf.constant(INF, F64)),
+    }
+
+
+@no_autograph
+def update_state(
+    state: Mapping[str, tf.Tensor], x, seed=None, *, name: str | None = None
+) -> dict[str, tf.Tensor]:
+    """``state`` with the tensor ``x`` (one batch / step) folded in.
+
+    The same two functions do this in the training step, for all monitored
+    tensors at once: ``batch_state`` (one pass set over ``x``) and
+    ``merge_pair`` (vectorised over a leading tensor axis).
+    """
+    check_state(state)
+    k = int(state["sample_keys"].shape[-1])
+    x = to_float(x, name)
+    if x.shape.rank is None:
+        raise ValueError(f"tensor {describe(x, name)!r} must have a known rank")
+    with tf.name_scope("update_state"):
+        canonical = shapes.canonical_shape(x.shape.as_list())
+        if seed is None:
+            seed = content_seed(state["count"], tf.cast(tf.size(x), F64))
+        parts = batch_state(shapes.as_canonical(x, canonical), k, seed_pair(seed))
+        for key, units in (("channel_nnz", "channels"), ("spatial_nnz", "positions")):
+            want = state[key].shape
+            if want.num_elements() == 0:
+                parts[key] = tf.zeros(want, F64)
+                parts[units] = tf.constant(0.0, F64)
+            elif parts[key].shape.num_elements() != want.num_elements():
+                raise ValueError(
+                    f"tensor {describe(x, name)!r} of shape {x.shape} does not match the"
+                    f" state's {key} counts of shape {want}"
+                )
+            else:
+                parts[key] = tf.reshape(parts[key], want)
+        return merge_pair(state, parts)
+
+
+def _rescale_m2(m2, e_from, e_to):
+    """m2 in units of 4**e_from -> units of 4**e_to (two steps: 4**d may overflow)."""
+    f = pow2(e_from - e_to)
+    return m2 * f * f
+
+
+def merge_pair(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Merge two states, elementwise over any leading axes (one state per tensor).
+
+    This is the engine's one merge: one op per field for all monitored tensors, used
+    for the steps of a window and for replicas. Channel and position counts of states
+    stacked together must be padded to a common width (with 0). Moments merge with
+    Chan's formula at the merged scale exponent.
+    """
+    out = {}
+    for key, how in STATE_MERGE.items():
+        if how == "sum":
+            out[key] = a[key] + b[key]
+        elif how in ("min", "max"):
+            out[key] = (tf.minimum if how == "min" else tf.maximum)(a[key], b[key])
+    na, nb = a["finite_count"], b["finite_count"]
+    n = out["finite_count"]
+    e = state_exp(out)
+    mean_a, mean_b = a["mean"] * pow2(-e), b["mean"] * pow2(-e)
+    mean_s = (na * mean_a + nb * mean_b) / tf.maximum(n, 1.0)
+    da = where(na > 0, mean_a - mean_s, 0.0)
+    db = where(nb > 0, mean_b - mean_s, 0.0)
+    m2 = (_rescale_m2(a["m2"], state_exp(a), e) + na * da * da
+          + _rescale_m2(b["m2"], state_exp(b), e) + nb * db * db)
+    out["mean"] = mean_s * pow2(e)
+    out["m2"] = m2
+    keys = tf.concat([a["sample_keys"], b["sample_keys"]], axis=-1)
+    vals = tf.concat([a["sample_values"], b["sample_values"]], axis=-1)
+    k = a["sample_keys"].shape[-1]
+    neg, idx = tf.math.top_k(-keys, k=k, sorted=True)
+    out["sample_keys"] = -neg
+    out["sample_values"] = tf.gather(vals, idx, batch_dims=keys.shape.rank - 1)
+    return out
+
+
+@no_autograph
+def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Merge states stacked along a new leading axis of static size (e.g. from ``all_gather``).
+
+    Each entry may have more leading axes after that one (one state per tensor)."""
+    check_state(stacked)
+    r = stacked["count"].shape[0]
+    if r is None:
+        raise ValueError("merge_stacked needs a static number of stacked states")
+    out = {key: stacked[key][0] for key in STATE_MERGE}
+    for i in range(1, r):
+        out = merge_pair(out, {key: stacked[key][i] for key in STATE_MERGE})
+    return out
+
+
+@no_autograph
+def merge_states(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Associative, commutative merge of two states (steps of an epoch, replicas)."""
+    check_state(a)
+    check_state(b)
+    return merge_pair(a, b)
+
+
+@no_autograph
+def merge_replicas(state: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """In replica context under ``tf.distribute``: every replica gets the merged state.
+
+    Uses ``all_gather`` (min/max/bottom-k are not all-reduce sums). Outside a
+    strategy, or with one replica, returns ``state`` unchanged.
+    """
+    check_state(state)
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:
+        raise ValueError("merge_replicas must be called in replica context (inside strategy.run)")
+    if ctx.num_replicas_in_sync == 1:
+        return dict(state)
+    r = ctx.num_replicas_in_sync
+    stacked = {}
+    for key in STATE_MERGE:
+        shape = [r, *state[key].shape.as_list()]
+        if state[key].shape.num_elements() == 0:
+            # Untracked counts: gathering a zero-sized tensor crashes TF's CPU collectives.
+            stacked[key] = tf.zeros(shape, F64)
+        else:
+            # all_gather loses the static shape that merge_stacked needs (top_k's k).
+            stacked[key] = tf.reshape(ctx.all_gather(state[key][tf.newaxis], axis=0), shape)
+    return merge_stacked(stacked)
