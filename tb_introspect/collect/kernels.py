@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import metadata, stats
+from tb_introspect import stats
 
 _SEED = tf.TensorSpec([2], tf.int64)
 # Outside XLA, nested function calls are inlined into the caller before graph

@@ -47,7 +47,8 @@ def order_statistics(sample: tf.Tensor, value_ranks: tf.Tensor, magnitude_ranks:
         lo = tf.where(fits, lo, mid + 1)
     t = r + 1 - lo
     ninf = tf.constant(-INF, ordered.dtype)
-    mags = tf.maximum(tf.where(lo > 0, neg_mag(lo - 1), ninf), tf.where(t > 0, pos_mag(t - 1), ninf))
+    mags = tf.maximum(tf.where(lo > 0, neg_mag(lo - 1), ninf),
+                      tf.where(t > 0, pos_mag(t - 1), ninf))
     return at(value_ranks), mags
 
 
