@@ -1,13 +1,28 @@
-"""Time the full statistics of one tensor against tfp.stats.percentile.
+"""Time the statistics the training path computes against tfp.stats.percentile.
 
 Usage: python benchmarks/stats_bench.py [--sizes 1000 100000 4000000] [--repeats 15]
 
-For each tensor size and data kind, the variants run interleaved in one
-process (one call of each per round, after a warm-up call) and the table shows
-median wall times. The baseline computes only the same percentiles (9 value
-percentiles of the finite values and 9 percentiles of log10|x| of the finite
-non-zero values) with ``tfp.stats.percentile``, i.e. full sorts; tb_introspect
-computes every statistic of ``docs/statistics.md``.
+For each tensor size and data kind, the variants run interleaved in one process
+(one call of each per round, after a warm-up call) and the table shows median
+wall times. The variants are what training runs, with the callback's default
+sample sizes:
+
+* **step**: what a statistics step pays for one layer output, its state
+  (``kernels.activation_parts_fn``, i.e. ``stats.batch_state``, with a
+  ``step_sample_size`` sample) folded into an accumulator (``stats.merge_pair``);
+* **activity step**: what every other step pays for a rectifier output
+  (``stats.activity_state``);
+* **output point**: the logged point of that output: its accumulated state finalized
+  (``kernels.finalize_many_fn``);
+* **variable point**: the logged point of a variable or gradient sum of this size
+  (``kernels.matrix_stats``: ``stats.many_states`` and the stacked finalize, with a
+  ``sample_size`` sample);
+* **tensor_stats**: the summary op, one tensor's state finalized with a 2^18 sample.
+
+The baseline computes only the same percentiles (9 value percentiles of the finite
+values and 9 percentiles of log10|x| of the finite non-zero values) with
+``tfp.stats.percentile``, i.e. full sorts; every variant computes every statistic of
+``docs/statistics.md`` (the step variants: the state they are computed from).
 """
 
 from __future__ import annotations
@@ -25,9 +40,13 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tb_introspect import metadata, stats, stats_np  # noqa: E402
+from tb_introspect import metadata, stats  # noqa: E402
+from tb_introspect.collect import kernels, options  # noqa: E402
 
-Q = list(metadata.DEFAULT_QUANTILES)
+Q = tuple(metadata.DEFAULT_QUANTILES)
+STEP_K = options.DEFAULT_STEP_SAMPLE_SIZE
+LOG_K = options.DEFAULT_LOG_SAMPLE_SIZE
+CHANNELS = 32
 
 
 def make_data(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -40,58 +59,101 @@ def make_data(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
     raise ValueError(kind)
 
 
-def variants():
-    out = {}
+def tfp_variant():
     try:
         import tensorflow_probability as tfp
     except Exception as e:  # noqa: BLE001 - optional dependency, any import failure
         print(f"(tensorflow-probability not importable: {e}; no baseline)", file=sys.stderr)
-        tfp = None
+        return None
 
+    @tf.function
+    def tfp_percentiles(x):
+        flat = tf.reshape(x, [-1])
+        finite = tf.boolean_mask(flat, tf.math.is_finite(flat))
+        mags = tf.abs(tf.boolean_mask(finite, tf.not_equal(finite, 0)))
+        vq = tfp.stats.percentile(finite, Q, interpolation="linear")
+        lq = tfp.stats.percentile(tf.math.log(mags) / np.log(10.0), Q, interpolation="linear")
+        return tf.concat([tf.cast(vq, tf.float64), tf.cast(lq, tf.float64)], 0)
+
+    return lambda x: tfp_percentiles(x).numpy()
+
+
+def variants(n: int) -> dict:
+    """The training path's variants for a tensor of ``n`` elements (a [B, P, C] output)."""
+    out = {}
+    tfp = tfp_variant()
     if tfp is not None:
+        out["tfp.stats.percentile (value+log)"] = tfp
+    positions = max(n // (64 * CHANNELS), 1)
+    seed = tf.constant([1, 2], tf.int64)
+    parts = kernels.activation_parts_fn(3, "float32", STEP_K, False)
+    activity = kernels.activity_fn(3, "float32", False)
+    finalize = kernels.finalize_many_fn("output", Q, STEP_K)
 
-        @tf.function
-        def tfp_percentiles(x):
-            flat = tf.reshape(x, [-1])
-            finite = tf.boolean_mask(flat, tf.math.is_finite(flat))
-            mags = tf.abs(tf.boolean_mask(finite, tf.not_equal(finite, 0)))
-            vq = tfp.stats.percentile(finite, Q, interpolation="linear")
-            lq = tfp.stats.percentile(tf.math.log(mags) / np.log(10.0), Q, interpolation="linear")
-            return tf.concat([tf.cast(vq, tf.float64), tf.cast(lq, tf.float64)], 0)
+    def canonical(x):
+        return tf.reshape(x, [-1, positions, CHANNELS])
 
-        out["tfp.stats.percentile (value+log)"] = lambda x: tfp_percentiles(x).numpy()
+    @tf.function
+    def step(x, acc):
+        new = {k: v[tf.newaxis] for k, v in parts(canonical(x), seed).items()}
+        return stats.merge_pair(acc, new)
 
-    graph = tf.function(lambda x: stats.tensor_stats(x, "output"))
-    xla = tf.function(lambda x: stats.tensor_stats(x, "output"), jit_compile=True)
-    out["tb_introspect tf.function"] = lambda x: graph(x).numpy()
-    out["tb_introspect jit_compile (XLA)"] = lambda x: xla(x).numpy()
-    out["tb_introspect numpy twin"] = lambda x: stats_np.tensor_stats(x.numpy(), "output")
+    @tf.function
+    def activity_step(x):
+        return activity(canonical(x))["channel_nnz"]
+
+    @tf.function
+    def output_point(acc):
+        return finalize(acc)
+
+    @tf.function
+    def variable_point(x):
+        return kernels.matrix_stats([tf.reshape(x, [-1, CHANNELS])], "variable", Q, LOG_K, seed)
+
+    @tf.function
+    def one_tensor(x):
+        return stats.tensor_stats(x, "output")
+
+    empty = stats.empty_state([None, positions, CHANNELS], sample_size=STEP_K)
+    acc = {k: v[tf.newaxis] for k, v in empty.items()}
+    box = {}
+
+    def run_step(x):
+        box["acc"] = step(x, acc)
+        return box["acc"]["count"].numpy()
+
+    out["step: batch_state + merge"] = run_step
+    out["activity step: activity_state"] = lambda x: activity_step(x).numpy()
+    out["output point: finalize"] = lambda x: output_point(box.get("acc") or step(x, acc)).numpy()
+    out["variable point: matrix_stats"] = lambda x: variable_point(x).numpy()
+    out["tensor_stats (summary op)"] = lambda x: one_tensor(x).numpy()
     return out
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 100_000, 4_000_000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 4_000_000])
     ap.add_argument("--kinds", nargs="+", default=["normal", "relu"])
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(0)
-    fns = variants()
-    base = next((k for k in fns if k.startswith("tfp")), None)
     print(
         f"# tb_introspect stats benchmark: TF {tf.__version__},"
-        f" {platform.processor() or platform.machine()},"
-        f" {os.cpu_count()} CPUs, sample_size={stats.DEFAULT_SAMPLE_SIZE}, median of {args.repeats}"
+        f" {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs,"
+        f" step_sample_size={STEP_K}, sample_size={LOG_K}, median of {args.repeats}"
     )
     print()
     print("| elements | data | variant | median ms | speed-up vs tfp |")
     print("|---:|---|---|---:|---:|")
-    for kind in args.kinds:
-        for n in args.sizes:
+    for n in args.sizes:
+        n = max(n // (64 * CHANNELS), 1) * 64 * CHANNELS  # whole [64, P, 32] batches
+        fns = variants(n)
+        base = next((k for k in fns if k.startswith("tfp")), None)
+        for kind in args.kinds:
             x = tf.constant(make_data(kind, n, rng))
             times: dict[str, list[float]] = {k: [] for k in fns}
-            for fn in fns.values():  # warm-up: tracing and compilation
+            for fn in fns.values():  # warm-up: tracing
                 fn(x)
             for _ in range(args.repeats):
                 for name, fn in fns.items():
@@ -101,7 +163,7 @@ def main(argv=None) -> None:
             med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
             for name, ms in med.items():
                 speed = f"{med[base] / ms:.1f}x" if base else "-"
-                print(f"| {n:,} | {kind} | {name} | {ms:.1f} | {speed} |", flush=True)
+                print(f"| {n:,} | {kind} | {name} | {ms:.2f} | {speed} |", flush=True)
 
 
 if __name__ == "__main__":

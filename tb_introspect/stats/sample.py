@@ -73,7 +73,8 @@ def draw(z: tf.Tensor, sizes: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor
                                    lambda: (v, valid, exact[:, 0]))
     vals = where(valid, tf.cast(v, F64), INF)
     m = tf.reduce_sum(tf.cast(valid, F64), axis=1)
-    cum = tf.cumsum(-tf.math.log1p(-uniform([s, k], seed, 2)), axis=1)
+    u2 = uniform([s, k], seed, 2)
+    cum = tf.cumsum(-tf.math.log1p(-u2), axis=1)
     shape = tf.maximum(nnz - m + 1.0, 1.0)
     zn = normal([s], seed, 3)
     gamma = shape * tf.pow(
@@ -83,6 +84,7 @@ def draw(z: tf.Tensor, sizes: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor
     ordered = cum / (last + gamma)[:, tf.newaxis]
     rank = tf.cumsum(tf.cast(valid, tf.int64), axis=1) - 1
     drawn_keys = tf.gather(ordered, tf.maximum(rank, 0), batch_dims=1)
-    keys = where(every_kept[:, tf.newaxis], uniform([s, k], seed, 4), drawn_keys)
+    # Every value kept: i.i.d. uniform keys (u2, which the partial sums are not used for then).
+    keys = where(every_kept[:, tf.newaxis], u2, drawn_keys)
     return vals, where(valid, keys, INF)
 

@@ -10,11 +10,13 @@ import tensorflow as tf
 from tb_introspect.stats.numeric import F64, INF
 
 
-def concat_flat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+def concat_flat(tensors: Sequence[tf.Tensor], dtype: tf.DType | None = F64) -> tf.Tensor:
+    """The tensors flattened one after another, as ``dtype`` (``None``: their common dtype)."""
     flat = [tf.reshape(t, [-1]) for t in tensors]
     if len({t.dtype for t in flat}) == 1:  # one cast of the concatenation: fewer, wider ops
-        return tf.cast(tf.concat(flat, 0), F64)
-    return tf.concat([tf.cast(t, F64) for t in flat], 0)
+        joined = tf.concat(flat, 0)
+        return joined if dtype is None else tf.cast(joined, dtype)
+    return tf.concat([tf.cast(t, dtype or F64) for t in flat], 0)
 
 
 class Segments:
@@ -32,7 +34,7 @@ class Segments:
     def _reduce(self, op: Callable, v: tf.Tensor, identity: float) -> tf.Tensor:
         r = op(v, self.ids)  # as long as the last non-empty segment; empty ones hold 0
         r = tf.pad(r, [[0, len(self.sizes) - tf.shape(r)[0]]])
-        return tf.where(self.empty, tf.constant(identity, r.dtype), r) if self.empty.any() else r
+        return tf.where(self.empty, tf.cast(identity, r.dtype), r) if self.empty.any() else r
 
     def sum(self, v: tf.Tensor) -> tf.Tensor:
         return self._reduce(tf.math.segment_sum, v, 0.0)
