@@ -95,8 +95,9 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
     pair, or ``None`` for one made from the batch's count and sum.
 
     ``thorough``: the sample holds ``min(k, nnz)`` values (``sample.draw``'s
-    ``min_hits=k``) and the smallest magnitude is exact, at the price of up to two
-    more passes: for a tensor taken alone (``tensor_stats``), not for a training step.
+    ``min_hits=k``), the smallest magnitude is exact and the sums are float64, at the
+    price of up to three more passes: for a tensor taken alone (``tensor_stats``), not
+    for a training step.
     """
     x = to_float(x)
     flat = tf.reshape(x, [-1])
@@ -104,7 +105,8 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
     n_f = tf.cast(n, F64)
     zero = tf.constant(0.0, F64)
     inf = tf.constant(INF, x.dtype)
-    total = tf.reduce_sum(flat)
+    # Thorough: float64 sums (a float32 sum's rounding is about 1e-7 of the sum of |x|).
+    total = tf.reduce_sum(tf.cast(flat, F64) if thorough else flat)
 
     def finite_case():
         return x, n_f, zero, zero
@@ -140,7 +142,7 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
     # A float32 sum can round the mean out of [min, max]; the true mean is inside.
     mean = tf.clip_by_value(tf.cast(s * f, F64) / tf.maximum(nf, 1.0) / f,
                             tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
-    m2 = _second_moment(z, nf, mean, e)
+    m2 = _second_moment(z, nf, mean, e, exact_only=thorough)
     if seed is None:
         seed = content_seed(n_f, s)
     vals, keys = sample.draw(flat if z is x else tf.reshape(z, [-1]), tf.reshape(n, [1]),
@@ -205,25 +207,28 @@ def activity_state(x: tf.Tensor) -> dict[str, tf.Tensor]:
             "channel_nnz": channel, "spatial_nnz": spatial}
 
 
-def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor) -> tf.Tensor:
+def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor,
+                   exact_only: bool = False) -> tf.Tensor:
     """Sum of squared deviations of the finite values ``z`` (non-finite ones are 0 in ``z``),
     in units of ``4**e``.
 
     Fast path: ``sum(z*z) - n*mean**2`` from one pass in the tensor's own dtype.
     When the squares leave float32's range or the subtraction cancels (``|mean|
-    >> std``), a second, scaled float64 pass gives the exact value.
+    >> std``), or with ``exact_only``, a second, scaled float64 pass gives the exact value.
     """
     f = pow2(-e)
-    sumsq = sum_of_squares(z)
-    fast = (sumsq - nf * mean * mean) * f * f
-    ok = (tf.math.is_finite(sumsq) & (tf.abs(e) < 40.0)
-          & (tf.equal(sumsq, 0.0) | (fast * 1e3 > sumsq * f * f)))
 
     def exact():
         d = tf.cast(z, F64) * f - mean * f
         # The zeros that stand for non-finite values each added (0 - mean)^2.
         return tf.reduce_sum(d * d) - (tf.cast(tf.size(z), F64) - nf) * (mean * f) ** 2
 
+    if exact_only:
+        return tf.maximum(exact(), 0.0)
+    sumsq = sum_of_squares(z)
+    fast = (sumsq - nf * mean * mean) * f * f
+    ok = (tf.math.is_finite(sumsq) & (tf.abs(e) < 40.0)
+          & (tf.equal(sumsq, 0.0) | (fast * 1e3 > sumsq * f * f)))
     return tf.maximum(tf.cond(ok, lambda: fast, exact), 0.0)
 
 

@@ -130,9 +130,6 @@ def tensor_stats(
         k = max(1, min(k, n_static))  # no empty slots to sort for small tensors
     with tf.name_scope("tensor_stats"):
         canonical = shapes.canonical_shape(x.shape.as_list())
-        # float64 sums: one tensor's statistics are exact to float64 rounding (the training
-        # step sums in the tensor's own dtype instead, for speed).
-        x = tf.cast(x, F64)
         state = batch_state(shapes.as_canonical(x, canonical), k,
                             None if seed is None else seed_pair(seed), thorough=True)
         if canonical[-1] == 0:  # unknown channel count: the rows' widths are not units
