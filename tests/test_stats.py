@@ -343,3 +343,32 @@ def test_many_tensors_at_once_match_each_tensor_alone():
         for t, row in zip(group, block.numpy(), strict=True):
             want = reference_stats(t if t.ndim != 4 else t.reshape(-1, t.shape[-1]), "variable")
             assert_stats_close(as_dict(row, "variable"), want, rtol=1e-7)
+
+
+def test_large_tensors_at_logging_time_match_the_reference():
+    """A variable or gradient sum of ``LARGE_TENSOR`` elements or more gets its own thorough
+    state among the segment-reduced small ones: exact counts, float64 moments (a mean far
+    above the spread, a sparse ReLU-like tensor), and percentiles within the documented
+    rank error of a 4096-value sample."""
+    from stats_testlib import rank_error_violations
+
+    from tb_introspect.collect import kernels
+
+    rows = kernels.LARGE_TENSOR // 16
+    offset = (1e3 + RNG.normal(size=(rows, 16))).astype(np.float32)
+    sparse = relu((rows, 16)) * (RNG.random((rows, 16)) < 0.3)
+    tensors = [RNG.normal(size=(7, 5)).astype(np.float32), offset, sparse.astype(np.float32)]
+    block = kernels.matrix_stats([tf.constant(t) for t in tensors], "variable", Q, 4096,
+                                 tf.constant([3, 4], tf.int64)).numpy()
+    quantile_slots = {metadata.quantile_field(q, log=log) for q in Q for log in (False, True)}
+    for t, row in zip(tensors, block, strict=True):
+        got, want = as_dict(row, "variable"), reference_stats(t, "variable")
+        exact_ = {k: v for k, v in want.items() if k not in quantile_slots}
+        assert_stats_close({k: got[k] for k in exact_}, exact_, rtol=1e-7)
+        flat = t.astype(np.float64).reshape(-1)
+        nz = flat[flat != 0]
+        assert not rank_error_violations(
+            flat, [got[metadata.quantile_field(q)] for q in Q], Q, tol_pp=4.0)
+        assert not rank_error_violations(
+            np.log10(np.abs(nz)), [got[metadata.quantile_field(q, log=True)] for q in Q], Q,
+            tol_pp=4.0)
