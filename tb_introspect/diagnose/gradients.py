@@ -161,7 +161,7 @@ def exploding_gradients(rv: RunView) -> list[Finding]:
             "peak_median_layer_rms_per_step": 10 ** med[peak],
             "start_median_layer_rms_per_step": 10 ** base,
             "growth_orders": float(np.nanmax(growth)),
-            "largest_layer_rms_per_step": 10 ** float(np.nanmax(low[:, peak])),
+            "largest_layer_rms_per_step": float(10.0 ** np.nanmax(low[:, peak])),  # inf past 1e308
             "per_step_scale": "lower bound (epoch sums divided by steps)"
             if a.cadence == "epoch" else "logged step",
             "threshold_rms": t.exploding_rms,
