@@ -111,8 +111,8 @@ def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float
         order += members
     for g, n in enumerate(large):
         t = stats.to_float(tensors[n])
-        rows_ = stats.as_canonical(t, stats.canonical_shape(t.shape.as_list(), spatial=False))
-        state = activation_parts_fn(2, t.dtype.name, k, False, thorough=True)(rows_, seed + [1, g])
+        matrix = stats.as_canonical(t, stats.canonical_shape(t.shape.as_list(), spatial=False))
+        state = activation_parts_fn(2, t.dtype.name, k, False, thorough=True)(matrix, seed + [1, g])
         rows.append(finalize_many_fn(view, quantiles, k)({key: v[tf.newaxis]
                                                           for key, v in state.items()}))
         order.append(n)

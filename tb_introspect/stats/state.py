@@ -145,7 +145,7 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
     m2 = _second_moment(z, nf, mean, e, exact_only=thorough)
     if seed is None:
         seed = content_seed(n_f, s)
-    vals, keys = sample.draw(flat if z is x else tf.reshape(z, [-1]), tf.reshape(n, [1]),
+    vals, keys = sample.draw(tf.reshape(z, [-1]), tf.reshape(n, [1]),
                              tf.reshape(nnz, [1]), k, seed,
                              float(k) if thorough else sample.FEW_HITS)
     vals, keys = vals[0], keys[0]
