@@ -4,7 +4,8 @@ A sample is ``k`` slots per tensor holding finite non-zero values (+inf in the e
 slots) and their bottom-k keys. Every element of a tensor with at most ``k`` elements is
 kept in order. Otherwise ``k`` positions are drawn uniformly and their non-zero values are
 kept; a tensor whose draws found fewer than ``min_hits`` (and not all) of its non-zero
-values is drawn again among its non-zero values themselves (a compaction pass). Either way
+values, or that has at most ``min_hits`` of them, is drawn again among its non-zero values
+themselves (a compaction pass; with at most ``k`` of them, each is kept once). Either way
 the kept values are a uniform sample of the tensor's finite non-zero values.
 
 A draw keeping ``m`` of ``nnz`` non-zero values gets the ``m`` smallest of ``nnz``
@@ -47,7 +48,9 @@ def draw(z: tf.Tensor, sizes: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor
     v = tf.gather(padded, where(in_range, start + pos, total))
     valid = in_range & tf.not_equal(v, 0)
     hits = tf.reduce_sum(tf.cast(valid, F64), axis=1)
-    need = (hits < nnz) & (hits < min_hits)
+    # A tensor with at most min_hits non-zero values is drawn among them even when the
+    # positions found as many: draws with replacement can repeat one and miss another.
+    need = ~exact[:, 0] & (((hits < nnz) & (hits < min_hits)) | ((nnz > 0) & (nnz <= min_hits)))
 
     def among_nonzero():
         active = tf.not_equal(z, 0)
