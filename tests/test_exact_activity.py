@@ -126,6 +126,32 @@ def test_a_step_with_nan_outputs_is_always_a_statistics_step(tmp_path):
     assert wide["dead_rate"] == 0.0
 
 
+def test_a_step_with_an_infinite_rectifier_output_is_a_statistics_step(tmp_path):
+    """An infinity that leaves the loss finite (a capped ReLU follows) still makes its step
+    a statistics step, where it is counted."""
+    keras.utils.set_random_seed(0)
+    x = one_hot_activations()
+    x[3 * BATCH + 5, 0, 0, 0] = np.inf  # step 3, which stats_every=8 would skip
+    inp = keras.Input((SIDE, SIDE, CHANNELS))
+    h = keras.layers.ReLU(name="wide")(inp)
+    h = keras.layers.ReLU(max_value=1.0, name="cap")(h)
+    out = keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inp, out)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=1,
+                        shuffle=False, verbose=0,
+                        callbacks=[Introspect(str(tmp_path), views=("output",),
+                                              stats_every=8, overhead=None)])
+    assert np.isfinite(history.history["loss"][0])
+    run = lib.read_run(str(tmp_path))
+    wide = run[metadata.stats_tag("output", "wide")].at(SAMPLES // BATCH)
+    assert wide["posinf_count"] == 1
+    assert wide["count"] == 2 * x.size / (SAMPLES // BATCH)  # steps 0 and 3
+    finite = np.isfinite(x)  # the activity of a statistics step is that of its finite values
+    assert wide["activation_rate"] == (finite & (x != 0)).sum() / finite.sum()
+    assert run[metadata.stats_tag("output", "cap")].at(SAMPLES // BATCH)["posinf_count"] == 0
+
+
 def test_only_rectifier_outputs_count_activity_on_every_step(tmp_path):
     """A ReLU's output is counted on every step (exact); a convolution's output before any
     activation is counted on the statistics steps only, and is written as sampled."""
