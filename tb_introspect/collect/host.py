@@ -1,7 +1,7 @@
 """Host-side logging shared by the Keras callback and the custom-loop ``Introspector``.
 
 Decides when a point is due, drains the per-step metric ring buffer, writes
-metric summaries (numpy-built protos, one ``write_raw_pb`` per step) and keeps
+metric summaries (numpy-built protos, every drained step in one TensorFlow call) and keeps
 event files flushed often enough for TensorBoard's live view.
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import summary_pb
 from tb_introspect.collect.core import Collector, warn
@@ -66,6 +67,7 @@ class HostLogger:
         self.last_log_step = 0
         self.since_drain = 0
         self._last_flush = time.monotonic()
+        self._write_fn: Callable | None = None
 
     def is_off(self, part: str) -> bool:
         """Whether ``part`` ("metrics", "statistics", "writing") was switched off by a failure."""
@@ -154,6 +156,7 @@ class HostLogger:
         c = self.c
         step, total, count = c.read_metrics()
         rows = c.metric_rows
+        batches = []
         for s in range(max(self.last_metric_step + 1, step - rows + 1), step + 1):
             row = (s - 1) % rows
             protos = []
@@ -164,7 +167,7 @@ class HostLogger:
                 value = float(total[row, m] / n)
                 self.epoch_values.setdefault(name, []).append(value)
                 protos.append(summary_pb.metric_pb(name, value, self.epoch))
-            self.write_protos(protos, s)
+            batches.append((s, protos))
         if running and step > self.last_metric_step:
             protos = []
             for name, value in running.items():
@@ -173,7 +176,8 @@ class HostLogger:
                     continue
                 self.epoch_values.setdefault(name, []).append(v)
                 protos.append(summary_pb.metric_pb(name, v, self.epoch))
-            self.write_protos(protos, step)
+            batches.append((step, protos))
+        self.write_steps(batches)
         self.last_metric_step = max(self.last_metric_step, step)
 
     # -------------------------------------------------------------- per epoch
@@ -212,12 +216,20 @@ class HostLogger:
     # -------------------------------------------------------------- writing
 
     def write_protos(self, protos: list, step: int) -> None:
-        if not protos or self.writer is None:
+        self.write_steps([(step, protos)])
+
+    def write_steps(self, batches: Sequence[tuple[int, list]]) -> None:
+        """Write each ``(step, Summary protos)``: one event per step, all in one TensorFlow
+        call (a call per step was most of a drain's time)."""
+        batches = [(step, protos) for step, protos in batches if protos]
+        if not batches or self.writer is None:
             return
-        with self.writer.as_default():
-            tf.summary.experimental.write_raw_pb(
-                tf.constant([p.SerializeToString() for p in protos]), step=step
-            )
+        merged = [summary_pb2.Summary(value=[v for p in protos for v in p.value])
+                  for _, protos in batches]
+        if self._write_fn is None:
+            self._write_fn = _steps_writer(self.writer)
+        self._write_fn(tf.constant([m.SerializeToString() for m in merged]),
+                       tf.constant([step for step, _ in batches], tf.int64))
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
@@ -226,6 +238,19 @@ class HostLogger:
                 self.writer.flush()
             except Exception as e:  # a flush failure must not end training either
                 self.stop_writing(e)
+
+
+def _steps_writer(writer: Any) -> Callable:
+    """``(protos[N], steps[N])``: ``protos[i]`` written at ``steps[i]`` by ``writer``."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None], tf.int64)])
+    def write(protos, steps):
+        with writer.as_default():
+            for i in tf.range(tf.size(steps)):
+                tf.summary.experimental.write_raw_pb(protos[i], step=steps[i])
+
+    return write
 
 
 def as_float(value: Any) -> float | None:
