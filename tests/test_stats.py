@@ -345,6 +345,26 @@ def test_many_tensors_at_once_match_each_tensor_alone():
             assert_stats_close(as_dict(row, "variable"), want, rtol=1e-7)
 
 
+def test_sample_groups_merge_classes_only_where_that_is_cheaper():
+    """Few small tensors share one group (each group has a fixed cost); many tensors of one
+    small class keep their own (padding them all to a larger sample would cost more). Every
+    tensor is in exactly one group, with a sample that holds all its values."""
+    from tb_introspect.collect import kernels
+
+    k = 2**14
+    few = [10, 32, 128, 864, 1280]
+    assert kernels.sample_groups(few, k) == {2048: [0, 1, 2, 3, 4]}
+    many = [64] * 200 + [2000, 10_000]
+    groups = kernels.sample_groups(many, k)
+    assert groups[64] == list(range(200))
+    for sizes in (few, many, [None, 5, 70_000, 3000, 3000], []):
+        groups = kernels.sample_groups(sizes, k)
+        assert sorted(n for members in groups.values() for n in members) == list(
+            range(len(sizes)))
+        for bound, members in groups.items():
+            assert all(bound >= kernels.sample_bound(sizes[n], k) for n in members)
+
+
 def test_large_tensors_at_logging_time_match_the_reference():
     """A variable or gradient sum of ``LARGE_TENSOR`` elements or more gets its own thorough
     state among the segment-reduced small ones: exact counts, float64 moments (a mean far
