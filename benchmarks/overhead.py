@@ -16,7 +16,10 @@ divided by the epoch's steps, logging included. "stats steps" is the median
 number of statistics steps per epoch that the overhead governor chose. The
 memory table gives the in-step state, peak RSS, the first epoch's time against
 plain ``fit``'s (tracing and compiling) and the compile time of each of the
-callback's two train functions (statistics and lean).
+callback's two train functions (statistics and lean). ``--step-functions`` times the
+compiled train functions themselves, interleaved, outside ``fit``: plain, the callback's lean
+step and its statistics step, per step: where a model's added time comes from, with no
+callback, logging or epoch in between.
 
     python benchmarks/overhead.py                      # the README table
     python benchmarks/overhead.py --models cnn --quick # a fast smoke run
@@ -216,6 +219,40 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
     return [dict(row, model=kind, params=params, rss0=rss0, rss1=rss1) for row in rows]
 
 
+def step_function_rows(kind: str, args: argparse.Namespace) -> None:
+    """Per-step CPU and wall time of plain ``fit``'s train function and of the callback's
+    lean and statistics functions, interleaved over ``--pairs`` rounds of 16 steps each."""
+    ds = dataset(args.steps, args.batch)
+    fns = {}
+    model = make(kind)
+    model.fit(ds, epochs=1, verbose=0)
+    fns["plain train function"] = model.train_function
+    cb = Introspect(tempfile.mkdtemp(prefix="tbi_overhead_"))
+    make(kind).fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    fns["lean step"], fns["statistics step"] = cb._lean_fn, cb._instrumented_fn
+    batches = iter(ds.repeat())
+    for fn in fns.values():
+        for _ in range(2):
+            fn(batches)
+    steps = 16
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(args.pairs):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            for _ in range(steps):
+                fns[name](batches)
+            cpu[name].append(1e3 * (time.process_time() - c0) / steps)
+            wall[name].append(1e3 * (time.perf_counter() - t0) / steps)
+    cb.close()
+    base = statistics.median(cpu[names[0]]), statistics.median(wall[names[0]])
+    for name in names:
+        c, w = statistics.median(cpu[name]), statistics.median(wall[name])
+        print(f"| {MODELS[kind][0]} | {name} | {c:.1f} | {w:.1f} | {c - base[0]:+.1f} |"
+              f" {w - base[1]:+.1f} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="cnn,flatten,mobilenetv2",
@@ -231,10 +268,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--view-rows", action="store_true",
                    help="add per-epoch rows with one or two views only")
     p.add_argument("--profile", action="store_true", help="logging and drain time per epoch")
+    p.add_argument("--step-functions", action="store_true",
+                   help="time the compiled train functions (plain, lean, statistics) instead")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.pairs, args.jit = 4, 16, 1, False
+    if args.step_functions:
+        print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch"
+              f" {args.batch}, medians of {args.pairs} interleaved rounds of 16 steps")
+        print("| model | function | CPU ms/step | wall ms/step | added CPU | added wall |")
+        print("|---|---|---:|---:|---:|---:|")
+        for kind in args.models.split(","):
+            step_function_rows(kind.strip(), args)
+        return 0
     timers = Timers()
     print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {args.batch},"
           f" {args.steps} steps/epoch, median of {args.pairs} interleaved rounds, default settings")

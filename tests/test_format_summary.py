@@ -179,6 +179,7 @@ def test_keras_callback_writes_every_views_summary(tmp_path):
     assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 2
     run = check_summaries(str(tmp_path), metadata.VIEWS)
     assert run[metadata.summary_tag("output")].steps == [2, 4, 6, 8, 10, 12]
+    assert run[metadata.metric_tag("loss")].steps == list(range(1, 13))  # both fits' steps
     rows = run[metadata.summary_tag("variable")].data.rows
     assert list(rows) == [metadata.stats_tag("variable", v.path)
                           for v in model.trainable_variables]

@@ -67,7 +67,7 @@ class HostLogger:
         self.last_log_step = 0
         self.since_drain = 0
         self._last_flush = time.monotonic()
-        self._write_fn: Callable | None = None
+        self._write_fn: tuple[Any, Callable] | None = None  # (the writer it captured, fn)
 
     def is_off(self, part: str) -> bool:
         """Whether ``part`` ("metrics", "statistics", "writing") was switched off by a failure."""
@@ -226,10 +226,10 @@ class HostLogger:
             return
         merged = [summary_pb2.Summary(value=[v for p in protos for v in p.value])
                   for _, protos in batches]
-        if self._write_fn is None:
-            self._write_fn = _steps_writer(self.writer)
-        self._write_fn(tf.constant([m.SerializeToString() for m in merged]),
-                       tf.constant([step for step, _ in batches], tf.int64))
+        if self._write_fn is None or self._write_fn[0] is not self.writer:
+            self._write_fn = (self.writer, _steps_writer(self.writer))
+        self._write_fn[1](tf.constant([m.SerializeToString() for m in merged]),
+                          tf.constant([step for step, _ in batches], tf.int64))
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
