@@ -19,7 +19,8 @@ plain ``fit``'s (tracing and compiling) and the compile time of each of the
 callback's two train functions (statistics and lean). ``--step-functions`` times the
 compiled train functions themselves, interleaved, outside ``fit``: plain, the callback's lean
 step and its statistics step, per step: where a model's added time comes from, with no
-callback, logging or epoch in between.
+callback, logging or epoch in between; ``--op-profile N`` adds the N TensorFlow op types whose
+time (a profiler trace of the lean step and of the plain function) grows most.
 
     python benchmarks/overhead.py                      # the README table
     python benchmarks/overhead.py --models cnn --quick # a fast smoke run
@@ -28,6 +29,7 @@ callback, logging or epoch in between.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import re
 import resource
@@ -245,12 +247,55 @@ def step_function_rows(kind: str, args: argparse.Namespace) -> None:
                 fns[name](batches)
             cpu[name].append(1e3 * (time.process_time() - c0) / steps)
             wall[name].append(1e3 * (time.perf_counter() - t0) / steps)
-    cb.close()
     base = statistics.median(cpu[names[0]]), statistics.median(wall[names[0]])
     for name in names:
         c, w = statistics.median(cpu[name]), statistics.median(wall[name])
         print(f"| {MODELS[kind][0]} | {name} | {c:.1f} | {w:.1f} | {c - base[0]:+.1f} |"
               f" {w - base[1]:+.1f} |", flush=True)
+    if args.op_profile:
+        plain, lean = (op_times(fns[n], batches) for n in ("plain train function", "lean step"))
+        print(f"\n{MODELS[kind][0]}: TensorFlow op time per step (profiler trace of 5 steps),"
+              " the lean step against the plain train function, largest differences first")
+        print("| op | plain ms | lean ms | added ms | ops per step: plain / lean |")
+        print("|---|---:|---:|---:|---|")
+        ops = sorted(set(plain) | set(lean), key=lambda o: plain.get(o, (0, 0))[0]
+                     - lean.get(o, (0, 0))[0])
+        for op in ops[:args.op_profile]:
+            (pt, pn), (lt, ln) = plain.get(op, (0.0, 0.0)), lean.get(op, (0.0, 0.0))
+            print(f"| {op} | {pt:.2f} | {lt:.2f} | {lt - pt:+.2f} | {pn:.0f} / {ln:.0f} |")
+    cb.close()
+
+
+def op_times(fn, batches, steps: int = 5) -> dict[str, tuple[float, float]]:
+    """{TensorFlow op type: (ms per step, ops per step)} from a profiler trace of ``steps``
+    calls of ``fn`` (the host plane's op events, ``name:Type``, by type)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # the trace's format
+
+    folder = tempfile.mkdtemp(prefix="tbi_trace_")
+    tf.profiler.experimental.start(folder)
+    for _ in range(steps):
+        fn(batches)
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    for path in glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True):
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+    out: dict[str, list[float]] = {}
+    for plane in space.planes:
+        if "host" not in plane.name.lower():
+            continue
+        for line in plane.lines:
+            for ev in line.events:
+                name = plane.event_metadata[ev.metadata_id].name
+                op = name.rsplit(":", 1)[-1]
+                # An op is "name:Type"; the runtime's own events are "Scope::Step",
+                # "Function: __inference_..." or have no colon.
+                if ":" not in name or "::" in name or not op.isidentifier():
+                    continue
+                acc = out.setdefault(op, [0.0, 0.0])
+                acc[0] += ev.duration_ps / 1e9 / steps
+                acc[1] += 1 / steps
+    return {op: (t, n) for op, (t, n) in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="logging and drain time per epoch")
     p.add_argument("--step-functions", action="store_true",
                    help="time the compiled train functions (plain, lean, statistics) instead")
+    p.add_argument("--op-profile", type=int, default=0, metavar="N",
+                   help="with --step-functions: the N ops whose time the lean step adds most")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
     args = p.parse_args(argv)
     if args.quick:

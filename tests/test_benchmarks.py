@@ -30,7 +30,7 @@ SMALL = [
     ("load_test.py", ["--tensors", "200", "--steps", "20", "--clients", "32", "--requests",
                       "5"], 5),
     ("overhead.py", ["--models", "cnn", "--every", "epoch,1", "--quick"], 8),
-    ("overhead.py", ["--models", "cnn", "--step-functions", "--quick"], 5),
+    ("overhead.py", ["--models", "cnn", "--step-functions", "--op-profile", "5", "--quick"], 5),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
     ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3"], 5),
