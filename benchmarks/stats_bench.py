@@ -87,7 +87,7 @@ def variants(n: int) -> dict:
     positions = max(n // (64 * CHANNELS), 1)
     seed = tf.constant([1, 2], tf.int64)
     parts = kernels.activation_parts_fn(3, "float32", STEP_K, False)
-    activity = kernels.activity_fn(3, "float32", False)
+    activity = tf.function(stats.activity_state, autograph=False)
     finalize = kernels.finalize_many_fn("output", Q, STEP_K)
 
     def canonical(x):

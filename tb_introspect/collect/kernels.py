@@ -164,21 +164,6 @@ def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool, thorough: bool
 
 
 @functools.cache
-def activity_fn(rank: int, dtype: str, xla: bool):
-    """``x[canonical] -> (activity_count, channel_nnz, spatial_nnz)`` of one layer output
-    (``stats.activity_state``)."""
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([None] * rank, tf.as_dtype(dtype))],
-        autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
-    )
-    def activity(x):
-        return stats.activity_state(x)
-
-    return activity
-
-
-@functools.cache
 def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
     """States stacked on a leading axis (counts padded) -> one stats vector per row."""
 
