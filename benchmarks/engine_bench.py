@@ -70,8 +70,10 @@ def counting_rows(repeats: int) -> None:
         return tf.reduce_sum(tf.cast(tf.not_equal(t, 0.0), tf.float32), axis=0)
 
     ways = {
-        "stats.activity_state (sign, column norm)":
+        "stats.activity_state (x / x, matrix-vector sum)":
             lambda t: stats.activity_state(t)["channel_nnz"],
+        "sign, column norm (batch_state's)": lambda t: tf.square(
+            tf.norm(tf.sign(t), axis=0)),
         "divide_no_nan(x, x), column sum":
             lambda t: tf.reduce_sum(tf.math.divide_no_nan(t, t), axis=0),
         "not_equal, cast, column sum": cast_sum,
