@@ -206,7 +206,7 @@ def activity_state(x: tf.Tensor) -> dict[str, tf.Tensor]:
     This is what every step pays for each rectifier output, so it is one elementwise pass
     and one read: ``x / x`` (``divide_no_nan``: 1 where ``x`` is non-zero, 0 where it is
     zero, NaN where it is NaN or infinite), its columns summed by a matrix-vector product
-    with a vector of ones: about a third less CPU than a sign pass and a column norm. Under
+    with a vector of ones: 10–30 % less CPU than a sign pass and a column norm. Under
     XLA, whose matrix-vector product is the slower there, it is the sign pass and column
     norm, and an infinity counts as non-zero. A NaN column tells the caller to take
     ``batch_state`` for that batch.
