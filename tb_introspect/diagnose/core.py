@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect import metadata
 from tb_introspect.json_values import jsonable
 from tb_introspect.rundata import Aligned, RunSeries, align
 from tb_introspect.rundata import point_spans as point_spans  # re-exported for the rules
@@ -344,7 +343,3 @@ def rule(name: str, needs: Sequence[str], needs_history: bool = True):
 
     return register
 
-
-def views_present(run: RunSeries) -> list[str]:
-    """The run's views that have tensors, in format order."""
-    return [v for v in metadata.VIEWS if run.tensors.get(v)]
