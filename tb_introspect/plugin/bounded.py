@@ -130,9 +130,9 @@ def _read_sample(
             for e in events
         ]
         try:
-            series[info.tag] = reader._to_series(info, datums)
+            series[info.tag] = reader.series_from_datums(info, datums)
         except ValueError as e:
-            reader._warn_skip(run, info.tag, str(e))
+            reader.warn_skipped_tag(run, info.tag, str(e))
             skipped.append((info.tag, str(e)))
     return series, sampled, skipped
 

@@ -23,7 +23,8 @@ __all__ = [
     "ALL_POINTS", "KIND_ACTIVITY_MAP", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_TENSOR_STATS",
     "KIND_VIEW_SUMMARY",
     "RunSeries", "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
-    "parse_tag_info", "read_logdir", "read_run", "read_series",
+    "parse_tag_info", "read_logdir", "read_run", "read_series", "series_from_datums",
+    "warn_skipped_tag",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def list_tags(
                     tag, ts.plugin_content, ts.max_step, ts.max_wall_time
                 )
             except ValueError as e:
-                _warn_skip(run, tag, str(e))
+                warn_skipped_tag(run, tag, str(e))
                 skipped.setdefault(run, []).append((tag, str(e)))
     return infos, skipped
 
@@ -118,8 +119,9 @@ def list_tags(
 _warned: set[tuple[str, str, str]] = set()
 
 
-def _warn_skip(run: str, tag: str, reason: str) -> None:
-    # Once per process and problem: every reload reads the tag again.
+def warn_skipped_tag(run: str, tag: str, reason: str) -> None:
+    """Log that ``tag`` of ``run`` is left out for ``reason``, once per process and problem."""
+    # Once only: every reload reads the tag again.
     if (run, tag, reason) not in _warned:
         _warned.add((run, tag, reason))
         logger.warning("tb-introspect: skipping tag %r of run %r: %s", tag, run, reason)
@@ -162,14 +164,18 @@ def read_series(
         if info is None:
             continue
         try:
-            out[tag] = _to_series(info, datums)
+            out[tag] = series_from_datums(info, datums)
         except ValueError as e:
-            _warn_skip(run, tag, str(e))
+            warn_skipped_tag(run, tag, str(e))
             skipped.append((tag, str(e)))
     return out, skipped
 
 
-def _to_series(info: TagInfo, datums: Sequence[tb_provider.TensorDatum]) -> Series:
+def series_from_datums(info: TagInfo, datums: Sequence[tb_provider.TensorDatum]) -> Series:
+    """The :class:`Series` of ``info``'s tag from its points, upgraded to the current format.
+
+    Raises ``ValueError`` when a point's tensor does not have ``info``'s layout length.
+    """
     width = info.width
     n = len(datums)
     steps = np.fromiter((d.step for d in datums), dtype=np.int64, count=n)
