@@ -17,11 +17,12 @@ TEST_WORKERS ?= 2
 OLDEST_VENV := .venv-oldest
 OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf==6.31.1
 # Collection and plugin tests (not the slow or browser ones): a few minutes.
-OLDEST_TESTS := tests/test_keras_callback.py tests/test_introspector.py tests/test_summary.py \
-  tests/test_format.py tests/test_plugin_reader.py tests/test_plugin_overview.py \
-  tests/test_plugin_routes.py tests/test_plugin_tensorboard.py tests/test_plugin_no_tensorflow.py \
-  tests/test_implicit_lr.py tests/test_exact_activity.py tests/test_private.py tests/test_governor.py \
-  tests/test_keras_plan.py
+OLDEST_TESTS := tests/collect/test_keras_callback.py tests/collect/test_introspector.py \
+  tests/format/test_summary.py tests/format/test_format.py tests/plugin/test_plugin_reader.py \
+  tests/plugin/test_plugin_overview.py tests/plugin/test_plugin_routes.py \
+  tests/plugin/test_plugin_tensorboard.py tests/plugin/test_plugin_no_tensorflow.py \
+  tests/collect/test_implicit_lr.py tests/collect/test_exact_activity.py \
+  tests/collect/test_private.py tests/collect/test_governor.py tests/collect/test_keras_plan.py
 
 venv: $(STAMP)
 

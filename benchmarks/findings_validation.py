@@ -1,4 +1,4 @@
-"""The findings' validation table: every scenario of ``tests/findings_archs.py`` trained
+"""The findings' validation table: every scenario of ``tests/diagnose/findings_archs.py`` trained
 once, the logdir read back after every epoch as a live tab would, and for each run what
 fired, at which epoch, against the onset.
 
@@ -8,7 +8,7 @@ Prints the Markdown table of docs/findings.md ("Validation"): for a pathology, t
 which the live reading first shows each expected finding (at its severity) against the
 onset read off the curves; for a healthy run, every warning any live reading showed (the
 target is none). The final findings of each run follow (warning and critical ones, with
-their first epoch). ``tests/test_findings_archs.py`` asserts the same on the same runs.
+their first epoch). ``tests/diagnose/test_findings_archs.py`` asserts the same on the same runs.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main() -> None:
-    from findings_archs import SCENARIOS, train_scenario
+    from tests.diagnose.findings_archs import SCENARIOS, train_scenario
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", default=None, help="scenario names")

@@ -41,11 +41,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))  # the repository: the tests package
 
-from browser_support import launch_chromium, plugin_frame, tensorboard  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 from plugin_bench import PRESETS, touch_run, write_bench_run  # noqa: E402
+
+from tests.browser.browser_support import launch_chromium, plugin_frame, tensorboard  # noqa: E402
 
 TARGETS_MS = {"overview": 1500, "layers grid": 2000, "layers, all panels drawn": 2000,
               "cold overview": 1500, "cold layers": 1500}

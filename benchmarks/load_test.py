@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the tests' process helpers
+sys.path.insert(0, os.path.join(HERE, ".."))  # the tests package: its process helpers
 sys.path.insert(0, HERE)
 
 from plugin_bench import write_bench_run  # noqa: E402
-from reliability_testlib import serve  # noqa: E402
 
 from tb_introspect import metadata  # noqa: E402
+from tests.reliability.reliability_testlib import serve  # noqa: E402
 
 #: One client's requests cycle through these routes in order.
 ROUTES = ("runs", "run", "overview", "series", "series x8 rms")

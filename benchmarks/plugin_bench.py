@@ -32,13 +32,12 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # reuse the tests' process helpers
-
-from plugin_testlib import fetch, get_json, tensorboard, wait_for  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, ".."))  # the tests package: reuse its process helpers
 
 from tb_introspect import metadata, summary_pb  # noqa: E402
 from tb_introspect.plugin.introspect_plugin import LISTING_TTL_S  # noqa: E402
 from tb_introspect.writer import NumpyWriter  # noqa: E402
+from tests.plugin.plugin_testlib import fetch, get_json, tensorboard, wait_for  # noqa: E402
 
 TARGETS_MS = {"runs": 100, "series (1 tag)": 50, "overview": 300,
               "after a data change: run + overview": 1500,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from shared_runs import APP_RUN, CLI, Trained, link_runs, train_shared
+
+from tests.shared_runs import APP_RUN, CLI, Trained, link_runs, train_shared
 
 
 @pytest.fixture(scope="session")

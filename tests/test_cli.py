@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from shared_runs import link_runs
+
+from tests.shared_runs import link_runs
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = shutil.which("tb-introspect", path=os.path.dirname(sys.executable)) or shutil.which(

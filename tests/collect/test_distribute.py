@@ -1,0 +1,121 @@
+"""tf.distribute: statistics cover every replica's data and only the chief writes.
+
+Each strategy runs in fresh processes (logical devices and TF_CONFIG must be
+set before TensorFlow starts); the parent recomputes step 1 on one device from
+the batches the replicas actually received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.collect import collect_testlib as lib
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collect_dist_worker.py")
+TIMEOUT = 420
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.dirname(WORKER))), env.get("PYTHONPATH", "")]
+    )
+    env.update(extra or {})
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _expected_step_one(batches):
+    """Step-1 tensors recomputed on one device from the union of the replicas' batches."""
+    w = batches[0]
+    x = np.concatenate([b["local_x"] for b in batches])
+    y = np.concatenate([b["local_y"] for b in batches])
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((6,)),
+        keras.layers.Dense(8, activation="relu", name="hidden"),
+        keras.layers.Dense(2, name="head"),
+    ])
+    model.set_weights([w[f"w{i}"] for i in range(4)])
+    with tf.GradientTape() as tape:
+        h = model.layers[0](x)
+        out = model.layers[1](h)
+        loss = tf.reduce_mean(tf.square(out - y))
+    grads, (dh, dout) = tape.gradient(loss, [model.trainable_variables, [h, out]])
+    return x, h.numpy(), out.numpy(), dh.numpy(), dout.numpy(), [g.numpy() for g in grads]
+
+
+def _check_run(log_dir, batches, replicas):
+    x, h, out, dh, dout, grads = _expected_step_one(batches)
+    assert len(x) == 16 and sum(int(b["replicas"]) for b in batches[:1]) == replicas
+    run = lib.read_run(log_dir)
+    assert run["introspect/output/hidden"].steps == [1, 2, 3, 4]
+    # All replicas' data: 16 samples, not one replica's 8.
+    lib.assert_stats_match(run["introspect/output/hidden"].at(1), h, rtol=1e-5)
+    lib.assert_stats_match(run["introspect/output/head"].at(1), out, rtol=1e-5)
+    lib.assert_stats_match(run["introspect/output_gradient/head"].at(1), dout, rtol=1e-4,
+                           atol=1e-8)
+    lib.assert_stats_match(run["introspect/output_gradient/hidden"].at(1), dh, rtol=1e-4,
+                           atol=1e-8)
+    for name, g in zip(["hidden/kernel", "hidden/bias", "head/kernel", "head/bias"], grads,
+                       strict=True):
+        lib.assert_stats_match(run[f"introspect/gradient/sequential/{name}"].at(1), g,
+                               rtol=1e-4, atol=1e-8)
+    loss = run["introspect/metric/loss"]
+    assert loss.steps == [1, 2, 3, 4]
+    np.testing.assert_allclose(loss.field("value")[0], np.mean(np.square(out - np.concatenate(
+        [b["local_y"] for b in batches]))), rtol=1e-5)
+
+
+def test_mirrored_strategy_two_replicas(tmp_path):
+    log_dir = str(tmp_path / "run")
+    proc = subprocess.run(
+        [sys.executable, WORKER, "mirrored", str(tmp_path), log_dir],
+        env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    batch = np.load(tmp_path / "worker0.npz")
+    assert int(batch["replicas"]) == 2
+    _check_run(log_dir, [batch], replicas=2)
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_strategy_two_processes(tmp_path):
+    ports = [_free_port(), _free_port()]
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    procs = []
+    for i in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        procs.append(subprocess.Popen(
+            [sys.executable, WORKER, "multiworker", str(tmp_path), str(tmp_path / f"run{i}")],
+            env=_env({"TF_CONFIG": tf_config}), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        ))
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-4000:]
+    batches = [np.load(tmp_path / f"worker{i}.npz") for i in range(2)]
+    assert [int(b["replicas"]) for b in batches] == [2, 2]
+    np.testing.assert_allclose(batches[0]["loss"], batches[1]["loss"])
+    _check_run(str(tmp_path / "run0"), batches, replicas=2)
+    # Only the chief (worker 0) wrote event files.
+    assert not [f for f in os.listdir(tmp_path / "run1") if "tfevents" in f]

@@ -1,0 +1,101 @@
+"""The overhead governor, driven by an injected clock: deterministic."""
+
+from __future__ import annotations
+
+import pytest
+from tb_introspect.collect.governor import Governor
+
+
+class FakeClock:
+    """Virtual seconds; the fake train functions advance it by what they "cost"."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def train(gov: Governor, clock: FakeClock, epochs: int, steps: int, lean: float, full: float,
+          log: float, compile_s: float = 5.0) -> list[list[bool]]:
+    """Run ``epochs`` windows of ``steps`` executions; which were statistics executions."""
+    seen = {"stats": False, "lean": False}
+
+    def fn(kind: str, cost: float):
+        def run():
+            clock.now += cost + (0.0 if seen[kind] else compile_s)
+            seen[kind] = True
+            return kind == "stats"
+        return run
+
+    taken = []
+    for _ in range(epochs):
+        gov.begin_window()
+        taken.append([gov.run(fn("stats", full), fn("lean", lean)) for _ in range(steps)])
+        gov.timed_log(lambda: setattr(clock, "now", clock.now + log))
+    return taken
+
+
+def added_share(taken: list[list[bool]], lean: float, full: float, log: float) -> float:
+    steps = sum(len(e) for e in taken)
+    extra = sum(sum(e) for e in taken) * (full - lean) + len(taken) * log
+    return extra / (steps * lean)
+
+
+@pytest.mark.parametrize("full", [0.12, 0.2, 0.4, 1.0])
+def test_costlier_statistics_get_a_longer_cadence_that_fits_the_budget(full):
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    taken = train(gov, clock, epochs=6, steps=400, lean=0.1, full=full, log=0.2)
+    for epoch in taken:
+        assert epoch[0], "the first step of each window is a statistics step"
+    # After the first window (which learns the costs), the added time fits the budget.
+    assert added_share(taken[1:], 0.1, full, 0.2) <= 0.05 + 1e-9
+    # ... and is not wasted: the cadence is as dense as the budget allows (within one step).
+    per_window = [sum(e) for e in taken[1:]]
+    budget = 0.05 * 400 * 0.1 - 0.2
+    assert min(per_window) >= min(budget // (full - 0.1), 400 // 8)
+
+
+def test_cadence_lengthens_with_cost_and_never_beats_the_spacing():
+    counts = {}
+    for full in (0.11, 0.15, 0.3, 0.9):
+        clock = FakeClock()
+        gov = Governor(0.05, spacing=8, clock=clock)
+        taken = train(gov, clock, epochs=4, steps=160, lean=0.1, full=full, log=0.0)
+        counts[full] = sum(taken[-1])
+        gaps = [j - i for e in taken for i, j in zip(
+            [k for k, t in enumerate(e) if t], [k for k, t in enumerate(e) if t][1:],
+            strict=False)]
+        assert min(gaps) >= 8
+    assert counts[0.11] == 160 // 8  # cheap statistics: the densest cadence
+    assert counts[0.11] > counts[0.15] > counts[0.3] > counts[0.9] >= 1
+
+
+def test_logging_that_exceeds_the_budget_leaves_only_the_first_steps():
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    taken = train(gov, clock, epochs=3, steps=50, lean=0.1, full=0.2, log=10.0)
+    assert [sum(e) for e in taken[1:]] == [1, 1]
+    assert all(e[0] for e in taken)
+
+
+def test_no_budget_is_the_fixed_spacing_and_compiles_are_not_counted():
+    clock = FakeClock()
+    gov = Governor(None, spacing=3, clock=clock)
+    taken = train(gov, clock, epochs=2, steps=8, lean=0.1, full=5.0, log=1.0)
+    assert taken == [[True, False, False] * 2 + [True, False]] * 2
+    assert gov.compile_seconds == {True: pytest.approx(10.0), False: pytest.approx(5.1)}
+    assert gov.cadence() == (3, 8)
+
+
+def test_a_forced_step_and_the_every_step_line():
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    train(gov, clock, epochs=1, steps=4, lean=0.1, full=0.2, log=0.0)
+    gov.force()
+    assert gov.choose()
+    every = Governor(None, spacing=1, clock=clock)
+    train(every, clock, epochs=2, steps=4, lean=0.1, full=0.2, log=0.05)
+    line = every.every_step_cost(0.05)
+    assert "50 ms" in line and "200 ms" in line and "every=5" in line

@@ -1,0 +1,393 @@
+"""Statistics of one tensor and the mergeable accumulator (tb_introspect.stats / stats_np)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from tb_introspect import metadata, stats, stats_np
+from tests.stats.stats_testlib import COUNT_FIELDS, as_dict, assert_stats_close, reference_stats
+
+RNG = np.random.default_rng(1234)
+Q = metadata.DEFAULT_QUANTILES
+
+
+def tf_stats(x, view="output", **kw):
+    return as_dict(stats.tensor_stats(x, view, **kw).numpy(), view)
+
+
+def np_stats(x, view="output", **kw):
+    return as_dict(stats_np.tensor_stats(x, view, **kw), view)
+
+
+def relu(shape):
+    return np.maximum(RNG.normal(size=shape), 0).astype(np.float32)
+
+
+EDGE_CASES = {
+    "empty": np.zeros((0,), np.float32),
+    "zero_sized_dim": np.ones((4, 0, 2, 3), np.float32),
+    "zero_channels": np.ones((5, 0), np.float32),
+    "scalar": np.float32(-2.5),
+    "scalar_zero": np.float32(0.0),
+    "all_nan": np.full((3, 4), np.nan, np.float32),
+    "inf_mix": np.array([np.nan, np.inf, -np.inf, 0.0, 2.0, -5.0, np.inf], np.float32),
+    "only_inf": np.array([np.inf, -np.inf], np.float64),
+    "float32_limits": np.array([3.4e38, -3.4e38, 3.3e38, 1e-37], np.float32),
+    "float16_limits": np.array([65504, -65504, 6e-8, 1.0], np.float16),
+    "float64_limits": np.array([1.7e308, -1.7e308, 1e308, 1e-300]),
+    "int32": np.array([[1, -2], [3, 0]], np.int32),
+    "int64_big": np.array([2**40, -(2**40), 7], np.int64),
+    "uint8": np.array([0, 255, 7], np.uint8),
+    "bool": np.array([True, False, False]),
+    "constant": np.full((50, 3), 0.7, np.float32),
+    "all_zero": np.zeros((6, 2, 2, 3), np.float32),
+    "narrow_cluster": (1.0 + 1e-4 * RNG.normal(size=400)).astype(np.float32),
+    "relu_conv": relu((3, 4, 4, 5)),
+    "negative_only": -np.abs(RNG.normal(size=(20, 3))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGE_CASES))
+def test_edge_cases_match_reference(case):
+    x = EDGE_CASES[case]
+    want = reference_stats(x, "output")
+    got = tf_stats(x)
+    assert_stats_close(got, want)
+    assert_stats_close(np_stats(x), want)
+    for key in COUNT_FIELDS:
+        assert np.isfinite(got[key]), key
+
+
+def test_bfloat16_and_float16_inputs():
+    vals = np.array([[1.5, -2.0, 0.0], [4.0, 0.25, -8.0]], np.float32)
+    for dt in (tf.bfloat16, tf.float16):
+        got = tf_stats(tf.constant(vals, dt))
+        assert_stats_close(got, reference_stats(vals, "output"))
+        # numpy twin: TensorFlow's bfloat16 arrays are ml_dtypes arrays
+        assert_stats_close(np_stats(tf.constant(vals, dt).numpy()), reference_stats(vals, "output"))
+
+
+def test_values_near_float_limits_do_not_overflow():
+    x = np.full(1000, 3.0e38, np.float32)
+    got = tf_stats(x)
+    assert got["l2"] == pytest.approx(3.0e38 * np.sqrt(1000), rel=1e-6)
+    assert got["rms"] == pytest.approx(3.0e38, rel=1e-6)
+    assert got["std"] == 0.0
+    y = np.array([1.6e308, -1.6e308, 1.6e308])
+    g = tf_stats(y)
+    assert np.isfinite(g["std"]) and np.isfinite(g["rms"]) and np.isfinite(g["mean"])
+    assert g["l2"] == np.inf  # the true L2 (2.8e308) is not representable
+
+
+def test_documented_empty_results():
+    got = tf_stats(np.zeros((0, 3), np.float32))
+    assert [got[k] for k in COUNT_FIELDS] == [0, 0, 0, 0, 0]
+    rest = [k for k in got if k not in COUNT_FIELDS]
+    assert all(np.isnan(got[k]) for k in rest)  # nothing to describe: NaN, not 0
+    nan = tf_stats(np.full(4, np.nan))
+    assert nan["nan_count"] == 4 and nan["dead_rate"] == 1.0 and np.isnan(nan["mean"])
+
+
+def test_dead_rates_of_a_conv_output():
+    x = relu((8, 5, 6, 7)) + 0.01
+    x[..., [1, 4]] = 0.0  # 2 of 7 channels dead
+    x[:, 2, 3, :] = 0.0  # 1 of 30 positions dead
+    x[0, 0, 0, 0] = np.nan  # non-finite values are not activity
+    got = tf_stats(x)
+    assert got["dead_rate"] == pytest.approx(2 / 7)
+    assert got["spatial_dead_rate"] == pytest.approx(1 / 30)
+    assert got["nan_count"] == 1
+
+
+def test_dead_rate_by_rank():
+    assert tf_stats(np.float32(0.0))["dead_rate"] == 1.0
+    assert np.isnan(tf_stats(np.float32(0.0))["spatial_dead_rate"])
+    assert tf_stats(np.array([0, 1, 0, 2], np.float32))["dead_rate"] == 0.5
+    dense = np.array([[0, 1, 0], [0, 2, 0]], np.float32)
+    assert tf_stats(dense)["dead_rate"] == pytest.approx(2 / 3)
+    assert np.isnan(tf_stats(dense)["spatial_dead_rate"])
+
+
+def test_view_extras_and_epoch_are_nan():
+    for view in metadata.VIEWS:
+        vec = stats.tensor_stats(np.ones(3), view).numpy()
+        fields = metadata.tensor_stats_fields(view)
+        assert vec.shape == (len(fields),)
+        assert np.isnan(vec[0])
+        assert np.all(np.isnan(vec[len(fields) - len(metadata.VIEW_EXTRA_FIELDS[view]):]))
+
+
+def test_custom_quantiles_layout():
+    q = (5, 50, 95)
+    x = RNG.normal(size=500)
+    vec = stats.tensor_stats(x, "gradient", quantiles=q).numpy()
+    got = as_dict(vec, "gradient", q)
+    assert [got[f"q{p}"] for p in q] == pytest.approx(np.percentile(x, q), rel=1e-12)
+
+
+def test_bad_input_errors():
+    with pytest.raises(TypeError, match="my_layer/kernel"):
+        stats.tensor_stats(tf.constant(["a", "b"]), "variable", name="my_layer/kernel")
+    with pytest.raises(TypeError, match="complex"):
+        stats.tensor_stats(tf.constant([1 + 2j]), "variable")
+    with pytest.raises(TypeError, match="words"):
+        stats_np.tensor_stats(np.array(["x"]), "variable", name="words")
+    with pytest.raises(ValueError, match="unknown view"):
+        stats.tensor_stats(np.ones(3), "weights")
+    with pytest.raises(ValueError, match="quantiles"):
+        stats.tensor_stats(np.ones(3), "output", quantiles=(50, 101))
+    with pytest.raises(ValueError, match="sample_size"):
+        stats.tensor_stats(np.ones(3), "output", sample_size=0)
+
+
+def test_string_tensor_in_graph_names_the_tensor():
+    @tf.function
+    def f(s):
+        return stats.tensor_stats(s, "output")
+
+    with pytest.raises(TypeError, match="dtype string"):
+        f(tf.constant(["a"]))
+
+
+def test_graph_xla_and_dynamic_batch_agree_with_eager():
+    x = relu((6, 4, 4, 3))
+    x[0, 0, 0, 0] = np.inf
+    want = tf_stats(x)
+    spec = [tf.TensorSpec([None, 4, 4, 3], tf.float32)]
+    graph = tf.function(lambda t: stats.tensor_stats(t, "output"), input_signature=spec)
+    xla = tf.function(
+        lambda t: stats.tensor_stats(t, "output"), input_signature=spec, jit_compile=True
+    )
+    assert_stats_close(as_dict(graph(x).numpy(), "output"), want)
+    assert_stats_close(as_dict(xla(x).numpy(), "output"), want)
+    empty = np.zeros((0, 4, 4, 3), np.float32)  # dynamic batch of size 0
+    assert_stats_close(as_dict(xla(empty).numpy(), "output"), reference_stats(empty, "output"))
+
+
+def test_seeded_sampling_is_deterministic_and_fills_nothing_with_nan():
+    x = RNG.normal(size=50_000).astype(np.float32)
+    a = stats.tensor_stats(x, "output", sample_size=1000, seed=7).numpy()
+    b = stats.tensor_stats(x, "output", sample_size=1000, seed=7).numpy()
+    c = stats.tensor_stats(x, "output", sample_size=1000, seed=8).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    got = as_dict(a, "output")
+    unknown = ("epoch", "spatial_dead_rate", *metadata.VIEW_EXTRA_FIELDS["output"])
+    assert all(np.isfinite(v) for k, v in got.items() if k not in unknown)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hnp.arrays(
+        dtype=st.sampled_from([np.float32, np.float64, np.float16]),
+        shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5),
+        elements=st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True, width=16),
+            st.sampled_from([0.0, -0.0, 1.0, -1.0]),
+        ),
+    )
+)
+def test_property_tf_and_numpy_match_reference(x):
+    want = reference_stats(x, "variable")
+    assert_stats_close(tf_stats(x, "variable"), want, rtol=1e-7)
+    assert_stats_close(np_stats(x, "variable"), want, rtol=1e-7)
+
+
+# --------------------------------------------------------------------------- accumulator
+
+
+#: The in-step accumulator sums float32 tensors in float32 (one cheap pass each):
+#: moments agree with the float64 reference to about 1e-7, not 1e-9.
+ACCUMULATOR_RTOL = 1e-6
+
+
+def fold(batches, sample_size=stats.DEFAULT_SAMPLE_SIZE, seed=None):
+    shape = tf.TensorShape([None, *batches[0].shape[1:]])
+    state = stats.empty_state(shape, sample_size=sample_size)
+    for i, b in enumerate(batches):
+        state = stats.update_state(state, b, seed=None if seed is None else [seed, i])
+    return state
+
+
+def test_state_over_batches_equals_stats_of_the_concatenation():
+    x = relu((40, 3, 3, 4))
+    x[:, :, :, 2] = 0.0
+    x[3, 1, 1, 1] = -np.inf
+    batches = [x[:10], x[10:25], x[25:]]
+    got = as_dict(stats.finalize(fold(batches), "output").numpy(), "output")
+    assert_stats_close(got, reference_stats(x, "output"), rtol=ACCUMULATOR_RTOL)
+
+
+def test_merge_is_associative_and_commutative_in_the_exact_regime():
+    parts = [RNG.normal(size=(n, 3)) * s for n, s in [(7, 1.0), (20, 1e6), (3, 1e-6)]]
+    a, b, c = (fold([p]) for p in parts)
+    left = stats.finalize(stats.merge_states(stats.merge_states(a, b), c), "output").numpy()
+    right = stats.finalize(stats.merge_states(a, stats.merge_states(c, b)), "output").numpy()
+    np.testing.assert_allclose(left, right, rtol=1e-12, equal_nan=True)
+    assert_stats_close(as_dict(left, "output"), reference_stats(np.concatenate(parts), "output"))
+
+
+def test_empty_state_finalizes_to_zero_counts():
+    got = as_dict(stats.finalize(stats.empty_state([None, 4]), "variable").numpy(), "variable")
+    assert [got[k] for k in COUNT_FIELDS] == [0, 0, 0, 0, 0]
+    assert np.isnan(got["mean"]) and np.isnan(got["q50"]) and np.isnan(got["dead_rate"])
+
+
+def test_state_rejects_mismatched_shapes_and_foreign_dicts():
+    state = stats.empty_state([None, 4])
+    with pytest.raises(ValueError, match="does not match"):
+        stats.update_state(state, np.ones((2, 5)))
+    with pytest.raises(ValueError, match="missing"):
+        stats.finalize({"count": tf.constant(1.0)}, "output")
+
+
+def test_bottom_k_merge_keeps_population_proportions():
+    # 10k values near -10 and 90k near +10 in 3 batches; a 4096 sample must hold
+    # them 1:9 (binomial sd ~ 0.5 pp), whatever the batch sizes.
+    low = RNG.normal(-10, 1, size=10_000)
+    high = RNG.normal(10, 1, size=90_000)
+    batches = [low[:, None], high[:60_000, None], high[60_000:, None]]
+    state = fold(batches, sample_size=4096, seed=3)
+    values = state["sample_values"].numpy()
+    assert np.isfinite(state["sample_keys"].numpy()).all()
+    frac_low = np.mean(values < 0)
+    assert abs(frac_low - 0.1) < 0.02, frac_low
+    got = as_dict(stats.finalize(state, "output").numpy(), "output")
+    assert got["count"] == 100_000 and got["min"] == low.min() and got["max"] == high.max()
+
+
+def test_state_in_variables_under_xla():
+    x = relu((12, 4, 4, 3))
+    empty = stats.empty_state([None, 4, 4, 3], sample_size=512)
+    variables = {k: tf.Variable(v) for k, v in empty.items()}
+
+    @tf.function(jit_compile=True)
+    def step(batch):
+        new = stats.update_state(variables, batch)
+        for k, v in variables.items():
+            v.assign(new[k])
+
+    step(x[:5])
+    step(x[5:])
+    got = as_dict(stats.finalize(variables, "output").numpy(), "output")
+    assert_stats_close(got, reference_stats(x, "output"), rtol=ACCUMULATOR_RTOL)
+
+
+def test_merge_replicas_under_mirrored_strategy():
+    # Logical devices must be set before TensorFlow starts, hence a subprocess.
+    code = textwrap.dedent(
+        """
+        import numpy as np, tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        from tb_introspect import stats
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        x = np.arange(-20, 20, dtype=np.float32).reshape(8, 5)
+
+        @tf.function
+        def run(batch):
+            def replica_fn(b):
+                s = stats.update_state(stats.empty_state([None, 5], sample_size=64), b)
+                return stats.finalize(stats.merge_replicas(s), "output")
+            return strategy.run(replica_fn, args=(batch,))
+
+        ds = strategy.experimental_distribute_values_from_function(
+            lambda ctx: x[ctx.replica_id_in_sync_group * 4:][:4])
+        out = strategy.experimental_local_results(run(ds))
+        whole = stats.tensor_stats(x, "output").numpy()
+        for v in out:  # float32 sums in the accumulator: ACCUMULATOR_RTOL
+            np.testing.assert_allclose(v.numpy(), whole, rtol=1e-6, equal_nan=True)
+        print("OK", len(out))
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK 2" in proc.stdout
+
+
+def test_many_tensors_at_once_match_each_tensor_alone():
+    """The logging path (``many_states`` over a concatenation, one stacked finalize) gives
+    every tensor the statistics it has alone, whatever its neighbours hold: non-finite
+    values, nothing, a sum that overflows, a mean far above the spread."""
+    from tb_introspect.collect import kernels
+
+    bad = RNG.normal(size=(50, 8)).astype(np.float32)
+    bad[3, 2], bad[7, 1], bad[9, 0] = np.inf, -np.inf, np.nan
+    tensors = [
+        bad,
+        np.zeros((0, 4), np.float32),
+        RNG.normal(size=30).astype(np.float32),
+        np.zeros((5, 3), np.float32),
+        (5e3 + 1e-3 * RNG.normal(size=(40, 2))).astype(np.float32),
+        relu((6, 3, 3, 4)),
+    ]
+    seed = tf.constant([3, 4], tf.int64)
+    for group in (tensors, tensors[2:], [np.array([1e300, 1e300, -1.0]), EDGE_CASES["inf_mix"]]):
+        block = kernels.matrix_stats([tf.constant(t) for t in group], "variable", Q, 4096, seed)
+        for t, row in zip(group, block.numpy(), strict=True):
+            want = reference_stats(t if t.ndim != 4 else t.reshape(-1, t.shape[-1]), "variable")
+            assert_stats_close(as_dict(row, "variable"), want, rtol=1e-7)
+
+
+def test_sample_groups_merge_classes_only_where_that_is_cheaper():
+    """Few small tensors share one group (each group has a fixed cost); many tensors of one
+    small class keep their own (padding them all to a larger sample would cost more). Every
+    tensor is in exactly one group, with a sample that holds all its values."""
+    from tb_introspect.collect import kernels
+
+    k = 2**14
+    few = [10, 32, 128, 864, 1280]
+    assert kernels.sample_groups(few, k) == {2048: [0, 1, 2, 3, 4]}
+    many = [64] * 200 + [2000, 10_000]
+    groups = kernels.sample_groups(many, k)
+    assert groups[64] == list(range(200))
+    for sizes in (few, many, [None, 5, 70_000, 3000, 3000], []):
+        groups = kernels.sample_groups(sizes, k)
+        assert sorted(n for members in groups.values() for n in members) == list(
+            range(len(sizes)))
+        for bound, members in groups.items():
+            assert all(bound >= kernels.sample_bound(sizes[n], k) for n in members)
+
+
+def test_large_tensors_at_logging_time_match_the_reference():
+    """A variable or gradient sum of ``LARGE_TENSOR`` elements or more gets its own thorough
+    state among the segment-reduced small ones: exact counts, float64 moments (a mean far
+    above the spread, a sparse ReLU-like tensor), and percentiles within the documented
+    rank error of a 4096-value sample."""
+    from tb_introspect.collect import kernels
+    from tests.stats.stats_testlib import rank_error_violations
+
+    rows = kernels.LARGE_TENSOR // 16
+    offset = (1e3 + RNG.normal(size=(rows, 16))).astype(np.float32)
+    sparse = relu((rows, 16)) * (RNG.random((rows, 16)) < 0.3)
+    tensors = [RNG.normal(size=(7, 5)).astype(np.float32), offset, sparse.astype(np.float32)]
+    block = kernels.matrix_stats([tf.constant(t) for t in tensors], "variable", Q, 4096,
+                                 tf.constant([3, 4], tf.int64)).numpy()
+    quantile_slots = {metadata.quantile_field(q, log=log) for q in Q for log in (False, True)}
+    for t, row in zip(tensors, block, strict=True):
+        got, want = as_dict(row, "variable"), reference_stats(t, "variable")
+        exact_ = {k: v for k, v in want.items() if k not in quantile_slots}
+        assert_stats_close({k: got[k] for k in exact_}, exact_, rtol=1e-7)
+        flat = t.astype(np.float64).reshape(-1)
+        nz = flat[flat != 0]
+        assert not rank_error_violations(
+            flat, [got[metadata.quantile_field(q)] for q in Q], Q, tol_pp=4.0)
+        assert not rank_error_violations(
+            np.log10(np.abs(nz)), [got[metadata.quantile_field(q, log=True)] for q in Q], Q,
+            tol_pp=4.0)

@@ -1,0 +1,107 @@
+"""``tb-introspect demo --framework torch``: the four demo scenarios trained with PyTorch,
+read back like the Keras demo's runs: the same findings, ``tb-introspect diagnose`` and
+every view of the tab in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tb_introspect import metadata
+from tb_introspect.diagnose import find_issues
+from tb_introspect.plugin.reader import read_logdir
+from tests.browser.browser_session import DEMO_RUNS, Probe
+
+CLI = str(Path(sys.executable).with_name("tb-introspect"))
+
+#: The kinds the Keras demo's runs are known by (README, "Command line"): each PyTorch run
+#: must show them too.
+EXPECTED = {
+    "1_healthy_cnn": set(),
+    "2_lr_too_high_cnn": {"gradient_activity", "zero_gradients", "gradient_oscillation",
+                          "dead_units"},
+    "3_dying_relu_mlp": {"gradient_activity", "zero_gradients", "dead_units", "loss_rising"},
+    "4_vanishing_sigmoid_mlp": {"vanishing_gradients", "loss_not_decreasing"},
+}
+
+
+@pytest.fixture(scope="module")
+def torch_demo(tmp_path_factory) -> Path:
+    """The quick PyTorch demo, trained once through the real command line."""
+    logdir = tmp_path_factory.mktemp("torch_demo") / "logs"
+    r = subprocess.run([CLI, "demo", "--framework", "torch", "--quick", "--no-progress",
+                        "--logdir", str(logdir)], capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Trained 4 runs" in r.stdout
+    return logdir
+
+
+@pytest.mark.slow
+def test_every_run_has_the_four_views_and_the_keras_findings(torch_demo):
+    runs = read_logdir(str(torch_demo))
+    assert sorted(runs) == list(DEMO_RUNS)
+    for name, run in runs.items():
+        assert set(run.tensors) == set(metadata.VIEWS), name
+        assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(run.metrics), name
+        assert run.activity, name
+        serious = {f.kind for f in find_issues(run) if f.severity in ("warning", "critical")}
+        assert EXPECTED[name] <= serious, (name, serious)
+        if not EXPECTED[name]:
+            assert not serious, (name, serious)
+
+
+@pytest.mark.slow
+def test_diagnose_reads_torch_runs(torch_demo):
+    r = subprocess.run([CLI, "diagnose", str(torch_demo), "--json"], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    kinds = {run["run"]: {f["kind"] for f in run["findings"]
+                          if f["severity"] in ("warning", "critical")}
+             for run in json.loads(r.stdout)["runs"]}
+    assert sorted(kinds) == list(DEMO_RUNS)
+    for name, want in EXPECTED.items():
+        assert want <= kinds[name], (name, kinds[name])
+
+
+@pytest.fixture(scope="module")
+def torch_tb(torch_demo):
+    from tests.browser.browser_support import tensorboard
+
+    with tensorboard(torch_demo, wait_runs=len(DEMO_RUNS)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser.browser_support import launch_chromium
+
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("run", DEMO_RUNS)
+def test_every_view_of_a_torch_run(browser, torch_tb, run):
+    listed = {r["run"]: r for r in torch_tb.get_json("runs")["runs"]}[run]
+    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
+    assert views == metadata.VIEWS, listed
+    p = Probe(browser, torch_tb)
+    try:
+        p.open(f"p.introspect.run={run}")
+        p.check("overview", run)
+        p.sweep_layers(run, views)
+        p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
+        p.check("activity", run)
+        p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
+        p.check("compare", run)
+    finally:
+        p.close()

@@ -1,0 +1,152 @@
+"""Every slot of every view written by ``tb_introspect.torch`` against ``stats_np`` (the
+reference) on the values a recorder of its own copied out of the same real training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tb_introspect import metadata, stats_np
+from tb_introspect.torch import Introspector
+from tb_introspect.torch.params import channels_last
+from tests.torch import torch_support as ts
+
+STEPS, EPOCHS, STATS_EVERY = 6, 2, 2
+RECTIFIERS = {"2", "5", "8"}
+LR = 0.05
+
+
+@pytest.fixture(scope="module")
+def epoch_run(tmp_path_factory):
+    torch.manual_seed(0)
+    model = ts.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    rec = ts.Recorder(model)
+    log_dir = str(tmp_path_factory.mktemp("torch_stats"))
+    with Introspector(log_dir, model, opt, every="epoch", stats_every=STATS_EVERY,
+                      overhead=None) as intro:
+        ts.train(model, opt, ts.batches(STEPS), intro, rec, epochs=EPOCHS)
+    rec.close()
+    return ts.read_run(log_dir), rec
+
+
+def _concat(per_step, name, steps):
+    return np.concatenate([a for s in steps for a in per_step[s].get(name, [])], axis=0)
+
+
+def _epoch_steps(e):
+    return list(range(e * STEPS, (e + 1) * STEPS))
+
+
+def _stat_steps(e):
+    return [s for i, s in enumerate(_epoch_steps(e)) if i % STATS_EVERY == 0]
+
+
+@pytest.mark.parametrize("view", ["output", "output_gradient"])
+def test_output_views_match_stats_np(epoch_run, view):
+    run, rec = epoch_run
+    series = ts.by_name(run, view)
+    per_step = rec.outputs if view == "output" else rec.out_grads
+    names = set(per_step[0])
+    assert names <= set(series), (names, set(series))
+    k = 2048
+    for name in sorted(names):
+        for e in range(EPOCHS):
+            got = ts.point(series[name], STEPS * (e + 1))
+            stats = _concat(per_step, name, _stat_steps(e))
+            activity = (_concat(per_step, name, _epoch_steps(e))
+                        if view == "output" and name in RECTIFIERS else None)
+            exact = stats.size <= k
+            ts.check_vector(got, stats, activity, view, exact_percentiles=exact,
+                            rank_tol=5 * 50 / np.sqrt(k * max(1 - got["zero_fraction"], 0.1)))
+            assert got["epoch"] == e
+            assert got["stats_steps"] == len(_stat_steps(e)) or "stats_steps" not in got
+            if "activity_steps" in got:
+                assert got["activity_steps"] == (STEPS if name in RECTIFIERS
+                                                 else len(_stat_steps(e)))
+
+
+def test_gradient_view_is_the_epoch_sum(epoch_run):
+    run, rec = epoch_run
+    series = ts.by_name(run, "gradient")
+    prev = {}
+    for e in range(EPOCHS):
+        for name in rec.grads[0]:
+            layer, _, short = name.rpartition(".")
+            tag = f"{layer}/{short}"
+            total = np.zeros_like(rec.grads[0][name])
+            for s in _epoch_steps(e):
+                total = total + rec.grads[s][name]
+            want = stats_np.tensor_stats(channels_last(total), "gradient", sample_size=2**14)
+            got = ts.point(series[tag], STEPS * (e + 1))
+            fields = metadata.tensor_stats_fields("gradient")
+            for f, w in zip(fields, want, strict=True):
+                if f not in ("epoch", "cos_prev"):
+                    np.testing.assert_allclose(got[f], w, rtol=1e-6, atol=1e-12, err_msg=f)
+            if name in prev:
+                a, b = total.reshape(-1).astype(np.float64), prev[name].reshape(-1)
+                cos = a @ b / np.sqrt((a @ a) * (b @ b))
+                np.testing.assert_allclose(got["cos_prev"], cos, rtol=1e-6)
+            else:
+                assert np.isnan(got["cos_prev"])
+            prev[name] = total.astype(np.float64)
+
+
+def test_variable_view_is_read_at_the_point(epoch_run):
+    run, rec = epoch_run
+    series = ts.by_name(run, "variable")
+    for e in range(EPOCHS):
+        w_now, w_before = rec.weights[STEPS * (e + 1)], rec.weights[STEPS * e]
+        for name, w in w_now.items():
+            layer, _, short = name.rpartition(".")
+            got = ts.point(series[f"{layer}/{short}"], STEPS * (e + 1))
+            want = stats_np.tensor_stats(channels_last(w), "variable", sample_size=2**14)
+            fields = metadata.tensor_stats_fields("variable")
+            for f, v in zip(fields, want, strict=True):
+                if f in metadata.BASE_FIELDS[1:] or f.startswith(("q", "logq")):
+                    np.testing.assert_allclose(got[f], v, rtol=1e-6, atol=1e-12, err_msg=f)
+            dw = (w.astype(np.float64) - w_before[name]).reshape(-1)
+            ratio = np.sqrt(dw @ dw) / np.sqrt((w.astype(np.float64).reshape(-1) ** 2).sum())
+            np.testing.assert_allclose(got["update_ratio"], ratio, rtol=1e-6)
+            # plain SGD: |dw| / |sum of g| is the learning rate (float32 rounding of w aside)
+            if w.ndim >= 2:
+                ilr = [got[metadata.ILR_PREFIX + metadata.quantile_field(q)]
+                       for q in (25, 50, 75)]
+                np.testing.assert_allclose(ilr, LR, rtol=1e-2, err_msg=name)
+
+
+def test_metrics_and_activity_maps(epoch_run):
+    run, rec = epoch_run
+    assert list(run.metrics["loss"].steps) == list(range(1, STEPS * EPOCHS + 1))
+    band = run.metric_epochs["loss"]
+    assert list(band.steps) == [STEPS, 2 * STEPS]
+    # Activity maps: per-channel rates of every step of the epoch for a rectifier output
+    act = run.activity["2"]
+    got = dict(zip(act.info.fields, act.values[0], strict=True))
+    out = _concat(rec.outputs, "2", _epoch_steps(0))  # [n, 8, 8, C]
+    rates = (out != 0).mean(axis=(0, 1, 2))
+    np.testing.assert_allclose([got[f"c{i}"] for i in range(8)], rates, rtol=1e-9)
+    pos = (out != 0).mean(axis=(0, 3)).reshape(-1)
+    np.testing.assert_allclose([got[f"s{i}"] for i in range(64)], pos, rtol=1e-9)
+
+
+def test_every_n_takes_the_sampled_steps(tmp_path):
+    torch.manual_seed(1)
+    model = ts.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rec = ts.Recorder(model)
+    with Introspector(str(tmp_path), model, opt, every=3) as intro:
+        ts.train(model, opt, ts.batches(7, seed=3), intro, rec)
+    rec.close()
+    run = ts.read_run(str(tmp_path))
+    out = ts.by_name(run, "output")
+    assert list(out["7"].steps) == [3, 6]
+    for step in (3, 6):
+        s = step - 1  # 0-based index of the sampled step
+        got = ts.point(out["7"], step)
+        ts.check_vector(got, rec.outputs[s]["7"][0], None, "output", exact_percentiles=True)
+        g = ts.point(ts.by_name(run, "gradient")["7/weight"], step)
+        want = stats_np.tensor_stats(channels_last(rec.grads[s]["7.weight"]), "gradient",
+                                     sample_size=2**14)
+        np.testing.assert_allclose(g["l2"], want[metadata.BASE_FIELDS.index("l2")], rtol=1e-6)
