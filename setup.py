@@ -65,6 +65,8 @@ setup(
         "tensorboard>=2.20,<2.22",
         "numpy>=1.24,<3",
         "protobuf>=6.31.1,<8",
+        # The event files' CRC-32C in C (TensorBoard's record writer computes it in Python).
+        "google-crc32c>=1.5,<2",
     ],
     extras_require={
         # The writer side. TensorBoard itself runs the plugin without TensorFlow.

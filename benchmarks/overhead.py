@@ -44,8 +44,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tb_introspect.collect import core, host  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
+from tb_introspect.pipeline import host  # noqa: E402
 
 TARGETS = {"epoch": 1.05, "16": 1.05, "1": 1.25}
 ONCE = 10**9  # a stats_every no epoch reaches
@@ -106,7 +106,7 @@ class Timers:
 
     def __init__(self) -> None:
         self.log = self.drain = 0.0
-        orig_log, orig_drain = core.Collector.log, host.HostLogger.drain
+        orig_log, orig_drain = host.Pipeline.log, host.Pipeline.drain
 
         def log(c, *a, **k):
             t = time.perf_counter()
@@ -122,7 +122,7 @@ class Timers:
             finally:
                 self.drain += time.perf_counter() - t
 
-        core.Collector.log, host.HostLogger.drain = log, drain
+        host.Pipeline.log, host.Pipeline.drain = log, drain
 
     def reset(self) -> None:
         self.log = self.drain = 0.0

@@ -1,8 +1,7 @@
 """Numpy-only event writer for tb-introspect summaries (no TensorFlow).
 
-TensorBoard's own ``EventFileWriter`` imports TensorFlow when it is installed
-(for ``tf.io.gfile``), so this writes the event file directly with
-TensorBoard's TF-free ``RecordWriter``: local directories only.
+Events go through the package's one ``pipeline.sink.EventSink`` (no TensorFlow, local
+directories).
 
 View summaries (format version 3): the statistics added with ``add_tensor_stats`` /
 ``add_stats_vector`` are held per step, and each view's VIEW_SUMMARY of a step is written
@@ -15,7 +14,6 @@ own tag only (with a warning), so that no step gets two summary points. Protos w
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 import warnings
@@ -24,19 +22,9 @@ from types import TracebackType
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.record_writer import RecordWriter
 
 from tb_introspect import metadata, summary_pb
-
-_uid_lock = threading.Lock()
-_uid = 0
-
-
-def _next_uid() -> int:
-    global _uid
-    with _uid_lock:
-        _uid += 1
-        return _uid
+from tb_introspect.pipeline.sink import EventSink
 
 
 class NumpyWriter:
@@ -48,15 +36,8 @@ class NumpyWriter:
 
     def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "") -> None:
         self.logdir = os.fspath(logdir)
-        os.makedirs(self.logdir, exist_ok=True)
-        name = (
-            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-            f".{os.getpid()}.{_next_uid()}{filename_suffix}"
-        )
-        self.path = os.path.join(self.logdir, name)
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-        self._records = RecordWriter(self._file)
-        self._lock = threading.Lock()
+        self._sink = EventSink(self.logdir, filename_suffix)
+        self.path = self._sink.path
         # The step whose vectors are held for the view summaries: view -> tag -> vector, and
         # each view's quantiles and cadence; a step whose summaries are written is ``_done``.
         self._summaries = summary_pb.ViewSummaries()
@@ -66,16 +47,13 @@ class NumpyWriter:
         self._pending_layout: dict[str, tuple[tuple[float, ...], str]] = {}
         self._done: int | None = None
         self._warned_late = False
-        self._write_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
-        self.flush()
 
     # ------------------------------------------------------------------ raw
 
     def _write_event(self, event: event_pb2.Event) -> None:
-        with self._lock:
-            if self._file.closed:
-                raise ValueError(f"NumpyWriter for {self.logdir!r} is closed")
-            self._records.write(event.SerializeToString())
+        if self._sink.closed:
+            raise ValueError(f"NumpyWriter for {self.logdir!r} is closed")
+        self._sink.add_event(event)
 
     def add_summary(
         self, summary: summary_pb2.Summary, step: int, wall_time: float | None = None
@@ -220,26 +198,19 @@ class NumpyWriter:
     def flush(self) -> None:
         """Write the held step's view summaries and flush the file."""
         with self._pending_lock:
-            if not self._file.closed:
+            if not self._sink.closed:
                 self._emit()
-        with self._lock:
-            if not self._file.closed:
-                self._file.flush()
+        self._sink.flush()
 
     def close(self) -> None:
         """Write the held step's view summaries and close the file (closed also when
         writing them fails)."""
         try:
             with self._pending_lock:
-                if not self._file.closed:
+                if not self._sink.closed:
                     self._emit()
         finally:
-            with self._lock:
-                if not self._file.closed:
-                    try:
-                        self._file.flush()
-                    finally:
-                        self._file.close()
+            self._sink.close()
 
     def __enter__(self) -> NumpyWriter:
         return self

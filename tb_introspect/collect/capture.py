@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from tb_introspect.collect import private
-from tb_introspect.collect.parts import Part
+from tb_introspect.pipeline.failures import Part
 
 _local = threading.local()
 

@@ -16,15 +16,12 @@ from typing import Any
 import tensorflow as tf
 
 from tb_introspect import metadata
-from tb_introspect.collect.core import (
-    Collector,
-    Monitored,
-    StepRecorder,
-    sanitize,
-    warn,
-)
-from tb_introspect.collect.host import HostLogger, is_chief, make_writer
-from tb_introspect.collect.options import (
+from tb_introspect.collect.collector import Collector
+from tb_introspect.collect.step import StepRecorder
+from tb_introspect.collect.workers import is_chief
+from tb_introspect.pipeline.failures import METRICS, warn
+from tb_introspect.pipeline.host import Pipeline
+from tb_introspect.pipeline.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
     DEFAULT_STATS_EVERY,
     DEFAULT_STEP_SAMPLE_SIZE,
@@ -32,6 +29,8 @@ from tb_introspect.collect.options import (
     check_log_dir,
     matches,
 )
+from tb_introspect.pipeline.plan import Monitored, sanitize
+from tb_introspect.pipeline.sink import EventSink
 
 
 def _variable_name(v: Any) -> str:
@@ -98,9 +97,9 @@ class Introspector:
                                overhead=None)
         self.log_dir = check_log_dir(log_dir)
         strategy = tf.distribute.get_strategy()
-        self.writer = make_writer(self.log_dir, flush_secs) if is_chief(strategy) else None
-        self.collector = Collector(options, strategy=strategy, writer=self.writer)
-        self.host = HostLogger(self.collector, self.writer, flush_secs)
+        self.writer = EventSink(self.log_dir) if is_chief(strategy) else None
+        self.collector = Collector(options, strategy=strategy)
+        self.host = Pipeline(self.collector, self.writer)
         self.host.begin_epoch(initial_epoch)
         self.initial_step = int(initial_step)
         self._broken = False
@@ -213,7 +212,7 @@ class Introspector:
     def end_epoch(self) -> None:
         """After each epoch (from Python): per-epoch statistics and metric bands."""
         if self.collector.built and not self._broken:
-            self.host.end_epoch(self.host.epoch)
+            self.host.end_epoch()
         self.host.begin_epoch(self.host.epoch + 1)
 
     def flush(self) -> None:
@@ -222,13 +221,9 @@ class Introspector:
     def close(self) -> None:
         """Write what is pending and close the event file."""
         if self.collector.built and not self._broken:
-            self.host.guard("metrics", self.host.drain)
-        self.host.flush()
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-            self.host.writer = None
-            self.collector.set_writer(None)
+            self.host.guard(METRICS, self.host.drain)
+        self.host.close()
+        self.writer = None
 
     def __enter__(self) -> Introspector:
         return self

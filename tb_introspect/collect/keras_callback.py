@@ -32,18 +32,14 @@ import tensorflow as tf
 
 from tb_introspect import metadata
 from tb_introspect.collect import capture, private
-from tb_introspect.collect.core import (
-    Collector,
-    Monitored,
-    StepMode,
-    StepRecorder,
-    sanitize,
-    warn,
-)
-from tb_introspect.collect.governor import Governor
-from tb_introspect.collect.host import HostLogger, is_chief, is_multi_worker, make_writer
+from tb_introspect.collect.collector import Collector
 from tb_introspect.collect.install import Installation
-from tb_introspect.collect.options import (
+from tb_introspect.collect.step import StepMode, StepRecorder
+from tb_introspect.collect.workers import is_chief, is_multi_worker
+from tb_introspect.pipeline.failures import METRICS, Part, warn
+from tb_introspect.pipeline.governor import Governor
+from tb_introspect.pipeline.host import Pipeline
+from tb_introspect.pipeline.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
     DEFAULT_OVERHEAD,
     DEFAULT_STATS_EVERY,
@@ -52,7 +48,8 @@ from tb_introspect.collect.options import (
     check_log_dir,
     matches,
 )
-from tb_introspect.collect.parts import Part
+from tb_introspect.pipeline.plan import Monitored, sanitize
+from tb_introspect.pipeline.sink import EventSink
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
 logger = logging.getLogger("tb_introspect")
@@ -245,9 +242,9 @@ class Introspect(keras.callbacks.Callback):
                                     flush_secs, seed, stats_every, layers, rectifiers,
                                     overhead)
         self.log_dir = check_log_dir(log_dir)
-        self.writer = None
+        self.writer: EventSink | None = None
         self.collector: Collector | None = None
-        self.host: HostLogger | None = None
+        self.host: Pipeline | None = None
         self.installation: Installation | None = None
         _live.add(self)
 
@@ -270,23 +267,24 @@ class Introspect(keras.callbacks.Callback):
         self.strategy = model.distribute_strategy
         self.chief = is_chief(self.strategy)
         if self.chief and self.writer is None:
-            self.writer = make_writer(self.log_dir, self.options.flush_secs)
+            self.writer = EventSink(self.log_dir)
         self.spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
         every = self.options.every
         if every != "epoch" and every < self.spe:
             warn(f"every={every} with steps_per_execution={self.spe}: logging every"
                  f" {self.spe} steps (one point per execution)")
             every = self.spe
+        loss_scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
         self.collector = Collector(dataclasses.replace(self.options, every=every),
-                                   strategy=self.strategy, writer=self.writer)
+                                   strategy=self.strategy, loss_scaled=loss_scaled)
         lockstep = is_multi_worker(self.strategy)
-        self.host = HostLogger(self.collector, self.writer, self.options.flush_secs,
-                               lockstep=lockstep)
         per_epoch = every == "epoch"
         # Workers must run the same train function at the same step (its collectives pair
         # up), so with several workers the cadence is the fixed one, not each one's clock.
         self.governor = Governor(self.options.overhead if per_epoch and not lockstep else None,
                                  self.options.stats_every if per_epoch else 1)
+        self.host = Pipeline(self.collector, self.writer, lockstep=lockstep,
+                             governor=self.governor)
         self._every_step_noted = False
         self._original_step = model.train_step
         self.installation = Installation(model)
@@ -313,10 +311,8 @@ class Introspect(keras.callbacks.Callback):
 
     def _reinstall(self) -> None:
         if self.chief and self.writer is None:
-            # The logging function captured the old writer: re-trace it.
-            self.writer = make_writer(self.log_dir, self.options.flush_secs)
-            self.collector.set_writer(self.writer)
-            self.host.writer = self.writer
+            self.writer = EventSink(self.log_dir)
+            self.host.set_sink(self.writer)
         inst = self.installation
         inst.keep_original()
         inst.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
@@ -535,10 +531,10 @@ class Introspect(keras.callbacks.Callback):
         steps = max(int(batch) - getattr(self, "_batch_begin", int(batch)) + 1, 1)
         self._steps_done += steps
         running = None
-        if logs and not self.host.is_off("metrics"):
+        if logs and not self.host.is_off(METRICS):
             tracked = set(self.collector.metric_names)
             running = {k: v for k, v in logs.items() if k not in tracked}
-        self.governor.timed_log(self.host.after_steps, steps, running or None)
+        self.host.after_steps(steps, running or None)
 
     def _collecting(self) -> bool:
         return (
@@ -555,7 +551,7 @@ class Introspect(keras.callbacks.Callback):
         if not self._collecting():
             return
         val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
-        self.governor.timed_log(self.host.end_epoch, epoch, val)
+        self.host.end_epoch(val)
         if self.options.every == 1 and not self._every_step_noted:
             line = self.governor.every_step_cost(DEFAULT_OVERHEAD)
             if line is not None:
@@ -565,7 +561,7 @@ class Introspect(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
             if self._collecting():
-                self.host.guard("metrics", self.host.drain)
+                self.host.guard(METRICS, self.host.drain)
         finally:
             self._uninstall()
             self._flush()
@@ -573,9 +569,11 @@ class Introspect(keras.callbacks.Callback):
     def close(self) -> None:
         """Close the event file (it is also closed when the callback is deleted)."""
         self._flush()
-        if self.writer is not None:
+        if self.host is not None:
+            self.host.close()
+        elif self.writer is not None:
             self.writer.close()
-            self.writer = None
+        self.writer = None
 
     def _uninstall(self, failed: bool = False) -> None:
         """Remove every patch and put the model's own train function back."""

@@ -21,8 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,9 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from tb_introspect import metadata, summary_pb
-from tb_introspect.collect.governor import Governor
-from tb_introspect.collect.options import (
+from tb_introspect import metadata
+from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
+from tb_introspect.pipeline.governor import Governor
+from tb_introspect.pipeline.host import Pipeline
+from tb_introspect.pipeline.options import (
     DEFAULT_LOG_SAMPLE_SIZE,
     DEFAULT_OVERHEAD,
     DEFAULT_STATS_EVERY,
@@ -40,16 +40,15 @@ from tb_introspect.collect.options import (
     Options,
     check_log_dir,
 )
-from tb_introspect.torch import modules, params, state
-from tb_introspect.writer import NumpyWriter
+from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.point import Block, Point
+from tb_introspect.pipeline.sink import EventSink
+from tb_introspect.torch import modules, params, private, state
 
 logger = logging.getLogger("tb_introspect")
 
-_OUTPUT_VIEWS = ("output", "output_gradient")
 #: Steps of per-step metric values held on the device between two copies to the host.
 METRIC_ROWS = 1024
-#: One tensor's statistics at a logged point: (view, tag, packed vector, Summary proto).
-_Stats = tuple[str, str, np.ndarray, Any]
 
 
 class Introspector:
@@ -97,13 +96,15 @@ class Introspector:
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
         flush_secs: float = 5.0,
         seed: int = 0,
+        layers: str | Sequence[str] | None = None,
+        rectifiers: str | Sequence[str] | None = None,
         grad_scaler: Any = None,
         overhead: float | None = DEFAULT_OVERHEAD,
         initial_step: int = 0,
         initial_epoch: int = 0,
     ):
-        self.options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                                    flush_secs, seed, stats_every, overhead=overhead)
+        options = Options.make(views, every, sample_size, step_sample_size, quantiles,
+                               flush_secs, seed, stats_every, layers, rectifiers, overhead)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -113,9 +114,11 @@ class Introspector:
         if "://" in log_dir:
             raise ValueError(f"log_dir {log_dir!r}: the PyTorch writer writes local"
                              " directories only")
-        self.every = self.options.every
-        self.stats_every = self.options.stats_every if self.every == "epoch" else 1
-        self.quantiles = self.options.quantiles
+        self.plan = Plan(options)
+        self.options = options
+        self.failures = self.plan.failures
+        self.every = options.every
+        self.quantiles = options.quantiles
         self.model = modules.unwrap(model)
         # DDP averages the ranks' gradients: the loss it trains is the mean of the ranks'
         # losses, so a rank's output gradient of that loss is its own divided by the ranks.
@@ -126,8 +129,6 @@ class Introspector:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             self._out_grad_scale = 1.0 / self.world
         self.log_dir = check_log_dir(log_dir)
-        self.writer = NumpyWriter(self.log_dir) if self.rank == 0 else None
-        self._summaries = summary_pb.ViewSummaries()
 
         self.step_count = int(initial_step)
         self.epoch = int(initial_epoch)
@@ -135,34 +136,37 @@ class Introspector:
         self._stat_steps = 0  # statistics steps among them
         # Which steps are statistics steps: the Keras callback's governor, fed with the host
         # time between two ``step`` calls.
-        per_epoch = self.every == "epoch"
-        self.governor = Governor(self.options.overhead if per_epoch else None,
-                                 self.stats_every)
+        self.governor = Governor(options.overhead if self.plan.per_epoch else None,
+                                 self.plan.stats_every)
         self._t_last: float | None = None
-        self._last_log = self.step_count
-        self.off: set[str] = set()
-        self._warned: set[str] = set()
         self._handles: list[Any] = []
         self._closed = False
 
-        self.params = modules.param_specs(self.model)
+        self.params = modules.param_specs(self.model, self.plan.chosen)
+        self.plan.variables = list(self.params)
         first = self.params[0].param if self.params else next(self.model.buffers(), None)
+        if first is None:
+            first = next(self.model.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self._salt = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._arange = torch.arange(self.options.step_sample_size, device=self.device)
+        self._arange = torch.arange(options.step_sample_size, device=self.device)
         self._setup_params()
         self._setup_outputs()
         self._metric_names: list[str] = []
-        self._metric_ring = torch.zeros((METRIC_ROWS, 0), dtype=torch.float64,
-                                        device=self.device)
-        self._pending: list[tuple[int, int, list[int]]] = []  # (step, epoch, metric columns)
-        self._epoch_values: dict[str, list[float]] = {}
+        self.metric_rows = METRIC_ROWS
+        self._metric_total = torch.zeros((METRIC_ROWS, 0), dtype=torch.float64,
+                                         device=self.device)
+        self._metric_count = np.zeros((METRIC_ROWS, 0))  # which cells a step wrote
+        self.pipeline = Pipeline(self, EventSink(self.log_dir) if self.rank == 0 else None,
+                                 lockstep=self.world > 1, governor=self.governor)
+        self.pipeline.start(self.step_count)
+        self.pipeline.begin_epoch(self.epoch)
         self._phase = self._phase_of(self.step_count + 1)
 
     # ------------------------------------------------------------------ setup
 
     def _setup_params(self) -> None:
-        want_g, want_v = "gradient" in self.options.views, "variable" in self.options.views
+        want_g, want_v = self.plan.want("gradient"), self.plan.want("variable")
         total = sum(p.size for p in self.params)
         self._grad_buf = (torch.zeros(total, dtype=torch.float32, device=self.device)
                           if want_g else None)
@@ -171,30 +175,27 @@ class Introspector:
         self._skipped = (torch.zeros((len(self.params), 3), dtype=torch.float64,
                                      device=self.device) if want_g else None)
         self._grad_prev: list[np.ndarray] | None = None
+        self._gsums: list[np.ndarray] | None = None
         self._w_prev = self._read_weights() if want_v and self.rank == 0 else None
         self._grad_seen = False
         if want_g and self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
 
     def _setup_outputs(self) -> None:
-        self._out_views = [v for v in _OUTPUT_VIEWS if v in self.options.views]
-        self.outputs = (modules.output_specs(self.model, self._is_named_rectifier)
+        self._out_views = self.plan.output_views
+        self.outputs = (modules.output_specs(self.model, self.plan.chosen,
+                                             self.plan.named_rectifier)
                         if self._out_views else [])
+        self.plan.outputs = list(self.outputs)
         self._bufs = {v: torch.zeros(0, dtype=torch.float64, device=self.device)
                       for v in self._out_views}
         self._empty = {v: b.clone() for v, b in self._bufs.items()}
-        self._epoch_activity: dict[str, np.ndarray] = {}
         self._compile_skipped = False
         for spec in self.outputs:
             self._handles.append(spec.module.register_forward_hook(self._forward_hook(spec)))
 
-    def _is_named_rectifier(self, layer: str) -> bool:
-        named = getattr(self.options, "rectifiers", None)
-        if named is None:
-            return False
-        if isinstance(named, str):
-            return re.fullmatch(named, layer) is not None
-        return layer in named
+    def _fail(self, part: Part, error: BaseException) -> None:
+        self.failures.fail(part, error)
 
     # ------------------------------------------------------------------ in the step
 
@@ -228,7 +229,7 @@ class Introspector:
             try:
                 self._on_output(spec, x)
             except Exception as e:  # never break training
-                self._fail(f"output {spec.name}", e)
+                self._fail(Part("output", spec.name), e)
         return hook
 
     def _on_output(self, spec: modules.OutputSpec, x: torch.Tensor) -> None:
@@ -239,15 +240,15 @@ class Introspector:
             self._add_segments(spec, x)
         seg = spec.segments[self._out_views[0]]
         if state.widths(x.shape, spec.channels_first) != (seg.channels, seg.positions):
-            self._warn_once(f"shape {spec.name}", f"layer output {spec.name}: shape"
+            self.failures.warn_once(f"shape {spec.name}", f"layer output {spec.name}: shape"
                             f" {tuple(x.shape)} differs from the first call's {spec.shape};"
                             " calls of that shape are left out")
             return
-        if "output" in self._bufs and f"output {spec.name}" not in self.off:
+        if "output" in self._bufs and not self.failures.is_off("output", spec.name):
             state.fold(self._bufs["output"], spec.segments["output"], x,
                        self._salt.add_(1), full, self._arange)
         if (full and "output_gradient" in self._bufs and x.requires_grad
-                and f"output_gradient {spec.name}" not in self.off):
+                and not self.failures.is_off("output_gradient", spec.name)):
             if torch.compiler.is_compiling():
                 self._compile_skipped = True  # warned from the host, in step()
             else:
@@ -257,7 +258,7 @@ class Introspector:
         def hook(grad: torch.Tensor) -> None:
             try:
                 if self.grad_scaler is not None:
-                    scale = getattr(self.grad_scaler, "_scale", None)
+                    scale = private.scaler_scale(self.grad_scaler)
                     if scale is not None:
                         grad = grad.float() / scale.to(grad.device)
                 if self._out_grad_scale != 1.0:
@@ -265,7 +266,7 @@ class Introspector:
                 state.fold(self._bufs["output_gradient"], spec.segments["output_gradient"],
                            grad, self._salt.add_(1), True, self._arange)
             except Exception as e:
-                self._fail(f"output_gradient {spec.name}", e)
+                self._fail(Part("output_gradient", spec.name), e)
         return hook
 
     def _add_segments(self, spec: modules.OutputSpec, x: torch.Tensor) -> None:
@@ -282,11 +283,11 @@ class Introspector:
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._grad_seen = True
-        if self._phase != "off" and "gradient view" not in self.off:
+        if self._phase != "off" and not self.failures.is_off("gradient"):
             try:
                 self._add_gradients()
             except Exception as e:
-                self._fail("gradient view", e)
+                self._fail(Part("gradient"), e)
 
     def _add_gradients(self) -> None:
         accs, grads = [], []
@@ -299,7 +300,7 @@ class Introspector:
             accs.append(acc)
             grads.append(g.detach().float() if g.dtype != torch.float32 else g.detach())
         if accs:
-            torch._foreach_add_(accs, grads)
+            private.add_all(accs, grads)
 
     def _count_skipped(self) -> None:
         """A step whose optimizer never ran (``GradScaler`` found Inf/NaN): its gradients'
@@ -321,28 +322,27 @@ class Introspector:
         ``metrics`` (tensors stay on the device), writes a point when one is due."""
         if self._closed:
             return
-        if "statistics" not in self.off:
-            self._guard("gradient view", self._gradients_of_step)
+        if not self.pipeline.is_off(STATISTICS) and not self.failures.is_off("gradient"):
+            try:
+                self._gradients_of_step()
+            except Exception as e:
+                self._fail(Part("gradient"), e)
         values = dict(metrics)
         if loss is not None:
             values = {"loss": loss, **values}
-        self._guard("metrics", self._record_metrics, values)
+        self.pipeline.guard(METRICS, self._record_metrics, values)
         self._time_step()
         if self._phase == "stats":
             self._stat_steps += 1
         self.step_count += 1
         self._window += 1
         if self._compile_skipped:
-            self._warn_once("compile", "torch.compile: output gradients are not captured"
-                            " inside a compiled graph (AOT autograd cannot compile a tensor hook"
-                            " that updates the statistics); the output_gradient view is off"
-                            " under compile, the other views go on")
-        if self.every != "epoch":
-            last = self.step_count - self.step_count % int(self.every)
-            if last > self._last_log:
-                self.governor.timed_log(self._guard, "statistics", self._log, last)
-        if len(self._pending) >= METRIC_ROWS:
-            self._guard("metrics", self._drain)
+            self.failures.warn_once("compile", "torch.compile: output gradients are not"
+                                    " captured inside a compiled graph (AOT autograd cannot"
+                                    " compile a tensor hook that updates the statistics); the"
+                                    " output_gradient view is off under compile, the other"
+                                    " views go on")
+        self.pipeline.after_steps(1)
         self._phase = self._phase_of(self.step_count + 1)
 
     def _gradients_of_step(self) -> None:
@@ -357,23 +357,24 @@ class Introspector:
         self._grad_seen = False
 
     def _record_metrics(self, values: dict[str, Any]) -> None:
-        cols = []
+        row = self.step_count % METRIC_ROWS  # step step_count + 1's row
+        self._metric_count[row] = 0
         for name, value in values.items():
             if name not in self._metric_names:
                 self._metric_names.append(name)
-                ring = self._metric_ring
-                self._metric_ring = torch.cat(
-                    [ring, torch.zeros((METRIC_ROWS, 1), dtype=ring.dtype, device=ring.device)],
-                    dim=1)
+                total = self._metric_total
+                self._metric_total = torch.cat(
+                    [total, torch.zeros((METRIC_ROWS, 1), dtype=total.dtype,
+                                        device=total.device)], dim=1)
+                self._metric_count = np.concatenate(
+                    [self._metric_count, np.zeros((METRIC_ROWS, 1))], axis=1)
             m = self._metric_names.index(name)
-            row = len(self._pending) % METRIC_ROWS
-            cell = self._metric_ring[row, m]
+            cell = self._metric_total[row, m]
             if isinstance(value, torch.Tensor):
                 cell.copy_(value.detach().reshape(()))
             else:
                 cell.fill_(float(value))
-            cols.append(m)
-        self._pending.append((self.step_count + 1, self.epoch, cols))
+            self._metric_count[row, m] = 1
 
     # ------------------------------------------------------------------ host side
 
@@ -382,43 +383,49 @@ class Introspector:
         metric bands; ``metrics`` (e.g. ``val_loss=0.3``) are written at this step."""
         if self._closed:
             return
-        self._guard("metrics", self._drain)
-        if self.every == "epoch" and self.step_count > self._last_log:
-            self.governor.timed_log(self._guard, "statistics", self._log, self.step_count)
-        self._guard("statistics", self._write_activity)
-        self._guard("metrics", self._write_epoch_metrics, metrics)
-        self._flush()
+        self.pipeline.end_epoch(metrics)
         self.epoch += 1
-        self._epoch_values = {}
+        self.pipeline.begin_epoch(self.epoch)
         self._t_last = None
         self.governor.begin_window()
         self._phase = self._phase_of(self.step_count + 1)
 
-    def _log(self, step: int) -> None:
-        """One logged point at TensorBoard ``step``: copy, merge ranks, finalize, write,
-        reset. Every rank calls it at the same steps (the output buffers are gathered)."""
-        self._guard("metrics", self._drain)
-        point: list[_Stats] = []
-        point += self._output_protos()
-        if self._grad_buf is not None:
-            point += self._gradient_protos()
-        if "variable" in self.options.views and self.rank == 0:
-            point += self._variable_protos()
-        self._last_log = step
-        self._window = self._stat_steps = 0
-        self._write([pb for _, _, _, pb in point] + self._view_summaries(point), step)
+    # The ``pipeline.host.Collector`` protocol: what the pipeline asks between steps.
 
-    def _view_summaries(self, point: list[_Stats]) -> list:
-        """Each view's VIEW_SUMMARY of one logged point."""
-        protos = []
-        for view in metadata.VIEWS:
-            stats = [(tag, vec) for v, tag, vec, _ in point if v == view]
-            summary = self._summaries.summary(
-                view, [tag for tag, _ in stats], [vec for _, vec in stats],
-                quantiles=self.quantiles, cadence=self._cadence)
-            if summary is not None:
-                protos.append(summary)
-        return protos
+    def current_step(self) -> int:
+        return self.step_count
+
+    def read_metrics(self) -> tuple[int, list[str], np.ndarray, np.ndarray]:
+        """One copy of the metric ring (every rank's mean under DDP: a collective)."""
+        total = self._metric_total
+        count = self._metric_count
+        if self.world > 1:
+            import torch.distributed as dist
+
+            total = total.clone()
+            dist.all_reduce(total)
+            count = count * self.world
+        return self.step_count, list(self._metric_names), _host(total), count.copy()
+
+    def point(self, step: int) -> Point:
+        """The window's statistics: one host copy per buffer, ranks merged (rank 0 gets the
+        vectors; every rank calls it at the same steps, the output buffers are gathered)."""
+        out = Point(window=self._window, stats_steps=self._stat_steps)
+        self._output_blocks(out)
+        if self._grad_buf is not None:
+            self._gradient_block(out)
+        if self.plan.want("variable") and self.rank == 0:
+            self._variable_block(out)
+        self._window = self._stat_steps = 0
+        return out
+
+    def output_widths(self) -> dict[int, tuple[int, int]]:
+        widths = {}
+        for j, spec in enumerate(self.outputs):
+            seg = spec.segments.get(self._out_views[0]) if self._out_views else None
+            if seg is not None:
+                widths[j] = (seg.channels, seg.positions)
+        return widths
 
     def _gathered(self, buf: torch.Tensor) -> np.ndarray:
         """``[ranks, length]``: every rank's copy of ``buf`` on rank 0 (one host copy)."""
@@ -430,77 +437,58 @@ class Introspector:
             return _host(torch.stack(parts))
         return _host(buf)[None]
 
-    def _output_protos(self) -> list[_Stats]:
-        protos: list[_Stats] = []
+    def _output_blocks(self, out: Point) -> None:
         for view in self._out_views:
             buf = self._bufs[view]
             host = self._gathered(buf) if buf.numel() else None
             buf.copy_(self._empty[view])
             if host is None or self.rank != 0:
                 continue
-            for spec in self.outputs:
+            specs, vectors = [], []
+            for j, spec in enumerate(self.outputs):
                 seg = spec.segments.get(view)
-                if seg is None or f"{view} {spec.name}" in self.off:
+                if seg is None or not self.plan.writes(view, spec):
                     continue
                 merged = state.merge_ranks(host[:, seg.offset:seg.offset + seg.length], seg)
-                if merged[0] == 0 and merged[len(state.ADD) - 1] == 0:
+                a = len(state.ADD)
+                if merged[0] == 0 and merged[a - 1] == 0:
                     continue  # not called in this window
                 if view == "output":
-                    self._add_activity(spec, seg, merged)
+                    out.activity[j] = merged[a - 1:a + seg.channels + seg.positions].copy()
                 if merged[0] == 0:
                     continue
-                vec = state.finalize(merged, seg, view, self.quantiles,
-                                     activity_rates=view == "output")
-                vec = summary_pb.fill_slots(vec, view, self.quantiles, epoch=self.epoch,
-                                            **self._step_slots(view, spec))
-                protos.append((view, metadata.stats_tag(view, spec.name), vec,
-                               summary_pb.tensor_stats_pb(
-                                   vec, view=view, name=spec.name, layer=spec.layer,
-                                   depth=spec.depth, shape=spec.shape, dtype=spec.dtype,
-                                   cadence=self._cadence, quantiles=self.quantiles)))
-        return protos
+                specs.append(spec)
+                vectors.append(state.finalize(merged, seg, view, self.quantiles,
+                                              activity_rates=view == "output"))
+            if specs:
+                out.blocks.append(Block(view, specs, np.stack(vectors)))
 
-    def _step_slots(self, view: str, spec: modules.OutputSpec) -> dict[str, float]:
-        """The window's step counts, for the format versions that have those slots: how
-        many steps the statistics and the activity came from, and the window's steps."""
-        exact = spec.exact and self.every == "epoch"
-        values = {"stats_steps": self._stat_steps, "steps": self._window,
-                  "activity_steps": self._window if exact else self._stat_steps}
-        fields = metadata.view_extra_fields(view, self.quantiles)
-        return {k: float(v) for k, v in values.items() if k in fields}
-
-    def _add_activity(self, spec: modules.OutputSpec, seg: state.Segment,
-                      merged: np.ndarray) -> None:
-        a = len(state.ADD)
-        part = np.concatenate([merged[a - 1:a], merged[a:a + seg.channels + seg.positions]])
-        prev = self._epoch_activity.get(spec.name)
-        self._epoch_activity[spec.name] = part if prev is None else prev + part
-
-    def _gradient_protos(self) -> list[_Stats]:
+    def _gradient_block(self, out: Point) -> None:
         if self.rank != 0:
             self._grad_buf.zero_()
             self._skipped.zero_()
-            return []
+            return
         flat = _host(self._grad_buf)
-        skipped = _host(self._skipped)
+        out.skipped = _host(self._skipped)
         self._grad_buf.zero_()
         self._skipped.zero_()
         gs = [flat[p.offset:p.offset + p.size].reshape(p.param.shape).copy()
               for p in self.params]
         self._gsums = gs
-        keep = [i for i, p in enumerate(self.params) if f"gradient {p.name}" not in self.off]
+        keep = [i for i, p in enumerate(self.params) if self.plan.writes("gradient", p)]
         vecs = params.gradient_vectors(
             [gs[i] for i in keep],
             None if self._grad_prev is None else [self._grad_prev[i] for i in keep],
-            skipped[keep], names=[self.params[i].name for i in keep], epoch=self.epoch,
+            None, names=[self.params[i].name for i in keep], epoch=self.epoch,
             quantiles=self.quantiles, sample_size=self.options.sample_size)
         self._grad_prev = gs
-        return [self._param_proto("gradient", self.params[i], v)
-                for i, v in zip(keep, vecs, strict=True)]
+        if keep:
+            out.blocks.append(Block("gradient", [self.params[i] for i in keep],
+                                    np.stack(vecs)))
 
-    def _variable_protos(self) -> list[_Stats]:
+    def _variable_block(self, out: Point) -> None:
         ws = self._read_weights()
-        gsums = getattr(self, "_gsums", None) if self._grad_buf is not None else None
+        gsums = self._gsums if self._grad_buf is not None else None
         steps = float(self.every) if isinstance(self.every, int) else 1.0
         vecs = params.variable_vectors(
             ws, self._w_prev, gsums, names=[p.name for p in self.params], epoch=self.epoch,
@@ -508,9 +496,10 @@ class Introspector:
             steps_per_sample=steps, seed=self.options.seed + self.step_count)
         self._w_prev = [w.astype(np.float64) for w in ws]
         self._gsums = None
-        return [self._param_proto("variable", p, v)
-                for p, v in zip(self.params, vecs, strict=True)
-                if f"variable {p.name}" not in self.off]
+        keep = [i for i, p in enumerate(self.params) if self.plan.writes("variable", p)]
+        if keep:
+            out.blocks.append(Block("variable", [self.params[i] for i in keep],
+                                    np.stack([vecs[i] for i in keep])))
 
     def _read_weights(self) -> list[np.ndarray]:
         """Every monitored weight, one device-to-host copy."""
@@ -521,129 +510,23 @@ class Introspector:
         host = _host(flat)
         return [host[p.offset:p.offset + p.size].reshape(p.param.shape) for p in self.params]
 
-    def _param_proto(self, view: str, p: modules.ParamSpec, vec: np.ndarray) -> _Stats:
-        return view, metadata.stats_tag(view, p.name), vec, summary_pb.tensor_stats_pb(
-            vec, view=view, name=p.name, layer=p.layer, depth=p.depth,
-            shape=tuple(p.param.shape), dtype=str(p.param.dtype).replace("torch.", ""),
-            cadence=self._cadence, quantiles=self.quantiles)
-
-    @property
-    def _cadence(self) -> str:
-        return "epoch" if self.every == "epoch" else "step"
-
-    def _write_activity(self) -> None:
-        act, self._epoch_activity = self._epoch_activity, {}
-        protos = []
-        for spec in self.outputs:
-            part = act.get(spec.name)
-            seg = spec.segments.get("output")
-            if part is None or seg is None or part[0] <= 0 or (
-                    seg.channels <= 1 and seg.positions == 0):
-                continue
-            c, p, count = seg.channels, seg.positions, part[0]
-            protos.append(summary_pb.activity_pb(
-                part[1:1 + c] * c / count, part[1 + c:1 + c + p] * max(p, 1) / count,
-                name=spec.name, samples=count / (max(p, 1) * c), epoch=self.epoch,
-                layer=spec.layer, depth=spec.depth, shape=spec.shape))
-        self._write(protos, self.step_count)
-
-    def _drain(self) -> None:
-        """Write the per-step metric values held on the device (one copy)."""
-        pending, self._pending = self._pending, []
-        if not pending or not self._metric_names:
-            return
-        ring = self._metric_ring[:len(pending)]
-        if self.world > 1:
-            import torch.distributed as dist
-
-            ring = ring.clone()
-            dist.all_reduce(ring)
-            ring /= self.world
-        host = _host(ring)
-        for row, (step, epoch, cols) in enumerate(pending):
-            protos = []
-            for m in cols:
-                name, value = self._metric_names[m], float(host[row, m])
-                self._epoch_values.setdefault(name, []).append(value)
-                protos.append(summary_pb.metric_pb(name, value, epoch))
-            self._write(protos, step)
-
-    def _write_epoch_metrics(self, extra: dict[str, Any]) -> None:
-        protos = [summary_pb.metric_epoch_pb(name, values, self.epoch)
-                  for name, values in self._epoch_values.items() if values]
-        for name, value in extra.items():
-            v = float(value.detach().float().mean()) if isinstance(value, torch.Tensor) \
-                else float(value)
-            protos.append(summary_pb.metric_pb(name, v, self.epoch))
-        self._write(protos, self.step_count)
-
-    def _write(self, protos: list, step: int) -> None:
-        if self.writer is None or "writing" in self.off:
-            return
-        try:
-            for p in protos:
-                self.writer.add_summary(p, step)
-        except OSError as e:
-            self.off.add("writing")
-            self._warn_once("writing", f"cannot write to the log directory ({e}); logging is"
-                            " off for the rest of training, training goes on")
-
-    def _flush(self) -> None:
-        if self.writer is not None and "writing" not in self.off:
-            try:
-                self.writer.flush()
-            except OSError as e:
-                self.off.add("writing")
-                self._warn_once("writing", f"cannot write to the log directory ({e});"
-                                " logging is off, training goes on")
-
-    # ------------------------------------------------------------------ failures
-
-    def _guard(self, part: str, fn: Callable, *args: Any) -> Any:
-        """Run ``fn``; on error warn once and switch ``part`` off (training goes on)."""
-        if part in self.off:
-            return None
-        try:
-            return fn(*args)
-        except Exception as e:
-            self._fail(part, e)
-            return None
-
-    def _fail(self, part: str, error: BaseException) -> None:
-        """Switch ``part`` off; one warning line for the first of the parts (tensors of one
-        view) that fail the same way."""
-        self.off.add(part)
-        kind = part.split(" ")[0]
-        self._warn_once(f"{kind} {type(error).__name__}: {error}",
-                        f"{part} failed ({type(error).__name__}: {error}); it is off for the"
-                        f" rest of training, as is any other {kind} failing the same way;"
-                        " training goes on")
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"tb_introspect: {message}", RuntimeWarning, stacklevel=3)
-
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
         """Write the pending metric values and flush the event file."""
-        self._guard("metrics", self._drain)
-        self._flush()
+        self.pipeline.guard(METRICS, self.pipeline.drain)
+        self.pipeline.flush()
 
     def close(self) -> None:
         """Write what is pending, close the event file and remove every hook."""
         if self._closed:
             return
-        self._guard("metrics", self._drain)
+        self.pipeline.guard(METRICS, self.pipeline.drain)
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._closed = True
-        if self.writer is not None:
-            self._flush()
-            self.writer.close()
-            self.writer = None
+        self.pipeline.close()
 
     def __enter__(self) -> Introspector:
         return self

@@ -3,13 +3,14 @@ parameters, named and ordered the way the format expects (``docs/format.md``).""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from tb_introspect.pipeline.plan import Monitored, sanitize
+from tb_introspect.torch import private
 from tb_introspect.torch.state import Segment
 
 #: Modules whose rank >= 3 outputs keep the features on the last axis (sequences); every
@@ -25,7 +26,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside ``DistributedDataParallel`` / ``DataParallel`` and
     ``torch.compile``'s wrapper (hooks go on the modules that really run)."""
     for _ in range(4):
-        inner = getattr(model, "_orig_mod", None) or (
+        inner = private.compiled_inner(model) or (
             model.module if isinstance(model, (nn.parallel.DistributedDataParallel,
                                                nn.DataParallel)) else None)
         if inner is None:
@@ -34,34 +35,20 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def sanitize(name: str) -> str:
-    """A tag-safe tensor name (the Keras side's rule: no whitespace, no outer slashes)."""
-    name = re.sub(r"\s+", "_", str(name))
-    return name.strip("/") or "tensor"
+@dataclass(kw_only=True)
+class OutputSpec(Monitored):
+    """One monitored layer output: a leaf module, called once or more per forward pass
+    (its shape and dtype are the first call's)."""
 
-
-@dataclass
-class OutputSpec:
-    """One monitored layer output: a leaf module, called once or more per forward pass."""
-
-    name: str
-    layer: str
-    depth: int
     module: nn.Module
     channels_first: bool
-    exact: bool = False  # a rectifier: its activity is counted on every step
-    shape: tuple[int, ...] = ()
-    dtype: str = ""
     segments: dict[str, Segment] = field(default_factory=dict)
 
 
-@dataclass
-class ParamSpec:
+@dataclass(kw_only=True)
+class ParamSpec(Monitored):
     """One trainable parameter (variable and gradient views)."""
 
-    name: str
-    layer: str
-    depth: int
     param: torch.nn.Parameter
     offset: int = 0
 
@@ -104,33 +91,37 @@ def is_rectifier(module: nn.Module) -> bool:
     return act in (torch.relu, torch.nn.functional.relu, torch.nn.functional.relu6)
 
 
-def output_specs(model: nn.Module, rectifier: Callable[[str], bool] = lambda name: False
-                 ) -> list[OutputSpec]:
-    """Every leaf module, in module order; ``rectifier(name)`` names more rectifiers (a
-    custom activation module)."""
+def output_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: True,
+                 rectifier: Callable[[str], bool] = lambda name: False) -> list[OutputSpec]:
+    """Every leaf module that ``chosen(name)`` keeps, in module order; ``rectifier(name)``
+    names more rectifiers (a custom activation module)."""
     depth = layer_order(model)
     specs = []
     for name, m in model.named_modules():
-        if next(m.children(), None) is None:
-            layer = name or ROOT
+        layer = name or ROOT
+        if next(m.children(), None) is None and chosen(layer):
             specs.append(OutputSpec(
-                name=sanitize(layer), layer=layer, depth=depth[layer], module=m,
-                channels_first=not isinstance(m, CHANNELS_LAST),
+                view="output", name=sanitize(layer), layer=layer, depth=depth[layer],
+                module=m, channels_first=not isinstance(m, CHANNELS_LAST),
                 exact=is_rectifier(m) or rectifier(layer)))
     return specs
 
 
-def param_specs(model: nn.Module) -> list[ParamSpec]:
-    """Trainable parameters in ``named_parameters`` order; names ``<layer>/<parameter>``."""
+def param_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: True
+                ) -> list[ParamSpec]:
+    """Trainable parameters of the layers ``chosen(name)`` keeps, in ``named_parameters``
+    order; names ``<layer>/<parameter>``."""
     depth = layer_order(model)
     specs, offset = [], 0
     for full, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
         layer, _, short = full.rpartition(".")
         layer = layer or ROOT
-        specs.append(ParamSpec(name=sanitize(f"{layer}/{short}"), layer=layer,
-                               depth=depth.get(layer, len(depth)), param=p, offset=offset))
+        if not p.requires_grad or not chosen(layer):
+            continue
+        specs.append(ParamSpec(
+            view="variable", name=sanitize(f"{layer}/{short}"), layer=layer,
+            depth=depth.get(layer, len(depth)), shape=tuple(p.shape),
+            dtype=str(p.dtype).replace("torch.", ""), param=p, offset=offset))
         offset += p.numel()
     return specs
 

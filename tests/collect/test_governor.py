@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tb_introspect.collect.governor import Governor
+
+from tb_introspect.pipeline.governor import Governor
 
 
 class FakeClock:

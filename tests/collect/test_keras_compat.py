@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_introspect.collect import core
+from tb_introspect.collect import step as collect_step
 from tb_introspect.keras import Introspect
 from tests.collect import collect_testlib as lib
 
@@ -100,7 +100,7 @@ def test_jit_compile_keeps_a_bounded_spread_of_layer_outputs(tmp_path, monkeypat
     """Under XLA only ``XLA_STEP_TENSORS`` outputs/output gradients get in-step statistics
     (compiling each costs seconds and memory); the rest are off with one warning, evenly
     spread over the model, and training and the other views go on."""
-    monkeypatch.setattr(core, "XLA_STEP_TENSORS", 6)
+    monkeypatch.setattr(collect_step, "XLA_STEP_TENSORS", 6)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,))]
                              + [keras.layers.Dense(8, activation="relu", name=f"d{i}")

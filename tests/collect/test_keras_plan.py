@@ -82,12 +82,12 @@ def test_bad_options_are_clear_errors(tmp_path, kwargs, message):
 def test_a_failed_fold_switches_both_output_views_off_and_training_goes_on(tmp_path, monkeypatch):
     """Both output views share the step's fold: when it fails, both are off (typed keys, not
     one string that left the output-gradient view on), with one warning naming both."""
-    from tb_introspect.collect import core
+    from tb_introspect.collect import step as collect_step
 
     def broken(self):
         raise RuntimeError("fold broke")
 
-    monkeypatch.setattr(core.StepRecorder, "_fold", broken)
+    monkeypatch.setattr(collect_step.StepRecorder, "_fold", broken)
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(32, 6)).astype("float32"), rng.integers(0, 3, 32)

@@ -26,7 +26,7 @@ DEFAULT_STEP_SAMPLE_SIZE = 2**11
 #: per-step cost of the two output views off seven steps in eight (README, "Overhead").
 DEFAULT_STATS_EVERY = 8
 #: The share of the plain step time that the Keras callback may add with ``every="epoch"``
-#: (see ``collect/governor.py``): 5 %, what TensorBoard's own histogram callback costs.
+#: (see ``pipeline/governor.py``): 5 %, what TensorBoard's own histogram callback costs.
 DEFAULT_OVERHEAD = 0.05
 
 #: ``layers=`` / ``rectifiers=``: a regular expression (full match) or layer names.

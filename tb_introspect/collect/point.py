@@ -1,0 +1,189 @@
+"""The Keras side's logged point: the window's accumulators finalized in one traced function.
+
+At logging time gradient sums are read with a SUM over replicas, variables and gradient
+sums become states with ``stats.many_states`` (segment reductions over all tensors at once),
+output states are gathered from all replicas (one ``all_gather``) and merged, everything is
+finalized with ``stats.finalize`` (vectorised over tensors), the slots only TensorFlow holds
+the inputs of are filled (``update_ratio``, ``ilr_q<p>``, ``cos_prev``), and the
+accumulators are reset. What happens to the vectors then is the framework-neutral
+pipeline's (``pipeline/point.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import metadata, stats
+from tb_introspect.collect import kernels
+from tb_introspect.stats_np import ILR_SAMPLE
+
+if TYPE_CHECKING:
+    from tb_introspect.collect.collector import Collector
+
+def compute(c: Collector, step: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """The statistics blocks of ``c.blocks()``, and ``[activity, window, stats_steps,
+    skipped]`` (traced once per set of switched-off tensors)."""
+    blocks: list[tf.Tensor] = []
+    q, k = c.quantiles, c.sample_size
+    seed = tf.stack([step, tf.constant(c.seed, tf.int64)])
+    updates = []  # assignments that must wait for every statistic
+    index = {s.name: i for i, s in enumerate(c.var_specs)}
+    plan = dict(c.blocks())
+    skipped = tf.zeros([0, 3], tf.float64)
+    if "variable" in plan:
+        rows = [index[s.name] for s in plan["variable"]]
+        ws = [tf.convert_to_tensor(value_of(c.variables[i])) for i in rows]
+        prevs = [c.w_prev[i].read_value() for i in rows]
+        block = kernels.matrix_stats(ws, "variable", q, k, seed)
+        diff = stats.segment_dots([w - p for w, p in zip(ws, prevs, strict=True)])
+        ratio = tf.sqrt(diff) / tf.sqrt(stats.segment_dots(ws))
+        ilr = {}
+        if c.grad_acc:
+            ilr = implicit_lr(c, ws, prevs, [c.grad_acc[i].read_value() for i in rows],
+                              seed + 2)
+        blocks.append(_fill(block, "variable", q, update_ratio=ratio, **ilr))
+        updates += [lambda i=i, w=w: c.w_prev[i].assign(w)
+                    for i, w in zip(rows, ws, strict=True)]
+    if "gradient" in plan:
+        rows = [index[s.name] for s in plan["gradient"]]
+        gs = [c.grad_acc[i].read_value() for i in rows]  # SUM over replicas
+        prevs = [c.grad_prev[i].read_value() for i in rows]
+        block = kernels.matrix_stats(gs, "gradient", q, k, seed + 1)
+        dots = stats.segment_dots
+        cos = dots(gs, prevs) / tf.sqrt(dots(gs) * dots(prevs))
+        cos = tf.where(c.has_grad_prev.read_value(), cos, np.nan)
+        blocks.append(_fill(block, "gradient", q, cos_prev=cos))
+        for i, g in zip(rows, gs, strict=True):
+            updates.append(lambda i=i, g=g: c.grad_prev[i].assign(g))
+            updates.append(lambda i=i, g=g: c.grad_acc[i].assign(tf.zeros_like(g)))
+        updates.append(lambda: c.has_grad_prev.assign(True))
+        if c.grad_skipped is not None:
+            skipped = c.grad_skipped.read_value()  # SUM over replicas
+            updates.append(lambda: c.grad_skipped.assign(tf.zeros_like(skipped)))
+    views = list(c.out_vars)
+    tail = [tf.zeros([0, 0], tf.float64), tf.constant(0.0, tf.float64),
+            tf.constant(0.0, tf.float64)]
+    if views:
+        results = c.strategy.run(finalize_outputs, args=(c,))
+        results = [c.strategy.experimental_local_results(r)[0] for r in results]
+        tail = results[len(views):]
+        for view, block in zip(views, results[:len(views)], strict=True):
+            keep = [j for j in range(c.layout.n) if c.writes_output(view, j)]
+            if keep:
+                blocks.append(tf.gather(block, keep))
+    tail.append(skipped)
+    with tf.control_dependencies([*blocks, *tail]):
+        for update in updates:
+            update()
+    return [tf.identity(b) for b in blocks], [tf.identity(t) for t in tail]
+
+
+def implicit_lr(c: Collector, ws: list[tf.Tensor], prevs: list[tf.Tensor],
+                gsums: list[tf.Tensor], seed: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The ``ilr_q<p>`` columns: percentiles over each variable's elements of the
+    implicit learning rate |w - w_prev| / |G|, with ``G`` the sum of the gradients over
+    the window's steps (the accumulated sum over the sampled steps, times N with
+    ``every=N`` where one step in N is sampled). Elements with no gradient are left out.
+    For plain SGD this is the learning rate itself; Adam's per-element step sizes show as
+    a spread.
+
+    Percentiles of a diagnostic spread over orders of magnitude need no more than
+    ``ILR_SAMPLE`` elements per variable (all of them in smaller ones: exact): uniform
+    positions of one concatenated ratio buffer, then one sort of a ``[variables,
+    ILR_SAMPLE]`` block. The full statistics pass would cost a third of a MobileNetV2
+    point.
+    """
+    steps_per_sample = float(c.every) if isinstance(c.every, int) else 1.0
+    sizes = np.array([int(w.shape.num_elements()) for w in ws], np.int64)
+    dw = tf.concat([tf.reshape(tf.cast(w, tf.float32) - tf.cast(p, tf.float32), [-1])
+                    for w, p in zip(ws, prevs, strict=True)], 0)
+    g = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in gsums], 0)
+    g = tf.abs(g) * steps_per_sample
+    rate = tf.abs(dw) / tf.where(g > 0, g, 1.0)
+    rate = tf.where((g > 0) & tf.math.is_finite(rate), rate, np.inf)
+    # Each row's positions in the buffer: every element of a small variable (then -1
+    # padding), uniform draws in a large one.
+    k = ILR_SAMPLE
+    start = np.cumsum(sizes) - sizes
+    every = np.arange(k)[None, :]
+    fixed = np.where(every < sizes[:, None], start[:, None] + every, -1)
+    large = sizes > k
+    u = tf.random.stateless_uniform([len(ws), k], seed, dtype=tf.float64)
+    drawn = tf.cast(start[:, None] + tf.floor(u * sizes[:, None]), tf.int64)
+    pos = tf.where(large[:, None], drawn, fixed)
+    picked = tf.where(pos >= 0, tf.gather(rate, tf.maximum(pos, 0)), np.inf)
+    ordered = tf.cast(tf.sort(picked, axis=1), tf.float64)
+    n = tf.reduce_sum(tf.cast(tf.math.is_finite(ordered), tf.float64), axis=1)
+    # numpy's linear interpolation between the order statistics around rank q (n - 1).
+    p = tf.constant(c.quantiles, tf.float64) / 100.0
+    r = p[None, :] * tf.maximum(n - 1.0, 0.0)[:, None]
+    lo = tf.cast(tf.floor(r), tf.int32)
+    hi = tf.minimum(lo + 1, tf.maximum(tf.cast(n, tf.int32) - 1, 0)[:, None])
+    a, b = (tf.gather(ordered, i, batch_dims=1) for i in (lo, hi))
+    value = tf.where(hi > lo, a + (b - a) * (r - tf.cast(lo, tf.float64)), a)
+    value = tf.where(n[:, None] > 0, value, np.nan)
+    return {metadata.ILR_PREFIX + metadata.quantile_field(q): value[:, i]
+            for i, q in enumerate(c.quantiles)}
+
+
+def finalize_outputs(c: Collector) -> list[tf.Tensor]:
+    """Replica context: merge every replica's output states (one all_gather) and finalize
+    them; reset the window. Returns each output view's block, then the activity counts
+    ``[outputs, 1 + channels + positions]`` (``[0, 0]`` without the output view), the
+    window's steps and its statistics steps."""
+    ctx = tf.distribute.get_replica_context()
+    layout, views = c.layout, list(c.out_vars)
+    local = tf.stack([c.out_vars[v].read_value() for v in views])  # [V, N, L]
+    replicas = ctx.num_replicas_in_sync if ctx is not None else 1
+    activity = c.act_var.read_value() if "output" in views else None
+    window = tf.cast(c.window.read_value(), tf.float64)
+    stat_steps = tf.cast(c.stat_steps.read_value(), tf.float64)
+    if replicas > 1:
+        gathered = ctx.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
+        gathered = tf.reshape(gathered, [replicas, len(views), layout.n, sum(layout.sizes)])
+        if activity is not None:
+            activity = tf.reduce_sum(ctx.all_gather(activity[tf.newaxis], axis=0), 0)
+    blocks = []
+    for vi, view in enumerate(views):
+        if replicas > 1:
+            state = stats.merge_stacked(layout.unpack(gathered[:, vi]))
+        else:
+            state = layout.unpack(local[vi])
+        if view == "output":  # the rectifiers' activity counts every step of the window
+            cmax = layout.cmax
+            state = dict(state, activity_count=activity[:, 0],
+                         channel_nnz=activity[:, 1:1 + cmax],
+                         spatial_nnz=activity[:, 1 + cmax:])
+        blocks.append(kernels.finalize_many_fn(view, c.quantiles, layout.k)(state))
+    tail = [activity if activity is not None else tf.zeros([0, 0], tf.float64),
+            window, stat_steps]
+    with tf.control_dependencies(blocks + tail):
+        for view in views:
+            c.out_vars[view].assign(tf.constant(layout.empty))
+        if activity is not None:
+            c.act_var.assign(tf.zeros_like(activity))
+        c.window.assign(0)
+        c.stat_steps.assign(0)
+    return [tf.identity(b) for b in blocks + tail]
+
+
+def value_of(v: Any) -> Any:
+    """The TF value of a Keras 3 variable (or a tf.Variable itself)."""
+    if isinstance(v, tf.Variable):
+        return v
+    return getattr(v, "value", v)
+
+
+def _fill(block: tf.Tensor, view: str, quantiles: Sequence[float],
+          **columns: tf.Tensor) -> tf.Tensor:
+    """``block`` [N, fields] with the named per-row slots set (those whose inputs only the
+    graph holds; the host fills the epoch and step counts)."""
+    fields = metadata.tensor_stats_fields(view, quantiles)
+    cols = tf.unstack(block, num=len(fields), axis=1)
+    for key, value in columns.items():
+        cols[fields.index(key)] = tf.cast(value, tf.float64)
+    return tf.stack(cols, axis=1)

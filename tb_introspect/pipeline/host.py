@@ -1,0 +1,218 @@
+"""What happens between training steps, the same for every framework.
+
+A framework's collector captures tensors and folds them on its device; between steps it
+answers three questions (the ``Collector`` protocol): which step is it, what is in the
+metric ring, and what are the statistics of the window since the last point. The
+``Pipeline`` decides when to ask: it drains the metric ring before it could wrap and before
+each flush, logs a point at every N-th step or at each epoch's end, writes the epoch's
+activity maps and metric bands, keeps the event file flushed for TensorBoard's live view,
+and turns a failure into one warning with the part switched off. Only the chief (rank 0)
+has a sink; every process asks for the same points, since reading a distributed
+collector's state is a collective.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from tb_introspect import summary_pb
+from tb_introspect.pipeline import point as points
+from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part, short_error, warn
+from tb_introspect.pipeline.governor import Governor
+from tb_introspect.pipeline.metrics import Ring
+from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.sink import EventSink
+
+
+class Collector(Protocol):
+    """What a framework's collector answers between steps."""
+
+    plan: Plan
+    #: Steps the metric ring holds; the pipeline reads it before it could wrap.
+    metric_rows: int
+
+    def current_step(self) -> int:
+        """Training steps done (TensorBoard's step of a point logged now)."""
+
+    def read_metrics(self) -> tuple[int, list[str], np.ndarray, np.ndarray]:
+        """(steps done, metric names, totals ``[rows, metrics]``, counts), every replica's."""
+
+    def point(self, step: int) -> points.Point:
+        """The statistics of the window since the last point; starts a new window."""
+
+    def output_widths(self) -> dict[int, tuple[int, int]]:
+        """Channels and positions of each layer output (by index in ``plan.outputs``)."""
+
+
+class Pipeline:
+    """Metric drains, logged points, activity maps, epoch bands and flushes of one run."""
+
+    def __init__(self, collector: Collector, sink: EventSink | None, *, lockstep: bool = False,
+                 governor: Governor | None = None):
+        self.c = collector
+        self.plan = collector.plan
+        self.failures = self.plan.failures
+        self.sink = sink
+        # Under a multi-worker strategy or several ranks every read of the collector is a
+        # collective: all processes read at the same steps, so reads are never triggered by
+        # (process-local) wall-clock time.
+        self.lockstep = bool(lockstep)
+        self.governor = governor
+        self.flush_secs = float(self.plan.options.flush_secs)
+        self.ring = Ring()
+        self.activity = points.EpochActivity()
+        # Each view's VIEW_SUMMARY rows, fixed at its first point, and which views' metadata
+        # the current sink has had.
+        self.summaries = summary_pb.ViewSummaries()
+        self.epoch = 0
+        self.last_log_step = 0
+        self.since_drain = 0
+        self._last_flush = time.monotonic()
+
+    def set_sink(self, sink: EventSink | None) -> None:
+        """Write to ``sink`` from now on (a new event file carries the metadata again)."""
+        self.sink = sink
+        self.summaries.restart()
+
+    def start(self, step: int) -> None:
+        """Training (re)starts after ``step`` steps."""
+        self.ring.start(step)
+        self.last_log_step = int(step)
+
+    def is_off(self, part: str) -> bool:
+        return Part(part) in self.failures.off
+
+    # -------------------------------------------------------------- never break training
+
+    def guard(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn``; on an error warn once and switch ``part`` off (training goes on)."""
+        return self.failures.guard(part, fn, *args, on_write_error=self._writer_broken)
+
+    def _writer_broken(self, error: BaseException) -> bool:
+        """Whether ``error`` says the event file cannot be written (a full disk, a size
+        limit...); if so all writing stops, with one warning for the cause."""
+        if self.is_off(WRITING):
+            return True
+        if self.sink is None:
+            return False
+        if not isinstance(error, OSError):
+            try:
+                self.sink.flush()
+                return False
+            except Exception as e:
+                error = e
+        self.stop_writing(error)
+        return True
+
+    def stop_writing(self, error: BaseException) -> None:
+        """One warning for a log directory that cannot be written; all logging stops (every
+        part writes through the one sink: per-part warnings would repeat one cause)."""
+        if self.is_off(WRITING):
+            return
+        self.failures.off.update((Part(WRITING), Part(METRICS), Part(STATISTICS)))
+        warn(f"cannot write to the log directory ({short_error(error)}); logging is off"
+             " for the rest of training, training goes on")
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn``, its time paid from the governor's budget."""
+        if self.governor is None:
+            return fn(*args)
+        return self.governor.timed_log(fn, *args)
+
+    # -------------------------------------------------------------- per execution
+
+    def after_steps(self, steps: int, running: Mapping[str, Any] | None = None) -> None:
+        """Call after ``steps`` training steps ran (one Keras execution, one loop step);
+        ``running``: metrics that are not running means, written at the current step."""
+        self.since_drain += int(steps)
+        flush_due = time.monotonic() - self._last_flush >= self.flush_secs
+        # Drain before the ring could wrap during the next execution, and before each flush
+        # so that what is on disk is complete up to now.
+        drain_now = flush_due and not self.lockstep
+        if self.since_drain + int(steps) >= self.c.metric_rows or running or drain_now:
+            self._timed(self.guard, METRICS, self.drain, running)
+        if not self.plan.per_epoch:
+            self.guard(STATISTICS, self._log_due)
+        if flush_due:
+            self.flush()
+
+    def _log_due(self) -> None:
+        step = self.c.current_step()
+        last_sampled = step - step % int(self.plan.every)
+        if last_sampled > self.last_log_step:
+            self._timed(self.log, last_sampled)
+
+    def drain(self, running: Mapping[str, Any] | None = None) -> None:
+        """Write the per-step metric values held since the last drain."""
+        self.since_drain = 0
+        step, names, total, count = self.c.read_metrics()
+        self.write_steps(self.ring.steps(names, step, total, count, self.epoch, running))
+
+    def log(self, step: int) -> None:
+        """One logged point at TensorBoard ``step``: the collector's window, written."""
+        point = self.c.point(step)
+        self.last_log_step = step
+        self.activity.add(point.activity)
+        if self.sink is not None:
+            self.write_steps([(step, points.protos(self.plan, point, self.epoch,
+                                                   self.summaries))])
+
+    # -------------------------------------------------------------- per epoch
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.ring.begin_epoch()
+
+    def end_epoch(self, extra: Mapping[str, Any] | None = None) -> None:
+        """Drain; the epoch's point (``every="epoch"``), activity maps and metric bands
+        (``extra``: values such as ``val_loss`` written at this step); flush."""
+        self._timed(self._end_epoch, extra)
+
+    def _end_epoch(self, extra: Mapping[str, Any] | None) -> None:
+        self.guard(METRICS, self.drain)
+        if self.plan.per_epoch:
+            self.guard(STATISTICS, self._log_epoch)
+        self.guard(STATISTICS, self._write_activity)
+        self.guard(METRICS, self._write_bands, extra)
+        self.flush()
+
+    def _log_epoch(self) -> None:
+        step = self.c.current_step()
+        if step > self.last_log_step:
+            self.log(step)
+
+    def _write_activity(self) -> None:
+        protos = self.activity.take(self.plan, self.c.output_widths(), self.epoch)
+        self.write_steps([(self.c.current_step(), protos)])
+
+    def _write_bands(self, extra: Mapping[str, Any] | None) -> None:
+        self.write_steps([(self.c.current_step(), self.ring.epoch_bands(self.epoch, extra))])
+
+    # -------------------------------------------------------------- writing
+
+    def write_steps(self, batches: list) -> None:
+        """Write each ``(step, summaries)`` (the chief's sink; nothing elsewhere)."""
+        if self.sink is not None and not self.is_off(WRITING):
+            self.sink.write_steps(batches)
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if self.sink is not None and not self.is_off(WRITING):
+            try:
+                self.sink.flush()
+            except Exception as e:  # a flush failure must not end training either
+                self.stop_writing(e)
+
+    def close(self) -> None:
+        """Flush and close the sink (a later ``set_sink`` can open another)."""
+        self.flush()
+        if self.sink is not None:
+            try:
+                self.sink.close()
+            except Exception as e:
+                self.stop_writing(e)
+            self.sink = None

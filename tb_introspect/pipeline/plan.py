@@ -1,0 +1,100 @@
+"""What is monitored: the tensors of each view, in the format's terms, and what is off.
+
+A framework's collector finds its model's parameters and layer outputs and describes each
+as a ``Monitored``; the ``Plan`` holds them with the options and the failures, and answers
+the questions every later stage asks the same way whatever the framework: is this tensor
+written, is its activity counted on every step, which cadence does the metadata name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tb_introspect import metadata
+from tb_introspect.pipeline.failures import Failures
+from tb_introspect.pipeline.options import Options, matches
+
+#: The views a step folds layer tensors into (the others are read at logging time).
+OUTPUT_VIEWS = ("output", "output_gradient")
+
+
+def sanitize(name: str) -> str:
+    """A tag-safe tensor name (TensorBoard tags allow most characters; drop whitespace and
+    outer slashes)."""
+    name = re.sub(r"\s+", "_", str(name))
+    return name.strip("/") or "tensor"
+
+
+@dataclass
+class Monitored:
+    """One monitored tensor: what its summary metadata says."""
+
+    view: str
+    name: str
+    layer: str
+    depth: int
+    shape: tuple[int | None, ...] = ()
+    dtype: str = ""
+    has_grad: bool = True  # outputs only: does a gradient reach it?
+    # Outputs only: a rectifier's output, whose activity is counted on every step (exact);
+    # any other output's activity comes from the statistics steps (sampled).
+    exact: bool = False
+
+    @property
+    def tag(self) -> str:
+        return metadata.stats_tag(self.view, self.name)
+
+
+@dataclass
+class Plan:
+    """The options, the monitored tensors of both kinds and the parts switched off."""
+
+    options: Options
+    variables: list[Monitored] = field(default_factory=list)
+    outputs: list[Monitored] = field(default_factory=list)
+    failures: Failures = field(default_factory=Failures)
+
+    @property
+    def every(self) -> str | int:
+        return self.options.every
+
+    @property
+    def per_epoch(self) -> bool:
+        return self.options.every == "epoch"
+
+    @property
+    def cadence(self) -> str:
+        """The metadata's cadence: a point per epoch or per N steps."""
+        return "epoch" if self.per_epoch else "step"
+
+    @property
+    def stats_every(self) -> int:
+        """The densest statistics-step spacing (every sampled step with ``every=N``)."""
+        return self.options.stats_every if self.per_epoch else 1
+
+    def want(self, view: str) -> bool:
+        return view in self.options.views
+
+    @property
+    def output_views(self) -> list[str]:
+        return [v for v in OUTPUT_VIEWS if self.want(v)]
+
+    def chosen(self, layer: str) -> bool:
+        """Whether ``layers=`` keeps ``layer`` (every layer when it is not given)."""
+        return self.options.layers is None or matches(self.options.layers, layer)
+
+    def named_rectifier(self, layer: str) -> bool:
+        """Whether ``rectifiers=`` names ``layer``."""
+        return matches(self.options.rectifiers, layer)
+
+    def writes(self, view: str, spec: Monitored) -> bool:
+        """Whether ``spec``'s ``view`` is written (not off; a gradient reaches it)."""
+        if self.failures.is_off(view, spec.name):
+            return False
+        return view != "output_gradient" or spec.has_grad
+
+    def exact_activity(self, spec: Monitored) -> bool:
+        """Whether ``spec``'s activity counts every step of a window (else its statistics
+        steps only)."""
+        return spec.exact and self.per_epoch

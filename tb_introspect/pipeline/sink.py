@@ -1,0 +1,127 @@
+"""The one place events are written: an event file of a run directory, without TensorFlow.
+
+Every writer of the package (the Keras callback, both ``Introspector`` classes,
+``NumpyWriter``) writes through an ``EventSink``. TensorBoard's own ``EventFileWriter``
+reaches for ``tf.io.gfile`` whenever TensorFlow is installed, and its record writer
+computes the records' CRC-32C in pure Python (about 16 ms per 100 kB, more than a small
+model's logged point costs to compute); ``google-crc32c``'s C implementation takes
+microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+
+import google_crc32c
+from tensorboard.compat.proto import event_pb2, summary_pb2
+
+_uid_lock = threading.Lock()
+_uid = 0
+
+
+def _next_uid() -> int:
+    global _uid
+    with _uid_lock:
+        _uid += 1
+        return _uid
+
+
+def _masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked CRC-32C of ``data``."""
+    crc = google_crc32c.value(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def record(data: bytes) -> bytes:
+    """``data`` framed as one TFRecord: length, its CRC, the data, its CRC."""
+    header = struct.pack("<Q", len(data))
+    return header + _masked_crc(header) + data + _masked_crc(data)
+
+
+class EventSink:
+    """Writes ``Event`` records to a new ``events.out.tfevents.*`` file in ``log_dir``.
+
+    Thread-safe. Writes are buffered in the process; ``flush()`` hands them to the file
+    system, after which TensorBoard's live reload sees them.
+
+    Example:
+        >>> import tempfile
+        >>> from tb_introspect import summary_pb
+        >>> with EventSink(tempfile.mkdtemp()) as sink:
+        ...     sink.write(1, [summary_pb.metric_pb("loss", 0.5)])
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, filename_suffix: str = "") -> None:
+        self.log_dir = os.fspath(log_dir)
+        os.makedirs(self.log_dir, exist_ok=True)
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+                f".{os.getpid()}.{_next_uid()}{filename_suffix}")
+        self.path = os.path.join(self.log_dir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+        # An unclosed sink (a callback never closed) closes its file when collected: what
+        # was written is flushed, without a ResourceWarning.
+        weakref.finalize(self, self._file.close)
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def add_event(self, event: event_pb2.Event) -> None:
+        """Write one event (raises ``ValueError`` once closed, ``OSError`` from the file)."""
+        self.add_records([event.SerializeToString()])
+
+    def add_records(self, records: Iterable[bytes]) -> None:
+        data = b"".join(record(r) for r in records)
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"the event file in {self.log_dir!r} is closed")
+            self._file.write(data)
+
+    def write(self, step: int, summaries: Sequence[summary_pb2.Summary],
+              wall_time: float | None = None) -> None:
+        """One event at ``step`` holding every value of ``summaries`` (none: nothing)."""
+        self.write_steps([(step, summaries)], wall_time)
+
+    def write_steps(self, batches: Iterable[tuple[int, Sequence[summary_pb2.Summary]]],
+                    wall_time: float | None = None) -> None:
+        """One event per ``(step, summaries)`` with any summary, all in one file write."""
+        now = time.time() if wall_time is None else wall_time
+        events = []
+        for step, summaries in batches:
+            if not summaries:
+                continue
+            merged = summary_pb2.Summary(value=[v for s in summaries for v in s.value])
+            events.append(event_pb2.Event(wall_time=now, step=int(step), summary=merged)
+                          .SerializeToString())
+        if events:
+            self.add_records(events)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.flush()
+
+    def close(self) -> None:
+        """Flush and close (closed even when the flush fails)."""
+        with self._lock:
+            if self._file.closed:
+                return
+            try:
+                self._file.flush()
+            finally:
+                self._file.close()
+
+    def __enter__(self) -> EventSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
