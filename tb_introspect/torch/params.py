@@ -2,9 +2,9 @@
 
 Weights are read when a point is logged and gradient sums are accumulated on the device;
 both arrive here as one host copy per view, split into numpy arrays per parameter. The
-statistics are ``stats_np``'s, the reference itself, with the view slots the Keras side
-fills: ``update_ratio`` and the ``ilr_q<p>`` percentiles of the implicit learning rate for
-variables, ``cos_prev`` for gradients (``docs/format.md``, ``docs/statistics.md``).
+statistics are ``stats_np``'s, the reference itself, and so are the view slots the Keras
+side fills: ``update_ratio`` and the ``ilr_q<p>`` percentiles of the implicit learning rate
+for variables, ``cos_prev`` for gradients (``docs/format.md``, ``docs/statistics.md``).
 
 PyTorch keeps a weight's output channels on axis 0 (``Linear``: ``(out, in)``, ``Conv2d``:
 ``(out, in, kh, kw)``); the statistics read it with that axis moved last, where the
@@ -18,10 +18,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from tb_introspect import metadata, stats_np, summary_pb
-
-#: Elements per variable the implicit-learning-rate percentiles come from (the Keras
-#: side's ``ILR_SAMPLE``: exact in smaller variables, uniform draws in larger ones).
-ILR_SAMPLE = 2048
 
 
 def channels_last(a: np.ndarray) -> np.ndarray:
@@ -42,33 +38,12 @@ def variable_vectors(
         vec = stats_np.tensor_stats(channels_last(w), "variable", quantiles=quantiles,
                                     sample_size=sample_size, name=name)
         dw = w.astype(np.float64) - prev
-        norm = float(np.sqrt(np.dot(w.reshape(-1).astype(np.float64),
-                                    w.reshape(-1).astype(np.float64))))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = float(np.sqrt(np.dot(dw.reshape(-1), dw.reshape(-1)))) / norm
-        extras = {"update_ratio": ratio}
+        extras = {"update_ratio": stats_np.update_ratio(w, dw)}
         if gsums is not None:
-            rng = np.random.default_rng([seed, i])
-            extras.update(implicit_lr(dw, gsums[i], quantiles, steps_per_sample, rng))
+            extras.update(stats_np.implicit_lr(dw, gsums[i], quantiles, steps_per_sample,
+                                               np.random.default_rng([seed, i])))
         out.append(summary_pb.fill_slots(vec, "variable", quantiles, epoch=epoch, **extras))
     return out
-
-
-def implicit_lr(dw: np.ndarray, gsum: np.ndarray, quantiles: Sequence[float],
-                steps_per_sample: float, rng: np.random.Generator) -> dict[str, float]:
-    """``ilr_q<p>``: percentiles of |dw| / |G| over the elements whose gradient sum ``G``
-    (times ``steps_per_sample`` with ``every=N``) is not zero; NaN when none is."""
-    d = np.abs(dw.reshape(-1).astype(np.float64))
-    g = np.abs(gsum.reshape(-1).astype(np.float64)) * steps_per_sample
-    if d.size > ILR_SAMPLE:
-        pick = rng.integers(0, d.size, ILR_SAMPLE)
-        d, g = d[pick], g[pick]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = d / g
-    rate = rate[(g > 0) & np.isfinite(rate)]
-    values = np.percentile(rate, quantiles) if rate.size else [np.nan] * len(quantiles)
-    return {metadata.ILR_PREFIX + metadata.quantile_field(q): float(v)
-            for q, v in zip(quantiles, values, strict=True)}
 
 
 def gradient_vectors(
@@ -85,11 +60,7 @@ def gradient_vectors(
     for i, (g, name) in enumerate(zip(gs, names, strict=True)):
         vec = stats_np.tensor_stats(channels_last(g), "gradient", quantiles=quantiles,
                                     sample_size=sample_size, name=name)
-        cos = np.nan
-        if prevs is not None:
-            a, b = g.reshape(-1).astype(np.float64), prevs[i].reshape(-1).astype(np.float64)
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                cos = float(np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)))
+        cos = np.nan if prevs is None else stats_np.cos_prev(g, prevs[i])
         vec = summary_pb.fill_slots(vec, "gradient", quantiles, epoch=epoch, cos_prev=cos)
         if skipped is not None and skipped[i].any():
             for j, f in enumerate(metadata.NONFINITE_FIELDS):

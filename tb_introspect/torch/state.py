@@ -2,11 +2,12 @@
 
 One flat float64 buffer per view holds a segment per monitored tensor. A training step
 only adds to it (device ops, no host sync); the host copies the buffer once per logged
-point and finalizes every segment with numpy (``finalize``).
+point, reads each segment as a ``stats_np`` state (``to_state``), merges the ranks' states
+and finalizes them with ``stats_np``'s algebra, so every slot's formula lives there.
 
 A segment of a tensor with ``C`` channels, ``P`` spatial positions and sample size ``k``:
 
-* additive part (summed over steps, calls and ranks): ``ADD`` counts and sums, then the
+* additive part (summed over steps and calls): ``ADD`` counts and sums, then the
   non-zero count of each channel and of each position;
 * extremes (merged with a minimum): ``min`` and ``-max``;
 * the bottom-``k`` sample: ``k`` keys then ``k`` values. Each statistics step offers ``k``
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import stats_np
 
 #: The additive scalars of a segment, in order.
 ADD = ("count", "nan", "posinf", "neginf", "pos", "neg", "sum", "m2", "nmm", "act_count")
@@ -164,6 +165,8 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         xf = xf.float()
     a = o + len(ADD)
     n = xf.numel()
+    if n == 0:  # adds nothing (and aminmax has no identity)
+        return
     big = n >= 2**24
     xz = torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=0.0)
     sign = torch.sign(xz)
@@ -230,86 +233,101 @@ def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: tor
 
 # ---------------------------------------------------------------------- host side
 
+def to_state(segment: np.ndarray, seg: Segment, activity_rates: bool = True) -> stats_np.State:
+    """The ``stats_np`` state of one segment.
+
+    ``activity_rates``: the per-unit counts are over every counted step (lean steps add
+    only them, the output view); their elements are the counted ones less the statistics
+    steps' non-finite values (a lean step's are zeros, not activity). Otherwise they are
+    over the finite values of the statistics steps, which is the same for a segment of full
+    folds only (the output-gradient view)."""
+    v = dict(zip(ADD, segment[:len(ADD)], strict=True))
+    c, p = seg.channels, seg.positions
+    a = len(ADD) + c + p
+    vmin, vmax = segment[a], -segment[a + 1]
+    s, k = a + len(EXT), seg.k
+    keys, values = segment[s:s + k], segment[s + k:s + 2 * k]
+    taken = np.isfinite(keys)  # empty slots have infinite keys; zeros stay as placeholders
+    keys, values = keys[taken], values[taken]
+    sample = values[np.isfinite(values) & (values != 0)]
+    nfin = v["count"] - v["nan"] - v["posinf"] - v["neginf"]
+    st = stats_np.empty_state(sample_size=k)
+    st.update(
+        count=v["count"], finite_count=nfin, posinf_count=v["posinf"],
+        neginf_count=v["neginf"], pos_count=v["pos"], neg_count=v["neg"],
+        activity_count=v["act_count"] - (v["count"] - nfin) if activity_rates else nfin,
+        channel_nnz=segment[len(ADD):len(ADD) + c], spatial_nnz=segment[len(ADD) + c:a],
+        channels=np.float64(c), positions=np.float64(p),
+        # the smallest non-zero magnitude: exact while the sample holds every non-zero
+        # value, otherwise at or above the true one (the Keras side's rule)
+        min_abs=np.abs(sample).min() if sample.size else np.float64(np.inf),
+        sample_keys=keys, sample_values=values,
+    )
+    if nfin <= 0:
+        return st
+    if v["pos"] + v["neg"] == nfin and sample.size:
+        # A fold zeroes non-finite values before its min / max, so with no finite zero an
+        # extreme that reads 0 is one of them: the sample bounds the true one (exactly while
+        # it holds every value).
+        if vmin == 0:
+            vmin = sample.min()
+        if vmax == 0:
+            vmax = sample.max()
+    mean = v["sum"] / nfin
+    # The segment sums each step's two-pass m2 and n * mean**2; what they leave over the
+    # merged mean is the spread between steps.
+    between = max(v["nmm"] - nfin * mean * mean, 0.0)
+    f = 2.0 ** -stats_np.scale_exponent(vmin, vmax)
+    with np.errstate(over="ignore"):  # a device sum that overflowed stays infinite
+        m2 = (v["m2"] + between) * f * f
+    st.update(mean=np.float64(mean), m2=np.float64(m2), min=np.float64(vmin),
+              max=np.float64(vmax))
+    return st
+
+
+def from_state(st: stats_np.State, seg: Segment) -> np.ndarray:
+    """The segment of a state of ``to_state`` (``activity_rates=True``), as one step that
+    folded everything: its m2 is the state's whole spread, so ``to_state`` reads it back."""
+    out = np.zeros(seg.length)
+    nfin = float(st["finite_count"])
+    count = float(st["count"])
+    mean_s = float(st["mean"])
+    total = mean_s * nfin
+    mean = total / nfin if nfin else 0.0
+    f = 2.0 ** stats_np.state_exp(st)
+    with np.errstate(over="ignore"):
+        m2 = float(st["m2"]) * f * f
+    out[:len(ADD)] = [
+        count, count - nfin - st["posinf_count"] - st["neginf_count"], st["posinf_count"],
+        st["neginf_count"], st["pos_count"], st["neg_count"], total, m2,
+        # the same expression to_state subtracts: nothing is left between steps
+        nfin * mean * mean, st["activity_count"] + (count - nfin),
+    ]
+    c, p = seg.channels, seg.positions
+    out[len(ADD):len(ADD) + c] = st["channel_nnz"]
+    out[len(ADD) + c:len(ADD) + c + p] = st["spatial_nnz"]
+    e, k = seg.ext_at - seg.offset, seg.k
+    out[e:e + len(EXT)] = st["min"], -st["max"]
+    keys, values = st["sample_keys"], st["sample_values"]
+    out[e + len(EXT):e + len(EXT) + k] = np.inf
+    out[e + len(EXT):e + len(EXT) + keys.size] = keys
+    out[e + len(EXT) + k:e + len(EXT) + k + values.size] = values
+    return out
+
+
 def merge_ranks(segs: np.ndarray, seg: Segment) -> np.ndarray:
-    """One segment from the segments ``[ranks, length]`` of every rank."""
+    """One segment from the segments ``[ranks, length]`` of every rank (``stats_np``'s merge
+    of their states)."""
     if segs.shape[0] == 1:
         return segs[0]
-    a = len(ADD) + seg.channels + seg.positions
-    out = segs[0].copy()
-    out[:a] = segs[:, :a].sum(axis=0)
-    out[a:a + len(EXT)] = segs[:, a:a + len(EXT)].min(axis=0)
-    s, k = a + len(EXT), seg.k
-    keys = segs[:, s:s + k].reshape(-1)
-    vals = segs[:, s + k:s + 2 * k].reshape(-1)
-    keep = np.argsort(keys, kind="stable")[:k]
-    out[s:s + k], out[s + k:s + 2 * k] = keys[keep], vals[keep]
-    return out
+    st = to_state(segs[0], seg)
+    for other in segs[1:]:
+        st = stats_np.merge_states(st, to_state(other, seg))
+    return from_state(st, seg)
 
 
 def finalize(segment: np.ndarray, seg: Segment, view: str,
              quantiles: Sequence[float], activity_rates: bool) -> np.ndarray:
-    """The packed vector of one merged segment (``epoch`` and extra slots NaN).
-
-    ``activity_rates``: the activation rate, zero fraction and dead rates come from the
-    activity counts of every counted step (the output view) instead of the statistics
-    steps' values only."""
-    fields = metadata.tensor_stats_fields(view, quantiles)
-    v = dict(zip(ADD, segment[:len(ADD)], strict=True))
-    c, p = seg.channels, seg.positions
-    cnz = segment[len(ADD):len(ADD) + c]
-    snz = segment[len(ADD) + c:len(ADD) + c + p]
-    a = len(ADD) + c + p
-    vmin, neg_max = segment[a:a + len(EXT)]
-    vmax = -neg_max
-    s, k = a + len(EXT), seg.k
-    keys, vals = segment[s:s + k], segment[s + k:s + 2 * k]
-    out = dict.fromkeys(fields, np.nan)
-    n = v["count"]
-    nfin = n - v["nan"] - v["posinf"] - v["neginf"]
-    out.update(count=n, finite_count=nfin, nan_count=v["nan"], posinf_count=v["posinf"],
-               neginf_count=v["neginf"])
-    if v["act_count"] > 0 and (c or p):
-        out["dead_rate"] = float(np.mean(cnz == 0)) if c else np.nan
-        out["spatial_dead_rate"] = float(np.mean(snz == 0)) if p else np.nan
-    if nfin > 0:
-        npos, nneg = v["pos"], v["neg"]
-        nzero = nfin - npos - nneg
-        mean = v["sum"] / nfin
-        sumsq = v["m2"] + v["nmm"]
-        between = max(v["nmm"] - nfin * mean * mean, 0.0)
-        var = max((v["m2"] + between) / nfin, 0.0)
-        rate = (npos + nneg) / nfin
-        out.update(
-            zero_fraction=1.0 - rate, activation_rate=rate,
-            sign_balance=(npos - nneg) / (npos + nneg) if npos + nneg else np.nan,
-            mean=mean, std=math.sqrt(var), rms=math.sqrt(max(sumsq, 0.0) / nfin),
-            l2=math.sqrt(max(sumsq, 0.0)), min=vmin, max=vmax,
-        )
-        taken = np.isfinite(keys)
-        sample = vals[taken]
-        sample = sample[np.isfinite(sample) & (sample != 0)]
-        # the smallest non-zero magnitude: exact while the sample holds every non-zero
-        # value, otherwise at or above the true one (the Keras side's rule)
-        min_abs = float(np.abs(sample).min()) if sample.size else np.nan
-        vq, lq = stats_np.sample_quantiles(
-            sample, n_neg=nneg, n_zero=nzero, n_pos=npos, vmin=vmin, vmax=vmax,
-            min_abs=min_abs, quantiles=quantiles,
-        )
-        for q, vv, lv in zip(quantiles, vq, lq, strict=True):
-            out[metadata.quantile_field(q)] = vv
-            out[metadata.quantile_field(q, log=True)] = lv
-    if activity_rates and v["act_count"] > 0:
-        rate = float(cnz.sum() / v["act_count"]) if c else np.nan
-        if np.isfinite(rate):
-            out["activation_rate"], out["zero_fraction"] = rate, 1.0 - rate
-    return np.array([out[f] for f in fields], dtype=np.float64)
-
-
-def activity_rates(segment: np.ndarray, seg: Segment) -> tuple[np.ndarray, np.ndarray, float]:
-    """(per-channel rates, per-position rates, samples) of one merged output segment."""
-    c, p = seg.channels, seg.positions
-    count = segment[len(ADD) - 1]
-    cnz = segment[len(ADD):len(ADD) + c]
-    snz = segment[len(ADD) + c:len(ADD) + c + p]
-    units = max(p, 1) * c
-    return cnz * c / count, snz * max(p, 1) / count, count / units
+    """The packed vector of one merged segment (``epoch`` and extra slots NaN): ``stats_np``'s
+    ``finalize`` of its state (``to_state``, which says what ``activity_rates`` does)."""
+    return stats_np.finalize(to_state(segment, seg, activity_rates), view, quantiles=quantiles)

@@ -1,0 +1,286 @@
+"""The producers of the packed statistics vector agree slot by slot on the same tensors.
+
+Three producers: the TensorFlow engine (``stats``), its numpy twin (``stats_np``, the hub
+every other producer is compared with) and PyTorch's device segments (``torch/state.fold``,
+finalized through ``stats_np``). Each slot has the tolerance its arithmetic allows: counts,
+extremes and rates of counts exact, moments to their floating-point precision, percentiles
+exact while the sample holds every value. Where a producer differs on purpose
+(``docs/statistics.md``), the difference is spelled out below, case by case.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tb_introspect import metadata, stats, stats_np
+from tb_introspect.torch import state as torch_state
+
+VIEW = "output"
+Q = metadata.DEFAULT_QUANTILES
+FIELDS = metadata.tensor_stats_fields(VIEW, Q)
+#: Holds every value of every exact case: percentiles are then numpy's exactly.
+K = 8192
+RNG = np.random.default_rng(20240611)
+
+COUNTS = {"count", "finite_count", "nan_count", "posinf_count", "neginf_count"}
+RATES = {"zero_fraction", "sign_balance", "activation_rate", "dead_rate", "spatial_dead_rate"}
+EXTREMES = {"min", "max", metadata.quantile_field(0), metadata.quantile_field(100)}
+MOMENTS = {"mean", "std", "rms", "l2"}
+UNSET = {"epoch", *metadata.view_extra_fields(VIEW, Q)}
+
+
+def _relu_conv() -> np.ndarray:
+    x = np.maximum(RNG.normal(size=(8, 6, 6, 16)), 0).astype(np.float32) + 0.01
+    x[..., [3, 11]] = 0.0  # 2 of 16 channels dead
+    x[:, 2, 4, :] = 0.0  # 1 of 36 positions dead
+    return x
+
+
+def _nonfinite_mixed() -> np.ndarray:
+    x = RNG.normal(size=(6, 4)).astype(np.float32)
+    x[0, 0], x[1, 2], x[2, 1], x[3, 3], x[4, 0] = np.nan, np.inf, -np.inf, np.nan, 0.0
+    return x
+
+
+def _nonfinite_one_sign() -> np.ndarray:
+    # No finite zero: a fold that zeroes non-finite values must not read min = 0.
+    x = np.abs(RNG.normal(size=(5, 3))).astype(np.float32) + 0.5
+    x[0, 1], x[3, 0] = np.nan, np.inf
+    return x
+
+
+#: Channels-last arrays (TensorFlow's and numpy's layout; PyTorch gets channels first).
+CASES: dict[str, np.ndarray] = {
+    "empty": np.zeros((0, 3), np.float32),
+    "all_zero": np.zeros((4, 3, 3, 2), np.float32),
+    "all_nan": np.full((3, 4), np.nan, np.float32),
+    "nonfinite_mixed": _nonfinite_mixed(),
+    "nonfinite_one_sign": _nonfinite_one_sign(),
+    "subnormal_float32": np.array([[1e-40, -3e-39, 0.0], [1.0, -2.5, 1e-45]], np.float32),
+    "subnormal_float64": np.array([[1e-310, -2e-315, 0.0], [1.0, -2.5, 5e-324]]),
+    "huge_float32": np.array([[3.0e38, -3.0e38, 1.0], [-2.0, 0.5, 7.0]], np.float32),
+    "huge_float64": np.array([[1.5e308, -1.5e308, 1.0], [-2.0, 0.5, 7.0]]),
+    "one_element": np.array([[2.5]], np.float32),
+    "ties": RNG.choice(np.array([-1.0, 0.0, 0.5, 2.0], np.float32), size=(64, 4)),
+    "random": RNG.normal(size=(64, 16)).astype(np.float32),
+    "relu_conv": _relu_conv(),
+    "vector": np.array([0.0, 1.5, 0.0, -2.0, 0.0], np.float32),
+}
+
+
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """``x`` as TensorFlow's CPU kernels see it (flush-to-zero): subnormals are zeros."""
+    return np.where(np.abs(x) < np.finfo(x.dtype).tiny, np.zeros_like(x), x)
+
+
+def tf_vector(x: np.ndarray, k: int = K) -> np.ndarray:
+    return stats.tensor_stats(x, VIEW, quantiles=Q, sample_size=k, seed=5).numpy()
+
+
+def np_vector(x: np.ndarray, k: int | None = K) -> np.ndarray:
+    return stats_np.tensor_stats(x, VIEW, quantiles=Q, sample_size=k, seed=5)
+
+
+def channels_first(x: np.ndarray) -> np.ndarray:
+    return np.moveaxis(x, -1, 1) if x.ndim >= 3 else x
+
+
+def torch_segment(batches: list[np.ndarray], k: int = K, salt: int = 0
+                  ) -> tuple[np.ndarray, torch_state.Segment]:
+    """One device segment with every batch (channels-last) folded in as a statistics step."""
+    xs = [torch.from_numpy(np.ascontiguousarray(channels_first(b))) for b in batches]
+    seg = torch_state.layout(xs[0].shape, True, k)
+    buf = seg.empty()
+    arange = torch.arange(k)
+    for i, x in enumerate(xs):
+        torch_state.fold(buf, seg, x, torch.tensor(salt + i + 1), True, arange)
+    return buf.numpy(), seg
+
+
+def torch_vector(x: np.ndarray, k: int = K) -> np.ndarray:
+    segment, seg = torch_segment([x], k)
+    return torch_state.finalize(segment, seg, VIEW, Q, activity_rates=True)
+
+
+# ------------------------------------------------------------------ what differs, and why
+
+def tf_input(case: str, x: np.ndarray) -> np.ndarray:
+    """What numpy must see to give TensorFlow's result: TensorFlow's CPU kernels flush
+    subnormal values to zero (``docs/statistics.md``, edge cases)."""
+    return flush_subnormals(x) if case.startswith("subnormal") else x
+
+
+def torch_expected(case: str, x: np.ndarray, want: dict[str, float]) -> dict[str, float]:
+    """numpy's slots as PyTorch's segments give them (``docs/statistics.md``, PyTorch)."""
+    want = dict(want)
+    if case.startswith("huge"):
+        # The device sums are unscaled, in the tensor's dtype: squares past its range are
+        # infinite. A fold's sum of two opposite huge values can lose the small ones.
+        want.update(std=math.inf, rms=math.inf, l2=math.inf)
+    if x.ndim == 1:
+        # A layer output's axis 0 is its batch: a vector is one channel.
+        one = dict(zip(FIELDS, np_vector(x[:, None]), strict=True))
+        want["dead_rate"] = one["dead_rate"]
+    return want
+
+
+# ------------------------------------------------------------------ the comparison
+
+
+def scale_of(x: np.ndarray) -> float:
+    fin = np.asarray(x, np.float64)[np.isfinite(x)]
+    return float(np.abs(fin).max()) if fin.size else 0.0
+
+
+def moment_tol(x: np.ndarray, producer: str) -> float:
+    """Relative precision of a producer's sums: float64 everywhere, except PyTorch's device
+    sums of float32 tensors."""
+    return 1e-6 if producer == "torch" and x.dtype == np.float32 else 1e-12
+
+
+def mismatches(got: np.ndarray, want: dict[str, float], x: np.ndarray, *, tol: float,
+               exact_percentiles: bool = True) -> list[str]:
+    """Slots of ``got`` outside their tolerance around ``want``."""
+    scale = scale_of(x)
+    bad = []
+    for name, g in zip(FIELDS, got.tolist(), strict=True):
+        w = want[name]
+        if name in UNSET:
+            ok = math.isnan(g)
+        elif math.isnan(w) or math.isnan(g):
+            ok = math.isnan(w) and math.isnan(g)
+        elif name in COUNTS or name in EXTREMES or math.isinf(w):
+            ok = g == w
+        elif name in RATES:
+            ok = math.isclose(g, w, rel_tol=1e-14, abs_tol=0.0)
+        elif name in MOMENTS:
+            ok = math.isclose(g, w, rel_tol=tol, abs_tol=tol * scale)
+        elif name.startswith("logq"):
+            ok = math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-12) or not exact_percentiles
+        else:  # value percentiles: numpy's interpolation of the same order statistics
+            ok = math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-15 * scale) or not exact_percentiles
+        if not ok:
+            bad.append(f"{name}: got {g!r}, want {w!r}")
+    return bad
+
+
+def as_dict(vector: np.ndarray) -> dict[str, float]:
+    return dict(zip(FIELDS, vector.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tensorflow_matches_numpy(case):
+    x = CASES[case]
+    want = as_dict(np_vector(tf_input(case, x)))
+    assert not mismatches(tf_vector(x), want, x, tol=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pytorch_matches_numpy(case):
+    x = CASES[case]
+    want = torch_expected(case, x, as_dict(np_vector(x)))
+    assert not mismatches(torch_vector(x), want, x, tol=moment_tol(x, "torch"))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_numpy_matches_its_definitions(case):
+    """The hub itself, on the slots that need no reference implementation."""
+    x = np.asarray(CASES[case], np.float64)
+    got = as_dict(np_vector(x, k=None))
+    fin = x[np.isfinite(x)]
+    assert got["count"] == x.size and got["finite_count"] == fin.size
+    assert got["nan_count"] == np.isnan(x).sum()
+    if fin.size:
+        assert got["min"] == fin.min() and got["max"] == fin.max()
+        # the same interpolation, up to numpy's rounding of it (b - (b - a) * (1 - t))
+        assert math.isclose(got["q50"], np.percentile(fin, 50), rel_tol=1e-12,
+                            abs_tol=1e-15 * np.abs(fin).max())
+        nz = fin[fin != 0]
+        if nz.size:
+            assert math.isclose(got["logq50"], np.percentile(np.log10(np.abs(nz)), 50),
+                                rel_tol=1e-12, abs_tol=1e-12)
+    else:
+        assert all(math.isnan(got[f]) for f in ("mean", "min", "q50", "zero_fraction"))
+
+
+def test_the_differences_are_real():
+    """Each difference spelled out above shows on its case (else it should go)."""
+    sub = CASES["subnormal_float32"]
+    assert as_dict(np_vector(sub))["zero_fraction"] != as_dict(tf_vector(sub))["zero_fraction"]
+    huge = CASES["huge_float32"]
+    assert math.isfinite(as_dict(np_vector(huge))["rms"])
+    assert math.isinf(as_dict(torch_vector(huge))["rms"])
+    vec = CASES["vector"]
+    assert as_dict(np_vector(vec))["dead_rate"] == 0.6
+    assert as_dict(torch_vector(vec))["dead_rate"] == 0.0
+
+
+# ------------------------------------------------------------------ sampled percentiles
+
+
+def rank_error(data: np.ndarray, value: float, q: float) -> float:
+    """Percentile points between ``value`` and the exact ``q``-th percentile's ranks."""
+    lo, hi = 100.0 * np.mean(data < value), 100.0 * np.mean(data <= value)
+    return max(0.0, lo - q, q - hi)
+
+
+@pytest.mark.parametrize("producer", ["tensorflow", "numpy", "pytorch"])
+def test_sampled_percentiles(producer):
+    """More values than the sample holds: every slot but the inner percentiles as exact as
+    above, those within six sigma of rank (sigma = 50 / sqrt(k) percentile points)."""
+    k = 1024
+    x = RNG.standard_t(3, size=(200, 100)).astype(np.float32)
+    x[x < -1.0] = 0.0
+    run = {"tensorflow": lambda: tf_vector(x, k), "numpy": lambda: np_vector(x, k),
+           "pytorch": lambda: torch_vector(x, k)}[producer]
+    got = as_dict(run())
+    want = as_dict(np_vector(x, None))
+    if producer == "pytorch":
+        # The smallest magnitude comes from the sample: at or above the true one.
+        assert got["logq0"] >= want["logq0"]
+        want["logq0"] = got["logq0"]
+    tol = moment_tol(x, "torch" if producer == "pytorch" else producer)
+    assert not mismatches(np.array(list(got.values())), want, x, tol=tol,
+                          exact_percentiles=False)
+    fin = x.reshape(-1).astype(np.float64)
+    logs = np.log10(np.abs(fin[fin != 0]))
+    bound = 6 * 50 / np.sqrt(k)
+    for q in Q[1:-1]:
+        assert rank_error(fin, got[metadata.quantile_field(q)], q) <= bound, q
+        assert rank_error(logs, got[metadata.quantile_field(q, log=True)], q) <= bound, q
+
+
+# ------------------------------------------------------------------ merged states
+
+
+def test_merged_states_match_the_whole():
+    """Steps and ranks merged by each producer's own algebra give the statistics of their
+    concatenation: numpy's ``merge_states`` (Chan's moments, bottom-k sample), TensorFlow's
+    ``update_state``, PyTorch's folds and ``merge_ranks``."""
+    x = CASES["relu_conv"].copy()
+    x[1, 0, 0, 0] = np.nan
+    x[5] += 100.0  # one batch far from the others: the spread between steps matters
+    parts = np.split(x, 4)
+    want = as_dict(np_vector(x))
+
+    st = stats_np.empty_state(x.shape, sample_size=K)
+    for p in parts:
+        st = stats_np.merge_states(st, stats_np.tensor_state(p, sample_size=K))
+    assert not mismatches(stats_np.finalize(st, VIEW, quantiles=Q), want, x, tol=1e-12)
+
+    tf_state = stats.empty_state([None, *x.shape[1:]], sample_size=K)
+    for p in parts:
+        tf_state = stats.update_state(tf_state, p)
+    # the training step's sums are float32 (docs/statistics.md)
+    assert not mismatches(stats.finalize(tf_state, VIEW, quantiles=Q).numpy(), want, x,
+                          tol=1e-6)
+
+    ranks = [torch_segment(parts[:2], salt=0), torch_segment(parts[2:], salt=10)]
+    seg = ranks[0][1]
+    merged = torch_state.merge_ranks(np.stack([r[0] for r in ranks]), seg)
+    got = torch_state.finalize(merged, seg, VIEW, Q, activity_rates=True)
+    assert not mismatches(got, want, x, tol=1e-6)
