@@ -284,3 +284,11 @@ def test_merged_states_match_the_whole():
     merged = torch_state.merge_ranks(np.stack([r[0] for r in ranks]), seg)
     got = torch_state.finalize(merged, seg, VIEW, Q, activity_rates=True)
     assert not mismatches(got, want, x, tol=1e-6)
+
+
+def test_numpy_states_have_the_tensorflow_keys():
+    """One algebra: the same keys merging by the same rules (numpy adds the sample's bound,
+    which TensorFlow's fixed shapes carry)."""
+    keys = {k: v for k, v in stats_np.STATE_MERGE.items() if k != "sample_size"}
+    assert keys == stats.STATE_MERGE
+    assert set(stats_np.tensor_state(CASES["relu_conv"])) == set(stats_np.STATE_MERGE)
