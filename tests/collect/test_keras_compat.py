@@ -154,6 +154,33 @@ def test_mixed_precision_gradients_are_unscaled(tmp_path):
     assert run["introspect/output/hidden"].data.dtype == "float16"
 
 
+@pytest.mark.parametrize("every", ["epoch", 2])
+def test_an_overflowed_loss_scaled_step_is_counted_not_summed(tmp_path, every):
+    """The loss-scaled optimizer skips a step whose gradients overflowed: the gradient sum
+    leaves it out and the non-finite slots count its values, with either cadence (the
+    PyTorch Introspector's rule too)."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((16,))
+        h = keras.layers.Dense(32, activation="relu", name="hidden")(inp)
+        out = keras.layers.Dense(3, name="head", dtype="float32")(h)
+        model = keras.Model(inp, out)
+        model.compile(keras.optimizers.SGD(0.01), LOSS)
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 3, 64)
+        x[16, 0] = np.inf  # the second batch's gradients overflow
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[Introspect(str(tmp_path), every=every)])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    run = lib.read_run(str(tmp_path))
+    got = run["introspect/gradient/head/kernel"].at(2 if every == 2 else 4)
+    bad = got["nan_count"] + got["posinf_count"] + got["neginf_count"]
+    assert bad > 0 and got["finite_count"] == 32 * 3
+    assert got["count"] == 32 * 3 + bad and np.isfinite(got["rms"])
+
+
 class Block(keras.layers.Layer):
     """A composite layer: one monitored unit."""
 
