@@ -14,7 +14,7 @@ SCRIPT = """
 import sys
 import {module}
 loaded = sorted(m for m in sys.modules
-                if m.split(".")[0] in ("tensorflow", "keras", "tb_introspect"))
+                if m.split(".")[0] in ("tensorflow", "keras", "torch", "tb_introspect"))
 print("LOADED:" + ",".join(loaded))
 """
 
@@ -45,3 +45,15 @@ def test_the_overview_imports_the_findings_engine_itself() -> None:
     loaded = loaded_by("tb_introspect.plugin.overview")
     assert "tb_introspect.diagnose" in loaded and "tb_introspect.rundata" in loaded
     assert [m for m in outside(loaded) if not m.startswith("tb_introspect.plugin")] == []
+
+
+def test_the_pipeline_is_framework_neutral_and_pytorch_does_not_import_keras() -> None:
+    """Every front-end feeds ``pipeline/``: it imports no framework, and the PyTorch side
+    imports the pipeline, never the Keras package."""
+    loaded = loaded_by("tb_introspect.pipeline.host")
+    assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "torch")
+            or m.startswith(("tb_introspect.collect", "tb_introspect.torch"))] == [], loaded
+    loaded = loaded_by("tb_introspect.torch")
+    assert "tb_introspect.pipeline.host" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras")
+            or m.startswith("tb_introspect.collect")] == [], loaded
