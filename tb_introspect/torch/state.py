@@ -291,8 +291,7 @@ def from_state(st: stats_np.State, seg: Segment) -> np.ndarray:
     out = np.zeros(seg.length)
     nfin = float(st["finite_count"])
     count = float(st["count"])
-    mean_s = float(st["mean"])
-    total = mean_s * nfin
+    total = float(st["mean"]) * nfin
     mean = total / nfin if nfin else 0.0
     f = 2.0 ** stats_np.state_exp(st)
     with np.errstate(over="ignore"):
