@@ -11,7 +11,7 @@ aggregation as the Keras callback.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -22,15 +22,16 @@ from tb_introspect.collect.workers import is_chief
 from tb_introspect.pipeline.failures import METRICS, warn
 from tb_introspect.pipeline.host import Pipeline
 from tb_introspect.pipeline.options import (
-    DEFAULT_LOG_SAMPLE_SIZE,
-    DEFAULT_STATS_EVERY,
-    DEFAULT_STEP_SAMPLE_SIZE,
+    OptionArgs,
     Options,
     check_log_dir,
     matches,
 )
 from tb_introspect.pipeline.plan import Monitored, sanitize
 from tb_introspect.pipeline.sink import EventSink
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def _variable_name(v: Any) -> str:
@@ -75,26 +76,14 @@ class Introspector:
         >>> intro.close()
     """
 
-    def __init__(
-        self,
-        log_dir: str,
-        views: Sequence[str] = metadata.VIEWS,
-        every: str | int = "epoch",
-        *,
-        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
-        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        stats_every: int = DEFAULT_STATS_EVERY,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-        flush_secs: float = 5.0,
-        seed: int = 0,
-        initial_step: int = 0,
-        initial_epoch: int = 0,
-        layers: str | Sequence[str] | None = None,
-        rectifiers: str | Sequence[str] | None = None,
-    ):
-        options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                               flush_secs, seed, stats_every, layers, rectifiers,
-                               overhead=None)
+    def __init__(self, log_dir: str, views: Sequence[str] = metadata.VIEWS,
+                 every: str | int = "epoch", *, initial_step: int = 0,
+                 initial_epoch: int = 0, **options: Unpack[OptionArgs]):
+        if options.get("overhead") is not None:
+            raise TypeError("overhead= paces the Keras callback's and the PyTorch"
+                            " Introspector's statistics steps; a custom loop's statistics"
+                            " steps are decided in its compiled step, every stats_every-th")
+        options = Options.of(views, every, {**options, "overhead": None})
         self.log_dir = check_log_dir(log_dir)
         strategy = tf.distribute.get_strategy()
         self.writer = EventSink(self.log_dir) if is_chief(strategy) else None

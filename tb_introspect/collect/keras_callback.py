@@ -25,7 +25,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import tensorflow as tf
@@ -40,16 +40,17 @@ from tb_introspect.pipeline.failures import METRICS, Part, warn
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.host import Pipeline
 from tb_introspect.pipeline.options import (
-    DEFAULT_LOG_SAMPLE_SIZE,
     DEFAULT_OVERHEAD,
-    DEFAULT_STATS_EVERY,
-    DEFAULT_STEP_SAMPLE_SIZE,
+    OptionArgs,
     Options,
     check_log_dir,
     matches,
 )
 from tb_introspect.pipeline.plan import Monitored, sanitize
 from tb_introspect.pipeline.sink import EventSink
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
 logger = logging.getLogger("tb_introspect")
@@ -187,29 +188,9 @@ class Introspect(keras.callbacks.Callback):
             gradients summed over its steps, outputs merged over all its
             batches), or ``N`` (statistics of every N-th step). Per-step loss and
             metrics and their per-epoch bands are written in both cases.
-        sample_size: percentile sample bound for variables and gradients.
-        step_sample_size: percentile sample bound of the in-step output
-            accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
-        stats_every: with ``every="epoch"``, the statistics of outputs and output
-            gradients (moments, extremes, percentiles) come from the epoch's first
-            step and at most every ``stats_every``-th step after it (the densest
-            cadence the governor may choose); the activity (activation rate, dead
-            rates, activity maps) of rectifier outputs counts every row of every
-            batch, that of other outputs comes from the statistics steps (it is
-            written as sampled). 1 allows every step (slower).
-        layers: the layers monitored at all (all four views): a regular
-            expression matched against the full layer name (``"conv.*|head"``)
-            or a list of names. Default: every layer.
-        rectifiers: more layers whose outputs make exact zeros (a custom
-            activation), as a regular expression or names; ReLU, ReLU6,
-            thresholded ReLU and layers with ``activation="relu"``/``"relu6"`` are
-            recognised already.
-        overhead: with ``every="epoch"``, the share of the plain step time that
-            the statistics may add (default 0.05); None turns the governor off
-            (statistics on every ``stats_every``-th step).
-        quantiles: percentile points (0..100) recorded.
-        flush_secs: longest time logged data waits before it is flushed to disk
-            (TensorBoard's live view); epoch ends always flush.
+        **options: what every front-end takes (``pipeline.options.OptionArgs``):
+            ``sample_size``, ``step_sample_size``, ``stats_every``, ``layers``,
+            ``rectifiers``, ``overhead``, ``quantiles``, ``flush_secs``, ``seed``.
 
     Example:
         >>> import keras, numpy as np, tempfile
@@ -221,26 +202,10 @@ class Introspect(keras.callbacks.Callback):
         ...               callbacks=[Introspect(tempfile.mkdtemp(), every=1)])
     """
 
-    def __init__(
-        self,
-        log_dir: str,
-        views: Sequence[str] = metadata.VIEWS,
-        every: str | int = "epoch",
-        *,
-        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
-        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        stats_every: int = DEFAULT_STATS_EVERY,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-        flush_secs: float = 5.0,
-        seed: int = 0,
-        layers: str | Sequence[str] | None = None,
-        rectifiers: str | Sequence[str] | None = None,
-        overhead: float | None = DEFAULT_OVERHEAD,
-    ):
+    def __init__(self, log_dir: str, views: Sequence[str] = metadata.VIEWS,
+                 every: str | int = "epoch", **options: Unpack[OptionArgs]):
         super().__init__()
-        self.options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                                    flush_secs, seed, stats_every, layers, rectifiers,
-                                    overhead)
+        self.options = Options.of(views, every, options)
         self.log_dir = check_log_dir(log_dir)
         self.writer: EventSink | None = None
         self.collector: Collector | None = None

@@ -8,6 +8,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -31,6 +32,48 @@ DEFAULT_OVERHEAD = 0.05
 
 #: ``layers=`` / ``rectifiers=``: a regular expression (full match) or layer names.
 LayerNames = str | tuple[str, ...] | None
+
+
+class OptionArgs(TypedDict, total=False):
+    """The keyword options every front-end takes (the Keras callback, both ``Introspector``
+    classes), with the same meaning everywhere. In the custom TensorFlow loop the graph
+    picks the statistics steps, so ``overhead`` is not one of its options.
+
+    sample_size: percentile sample bound for variables and gradients.
+    step_sample_size: percentile sample bound of the in-step output
+        accumulators; smaller is faster (rank error ~0.5/sqrt(k)).
+    stats_every: with ``every="epoch"``, the statistics of outputs and output
+        gradients (moments, extremes, percentiles) come from the epoch's first
+        step and at most every ``stats_every``-th step after it (the densest
+        cadence the governor may choose); the activity (activation rate, dead
+        rates, activity maps) of rectifier outputs counts every row of every
+        batch, that of other outputs comes from the statistics steps (it is
+        written as sampled). 1 allows every step (slower).
+    layers: the layers monitored at all (all four views): a regular
+        expression matched against the full layer name (``"conv.*|head"``)
+        or a list of names. Default: every layer.
+    rectifiers: more layers whose outputs make exact zeros (a custom
+        activation), as a regular expression or names; ReLU, ReLU6,
+        thresholded ReLU and layers with ``activation="relu"``/``"relu6"`` are
+        recognised already.
+    overhead: with ``every="epoch"``, the share of the plain step time that
+        the statistics may add (default 0.05); None turns the governor off
+        (statistics on every ``stats_every``-th step).
+    quantiles: percentile points (0..100) recorded.
+    flush_secs: longest time logged data waits before it is flushed to disk
+        (TensorBoard's live view); epoch ends always flush.
+    seed: the samplers' seed (the same data and seed give the same points).
+    """
+
+    sample_size: int
+    step_sample_size: int
+    stats_every: int
+    quantiles: Sequence[float]
+    flush_secs: float
+    seed: int
+    layers: str | Sequence[str] | None
+    rectifiers: str | Sequence[str] | None
+    overhead: float | None
 
 
 @dataclass(frozen=True)
@@ -77,6 +120,16 @@ class Options:
             rectifiers=check_layer_names("rectifiers", rectifiers),
             overhead=check_overhead(overhead),
         )
+
+    @classmethod
+    def of(cls, views: Sequence[str], every: str | int, options: dict[str, Any]) -> Options:
+        """Validated options from a front-end's arguments; a ``TypeError`` names an
+        unknown keyword."""
+        unknown = sorted(set(options) - set(OptionArgs.__annotations__))
+        if unknown:
+            raise TypeError(f"unknown option {unknown[0]!r}; the options are"
+                            f" {', '.join(OptionArgs.__annotations__)}")
+        return cls.make(views, every, **options)
 
     def want(self, view: str) -> bool:
         return view in self.views

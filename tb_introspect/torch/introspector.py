@@ -22,7 +22,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,10 +33,7 @@ from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.host import Pipeline
 from tb_introspect.pipeline.options import (
-    DEFAULT_LOG_SAMPLE_SIZE,
-    DEFAULT_OVERHEAD,
-    DEFAULT_STATS_EVERY,
-    DEFAULT_STEP_SAMPLE_SIZE,
+    OptionArgs,
     Options,
     check_log_dir,
 )
@@ -44,6 +41,9 @@ from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.torch import modules, params, private, state
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("tb_introspect")
 
@@ -57,8 +57,9 @@ class Introspector:
     Call ``step(loss=...)`` after each optimizer step and ``end_epoch()`` after each
     epoch; ``close()`` at the end (or use it as a context manager), which also removes every
     hook. ``every`` is ``"epoch"`` (gradients summed over the epoch, outputs over all its
-    batches, weights at its end) or ``N`` (the statistics of every N-th step). The other
-    arguments are those of the Keras callback (``tb_introspect.keras.Introspect``);
+    batches, weights at its end) or ``N`` (the statistics of every N-th step). ``views`` and
+    the keyword ``options`` are the Keras callback's (``pipeline.options.OptionArgs``:
+    ``layers``, ``rectifiers``, ``overhead``, ``stats_every``...), with the same meaning;
     ``grad_scaler`` (a ``torch.amp.GradScaler``) unscales the output gradients.
 
     With ``every="epoch"``, layer outputs and output gradients get their statistics on each
@@ -90,21 +91,12 @@ class Introspector:
         every: str | int = "epoch",
         *,
         views: Sequence[str] = metadata.VIEWS,
-        sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
-        step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        stats_every: int = DEFAULT_STATS_EVERY,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-        flush_secs: float = 5.0,
-        seed: int = 0,
-        layers: str | Sequence[str] | None = None,
-        rectifiers: str | Sequence[str] | None = None,
         grad_scaler: Any = None,
-        overhead: float | None = DEFAULT_OVERHEAD,
         initial_step: int = 0,
         initial_epoch: int = 0,
+        **options: Unpack[OptionArgs],
     ):
-        options = Options.make(views, every, sample_size, step_sample_size, quantiles,
-                               flush_secs, seed, stats_every, layers, rectifiers, overhead)
+        options = Options.of(views, every, options)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
