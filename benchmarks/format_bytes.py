@@ -38,8 +38,8 @@ SUMMARY_PREFIX = metadata.summary_tag("variable").rsplit("/", 1)[0] + "/"
 
 def event_bytes(run_dir: str) -> tuple[int, int, int]:
     """(bytes of the run's event files, the bytes they would have without the VIEW_SUMMARY
-    values, logged points: the steps with view summaries). ``write_raw_pb`` (the Keras
-    path) puts a point's summaries into one event with the per-tensor values, so each event
+    values, logged points: the steps with view summaries). The package's pipeline (Keras
+    and PyTorch) puts a point's summaries into one event with the per-tensor values, so each event
     is measured again with its summary values left out."""
     total = without = 0
     steps: set[int] = set()
