@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tb_introspect import metadata
 from tb_introspect.pipeline.failures import Failures
 from tb_introspect.pipeline.options import Options, matches
 
@@ -28,7 +27,8 @@ def sanitize(name: str) -> str:
 
 @dataclass
 class Monitored:
-    """One monitored tensor: what its summary metadata says."""
+    """One monitored tensor: what its summary metadata says. A parameter is one ``Monitored``
+    for both its views (``view`` "variable"), a layer output for both of its."""
 
     view: str
     name: str
@@ -40,10 +40,6 @@ class Monitored:
     # Outputs only: a rectifier's output, whose activity is counted on every step (exact);
     # any other output's activity comes from the statistics steps (sampled).
     exact: bool = False
-
-    @property
-    def tag(self) -> str:
-        return metadata.stats_tag(self.view, self.name)
 
 
 @dataclass

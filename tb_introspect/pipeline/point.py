@@ -80,8 +80,8 @@ def protos(plan: Plan, point: Point, epoch: int,
             out.append(summary_pb.tensor_stats_pb(
                 vec, view=block.view, name=s.name, layer=s.layer, depth=s.depth,
                 shape=s.shape, dtype=s.dtype, cadence=cadence, quantiles=q))
-        summary = summaries.summary(block.view, [s.tag for s in block.specs], vectors,
-                                    quantiles=q, cadence=cadence)
+        tags = [metadata.stats_tag(block.view, s.name) for s in block.specs]
+        summary = summaries.summary(block.view, tags, vectors, quantiles=q, cadence=cadence)
         if summary is not None:
             out.append(summary)
     return out
