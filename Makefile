@@ -34,8 +34,9 @@ $(STAMP): setup.py pyproject.toml $(wildcard frontend/package.json frontend/pack
 	$(BIN)/pip install 'torch==2.13.0'
 	touch $(STAMP)
 
-# Rebuild the frontend bundle after editing frontend/src, or tb_introspect/metadata.py:
-# frontend/src/schema.js (the names and chart texts the tab imports) is generated from it.
+# Rebuild the frontend bundle after editing frontend/src, tb_introspect/metadata.py or
+# tb_introspect/schema.py: frontend/src/schema.js (the names and chart texts the tab imports)
+# is generated from them.
 frontend: $(STAMP)
 	$(BIN)/python -m tb_introspect.schema_js
 	cd frontend && { test -d node_modules || npm ci --no-audit --no-fund; } && npm run build

@@ -1,7 +1,8 @@
-"""Writes ``frontend/src/schema.js``: ``metadata.schema()`` as an ES module.
+"""Writes ``frontend/src/schema.js``: ``tb_introspect.schema.schema()`` as an ES module.
 
 The frontend imports the format's names and the chart texts from that module instead of
-keeping copies. Regenerate it after editing ``metadata.py``::
+keeping copies. Regenerate it after editing ``metadata.py`` (the format's names) or
+``schema.py`` (the tab's texts)::
 
     python -m tb_introspect.schema_js            # rewrite frontend/src/schema.js
     python -m tb_introspect.schema_js --check    # exit 1 when the committed file is stale
@@ -16,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from tb_introspect import metadata
+from tb_introspect import schema as tab_schema
 
 #: The generated module, from the repository root.
 TARGET = Path("frontend") / "src" / "schema.js"
@@ -30,8 +31,8 @@ HEADER = """\
 
 
 def render(schema: dict | None = None) -> str:
-    """The text of ``schema.js`` for ``schema`` (default: ``metadata.schema()``)."""
-    schema = metadata.schema() if schema is None else schema
+    """The text of ``schema.js`` for ``schema`` (default: ``tb_introspect.schema.schema()``)."""
+    schema = tab_schema.schema() if schema is None else schema
     parts = [HEADER]
     for key, value in schema.items():
         parts.append(f"\nexport const {key.upper()} = {_literal(value)};\n")

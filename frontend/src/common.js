@@ -2,7 +2,7 @@
 
 import { h } from "./dom.js";
 
-// The views, their names and one-line help: the schema's (tb_introspect/metadata.py).
+// The views, their names and one-line help: the schema's (tb_introspect/schema.py).
 export { VIEWS, VIEW_HELP, VIEW_LABELS } from "./schema.js";
 
 /**

@@ -1,6 +1,6 @@
 // The Layers view's chart modes: one table that the mode buttons, the fields a
 // panel requests, the help texts and the URL state (state.js: `lmode`) all read.
-// A new mode is one entry here, its texts in tb_introspect/metadata.py (CHARTS)
+// A new mode is one entry here, its texts in tb_introspect/schema.py (CHARTS)
 // and, unless it plots a single slot, its drawing function in views/layers.js.
 
 import { CHARTS, ILR_PREFIX } from "./schema.js";

@@ -1,5 +1,5 @@
 // The frontend keeps no copy of the schema (src/schema.js, generated from
-// tb_introspect/metadata.py): these checks read every other source file.
+// tb_introspect/metadata.py and schema.py): these checks read every other source file.
 import test from "node:test";
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";

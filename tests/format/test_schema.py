@@ -1,8 +1,8 @@
-"""The one schema: ``metadata.schema()``, its generated ES module, and the frontend's spelling.
+"""The one schema: ``schema.schema()``, its generated ES module, and the frontend's spelling.
 
 The tab's names and chart texts come from ``frontend/src/schema.js``, generated from
-``metadata.py``; these tests fail when the committed module is stale or the two
-languages would name a slot differently.
+``metadata.py`` and ``schema.py``; these tests fail when the committed module is stale or
+the two languages would name a slot differently.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_introspect import metadata, schema_js
+from tb_introspect import metadata, schema, schema_js
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -41,14 +41,14 @@ def test_check_flags_a_stale_module_and_writing_fixes_it(tmp_path: Path, capsys)
 
 
 def test_the_schema_is_plain_json() -> None:
-    s = metadata.schema()
+    s = schema.schema()
     assert json.loads(json.dumps(s)) == s
     # One constant per key: upper-case keys that stay distinct.
     assert len({k.upper() for k in s}) == len(s)
 
 
 def test_the_schema_rebuilds_every_tensor_layout() -> None:
-    s = metadata.schema()
+    s = schema.schema()
     rule = s["quantile_field"]
     qs = (0.0, 2.5, 50.0, 97.5, 100.0)
 
@@ -74,18 +74,18 @@ def test_the_schema_rebuilds_every_tensor_layout() -> None:
 
 
 def test_every_text_on_the_implicit_learning_rate_quotes_the_one_formula() -> None:
-    texts = [c["help"] for c in metadata.CHARTS.values()] + list(metadata.SLOT_HELP.values())
+    texts = [c["help"] for c in schema.CHARTS.values()] + list(schema.SLOT_HELP.values())
     ilr = [t for t in texts if "Σg" in t or "implicit learning rate" in t]
     assert len(ilr) >= 2
     for t in ilr:
-        assert metadata.FORMULAS["implicit_lr"] in t and metadata.GRADIENT_SUM in t, t
-    assert metadata.FORMULAS["update_ratio"] in metadata.CHARTS["layers.update"]["help"]
+        assert schema.FORMULAS["implicit_lr"] in t and schema.GRADIENT_SUM in t, t
+    assert schema.FORMULAS["update_ratio"] in schema.CHARTS["layers.update"]["help"]
 
 
 @pytest.mark.parametrize("doc", ["format.md", "http_api.md", "reading-the-tab.md"])
 def test_the_docs_write_the_implicit_learning_rate_as_the_code(doc: str) -> None:
     text = (DOCS / doc).read_text(encoding="utf-8")
-    assert metadata.FORMULAS["implicit_lr"] in text
+    assert schema.FORMULAS["implicit_lr"] in text
     for wrong in ("|mean gradient|", "|Δw| / |g|", "|Δw|/|g|"):
         assert wrong not in text, (doc, wrong)
 
