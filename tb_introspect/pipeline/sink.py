@@ -6,6 +6,10 @@ reaches for ``tf.io.gfile`` whenever TensorFlow is installed, and its record wri
 computes the records' CRC-32C in pure Python (about 16 ms per 100 kB, more than a small
 model's logged point costs to compute); ``google-crc32c``'s C implementation takes
 microseconds.
+
+A log directory is a local path, or a URL of one of TensorFlow's file systems (``gs://``)
+where TensorFlow is installed, as the Keras callback has always written; a URL is never
+taken for a local folder.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import google_crc32c
 from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -59,11 +64,10 @@ class EventSink:
 
     def __init__(self, log_dir: str | os.PathLike, filename_suffix: str = "") -> None:
         self.log_dir = os.fspath(log_dir)
-        os.makedirs(self.log_dir, exist_ok=True)
         name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
                 f".{os.getpid()}.{_next_uid()}{filename_suffix}")
-        self.path = os.path.join(self.log_dir, name)
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self.path, self._file = _create(self.log_dir, name)
+        self._closed = False
         self._lock = threading.Lock()
         # An unclosed sink (a callback never closed) closes its file when collected: what
         # was written is flushed, without a ResourceWarning.
@@ -73,7 +77,7 @@ class EventSink:
 
     @property
     def closed(self) -> bool:
-        return self._file.closed
+        return self._closed
 
     def add_event(self, event: event_pb2.Event) -> None:
         """Write one event (raises ``ValueError`` once closed, ``OSError`` from the file)."""
@@ -82,7 +86,7 @@ class EventSink:
     def add_records(self, records: Iterable[bytes]) -> None:
         data = b"".join(record(r) for r in records)
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 raise ValueError(f"the event file in {self.log_dir!r} is closed")
             self._file.write(data)
 
@@ -107,14 +111,15 @@ class EventSink:
 
     def flush(self) -> None:
         with self._lock:
-            if not self._file.closed:
+            if not self._closed:
                 self._file.flush()
 
     def close(self) -> None:
         """Flush and close (closed even when the flush fails)."""
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 return
+            self._closed = True
             try:
                 self._file.flush()
             finally:
@@ -125,3 +130,19 @@ class EventSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _create(log_dir: str, name: str) -> tuple[str, Any]:
+    """The new event file's path and its binary file object."""
+    if "://" not in log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        path = os.path.join(log_dir, name)
+        return path, open(path, "wb")  # noqa: SIM115 - closed by the sink
+    try:  # only TensorFlow's file systems are known to take a URL here
+        import tensorflow as tf
+    except ImportError as e:
+        raise ValueError(f"log_dir {log_dir!r}: writing to a URL needs TensorFlow's file"
+                         " systems (gs://); write to a local directory instead") from e
+    tf.io.gfile.makedirs(log_dir)
+    path = log_dir.rstrip("/") + "/" + name
+    return path, tf.io.gfile.GFile(path, "wb")

@@ -391,6 +391,8 @@ class Introspector:
         """One copy of the metric ring (every rank's mean under DDP: a collective)."""
         total = self._metric_total
         count = self._metric_count
+        if not self._metric_names:  # nothing to copy: no device sync
+            return self.step_count, [], count.copy(), count.copy()
         if self.world > 1:
             import torch.distributed as dist
 

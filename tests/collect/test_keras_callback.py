@@ -197,3 +197,16 @@ def test_every_n_with_steps_per_execution(tmp_path):
     run = lib.read_run(str(tmp_path / "b"))
     assert run["introspect/output/conv"].steps == [4, 8]
     assert run["introspect/metric/loss"].steps == list(range(1, 9))
+
+
+def test_a_url_log_dir_is_written_through_tensorflows_file_systems(tmp_path, monkeypatch):
+    """``gs://`` and the like reach the Keras callback's sink through ``tf.io.gfile``
+    (here TensorFlow's in-memory ``ram://``); nothing lands in a local folder."""
+    monkeypatch.chdir(tmp_path)
+    model = make_cnn()
+    x, y = data(32)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[Introspect("ram://keras-url/run", every=1)])
+    run = lib.read_run("ram://keras-url/run")
+    assert lib.tags_of(run, "gradient") and run["introspect/metric/loss"].steps == [1, 2]
+    assert list(tmp_path.iterdir()) == []
