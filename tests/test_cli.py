@@ -194,18 +194,55 @@ def test_diagnose_does_not_import_tensorflow(small_logdir: Path) -> None:
 # --------------------------------------------------------------------------- demo
 
 
-def test_demo_into_existing_logdir_adds_new_runs(small_logdir: Path) -> None:
-    before = snapshot(small_logdir)
-    r = cli("demo", "--logdir", str(small_logdir), "--epochs", "1", "--no-progress",
-            "--scenario", "vanishing_sigmoid_mlp")
-    assert r.returncode == 0, r.stderr[-3000:]
-    after = snapshot(small_logdir)
+@pytest.fixture(scope="module")
+def served_demo(trained, tmp_path_factory: pytest.TempPathFactory):
+    """``demo --serve`` of one scenario into a logdir that already holds the session's demo
+    runs: one training for both what a demo does to an existing logdir and what ``--serve``
+    starts. Yields the process once TensorBoard is up: (process, its url, its output so far,
+    the logdir, snapshots before and after training)."""
+    runs = {p.name: p for p in sorted(trained.demo.iterdir()) if p.is_dir()}
+    logdir = link_runs(runs, tmp_path_factory.mktemp("serve") / "logs")
+    before = snapshot(logdir)
+    port = free_port()
+    proc = subprocess.Popen(
+        [CLI, "demo", "--serve", "--host", "127.0.0.1", "--port", str(port), "--logdir",
+         str(logdir), "--epochs", "1", "--scenario", "vanishing_sigmoid_mlp", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=REPO,
+        # A CI runner may start us with SIGINT ignored, which children inherit; Python then
+        # installs no KeyboardInterrupt handler and the Ctrl+C below would do nothing.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 500
+        assert proc.stdout is not None
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "TensorBoard is serving the demo at" in line:
+                url = line.split(" at ", 1)[1].split()[0]
+                break
+        # Keep reading: the CLI forwards TensorBoard's output, and a full pipe would block it.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        yield proc, url, port, "".join(lines), logdir, before, snapshot(logdir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_demo_into_existing_logdir_adds_new_runs(served_demo) -> None:
+    _, url, _, out, _, before, after = served_demo
+    assert url is not None, out
     # Nothing that was there changed...
     assert {k: after[k] for k in before} == before
     # ...and the new run sits beside the old one under a distinct name.
     new_runs = {Path(k).parts[0] for k in after if k not in before}
     assert new_runs == {"4_vanishing_sigmoid_mlp_2"}
-    assert "4_vanishing_sigmoid_mlp_2" in r.stdout
+    assert "4_vanishing_sigmoid_mlp_2" in out
 
 
 def test_demo_logdir_is_a_file(tmp_path: Path) -> None:
@@ -237,52 +274,26 @@ def test_demo_serve_port_in_use_fails_before_training(tmp_path: Path) -> None:
     assert time.monotonic() - start < 60
 
 
-def test_demo_serve_starts_tensorboard(tmp_path: Path) -> None:
-    port = free_port()
-    logdir = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [CLI, "demo", "--serve", "--host", "127.0.0.1", "--port", str(port), "--logdir",
-         str(logdir), "--epochs", "2", "--scenario", "vanishing_sigmoid_mlp", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=REPO,
-        # A CI runner may start us with SIGINT ignored, which children inherit; Python then
-        # installs no KeyboardInterrupt handler and the Ctrl+C below would do nothing.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        url = None
-        deadline = time.monotonic() + 500
-        assert proc.stdout is not None
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "TensorBoard is serving the demo at" in line:
-                url = line.split(" at ", 1)[1].split()[0]
-                break
-        assert url == f"http://127.0.0.1:{port}/#introspect", "".join(lines)
-        # Keep reading: the CLI forwards TensorBoard's output, and a full pipe would block it.
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        # TensorBoard answers before it has loaded the logdir: wait for the run's tags.
-        deadline = time.monotonic() + 180
-        while True:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{port}/data/plugin/introspect/runs", timeout=60
-            ) as resp:
-                runs = json.load(resp)["runs"]
-            if (runs and runs[0]["views"]["gradient"] == 18) or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert [r["run"] for r in runs] == ["4_vanishing_sigmoid_mlp"]
-        assert runs[0]["views"]["gradient"] == 18
-        proc.send_signal(signal.SIGINT)  # what Ctrl+C does
-        assert proc.wait(timeout=240) == 0  # a loaded CI machine tears TF down slowly
-        # TensorBoard went with it: the port is free again.
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", port))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_demo_serve_starts_tensorboard(served_demo) -> None:
+    proc, url, port, out, logdir, _, _ = served_demo
+    assert url == f"http://127.0.0.1:{port}/#introspect", out
+    # TensorBoard answers before it has loaded the logdir: wait for the new run's tags.
+    new, every_run = "4_vanishing_sigmoid_mlp_2", sorted(p.name for p in logdir.iterdir())
+    deadline = time.monotonic() + 180
+    while True:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/data/plugin/introspect/runs", timeout=60
+        ) as resp:
+            runs = {r["run"]: r for r in json.load(resp)["runs"]}
+        loaded = sorted(runs) == every_run and runs[new]["views"]["gradient"] == 18
+        if loaded or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sorted(runs) == every_run
+    assert runs[new]["views"]["gradient"] == 18
+    proc.send_signal(signal.SIGINT)  # what Ctrl+C does
+    assert proc.wait(timeout=240) == 0  # a loaded CI machine tears TF down slowly
+    # TensorBoard went with it: the port is free again.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
