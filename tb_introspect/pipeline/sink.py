@@ -77,7 +77,9 @@ class EventSink:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        # At interpreter exit the finalizer may have closed the file before a callback's
+        # own exit hook flushes it: closed either way.
+        return self._closed or bool(getattr(self._file, "closed", False))
 
     def add_event(self, event: event_pb2.Event) -> None:
         """Write one event (raises ``ValueError`` once closed, ``OSError`` from the file)."""
@@ -86,7 +88,7 @@ class EventSink:
     def add_records(self, records: Iterable[bytes]) -> None:
         data = b"".join(record(r) for r in records)
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise ValueError(f"the event file in {self.log_dir!r} is closed")
             self._file.write(data)
 
@@ -111,13 +113,13 @@ class EventSink:
 
     def flush(self) -> None:
         with self._lock:
-            if not self._closed:
+            if not self.closed:
                 self._file.flush()
 
     def close(self) -> None:
         """Flush and close (closed even when the flush fails)."""
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return
             self._closed = True
             try:
