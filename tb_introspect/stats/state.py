@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tb_introspect import stats_np
 from tb_introspect.collect.private import in_xla_context
 from tb_introspect.stats import sample, shapes
 from tb_introspect.stats.numeric import (
@@ -41,26 +42,10 @@ from tb_introspect.stats.segments import Segments, concat_flat
 #: (mean, m2) merged with Chan's formula using ``finite_count`` (m2 is stored scaled by
 #: 4**-e, e from max(|min|, |max|)), ``bottom_k`` is the random-key sample (keys and values
 #: merge together).
+# The numpy twin's table, less ``sample_size``: a TensorFlow state carries its sample bound
+# as the static slot count of its sample.
 STATE_MERGE: dict[str, str] = {
-    "count": "sum",
-    "finite_count": "sum",
-    "posinf_count": "sum",
-    "neginf_count": "sum",
-    "pos_count": "sum",
-    "neg_count": "sum",
-    "mean": "moments",
-    "m2": "moments",
-    "min": "min",
-    "max": "max",
-    "min_abs": "min",
-    "activity_count": "sum",
-    "channel_nnz": "sum",
-    "spatial_nnz": "sum",
-    "channels": "max",
-    "positions": "max",
-    "sample_keys": "bottom_k",
-    "sample_values": "bottom_k",
-}
+    k: rule for k, rule in stats_np.STATE_MERGE.items() if k != "sample_size"}
 
 
 def check_state(state: Mapping[str, tf.Tensor]) -> None:

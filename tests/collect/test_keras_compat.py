@@ -120,17 +120,24 @@ def test_jit_compile_keeps_a_bounded_spread_of_layer_outputs(tmp_path, monkeypat
     assert len(lib.tags_of(run, "gradient")) == 18
 
 
+def mixed_precision_mlp() -> tuple[keras.Model, keras.KerasTensor, keras.KerasTensor]:
+    """A float16 MLP with a float32 head, compiled (under the mixed_float16 policy: with a
+    loss-scaled optimizer); the model, its input and its output."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(32, activation="relu", name="hidden")(inp)
+    out = keras.layers.Dense(3, name="head", dtype="float32")(h)
+    model = keras.Model(inp, out)
+    model.compile(keras.optimizers.SGD(0.01), LOSS)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    return model, inp, out
+
+
 def test_mixed_precision_gradients_are_unscaled(tmp_path):
     """Under a loss-scaled optimizer the logged gradients are those of the real loss."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        keras.utils.set_random_seed(0)
-        inp = keras.Input((16,))
-        h = keras.layers.Dense(32, activation="relu", name="hidden")(inp)
-        out = keras.layers.Dense(3, name="head", dtype="float32")(h)
-        model = keras.Model(inp, out)
-        model.compile(keras.optimizers.SGD(0.01), LOSS)
-        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        model, inp, out = mixed_precision_mlp()
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(32, 16)).astype("float32"), rng.integers(0, 3, 32)
         initial = [np.array(v) for v in model.trainable_variables]
@@ -161,12 +168,7 @@ def test_an_overflowed_loss_scaled_step_is_counted_not_summed(tmp_path, every):
     PyTorch Introspector's rule too)."""
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        keras.utils.set_random_seed(0)
-        inp = keras.Input((16,))
-        h = keras.layers.Dense(32, activation="relu", name="hidden")(inp)
-        out = keras.layers.Dense(3, name="head", dtype="float32")(h)
-        model = keras.Model(inp, out)
-        model.compile(keras.optimizers.SGD(0.01), LOSS)
+        model, _, _ = mixed_precision_mlp()
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 3, 64)
         x[16, 0] = np.inf  # the second batch's gradients overflow
