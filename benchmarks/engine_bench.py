@@ -8,10 +8,10 @@
   (ReLU-like), interleaved with ``activity_state``;
 * one logging-time group of tensors, small and large: the fixed cost that
   ``kernels.sample_groups`` weighs against padded sample slots;
-* ``Collector.log`` of one point for MobileNetV2 (32x32, ``weights=None``):
+* one logged point (``Pipeline.log``: computed, written) for MobileNetV2 (32x32, ``weights=None``):
   statistics of every variable, gradient sum and output state, plus writing;
 * the XLA compile of a step holding N ``batch_state`` computations (each in a fresh
-  process: seconds to the first result, peak RSS), why ``core.XLA_STEP_TENSORS`` exists.
+  process: seconds to the first result, peak RSS), why ``step.XLA_STEP_TENSORS`` exists.
 
 Medians of ``--repeats`` runs after a warm-up call (tracing).
 
@@ -167,9 +167,9 @@ def log_row(repeats: int, name: str = "mobilenetv2") -> None:
     model.fit(dataset(2, 16), epochs=1, verbose=0, callbacks=[cb])
     c = cb.collector
     steps = iter(range(10**6))
-    w, cpu = timed(lambda: c.log(next(steps), 0), repeats)
+    w, cpu = timed(lambda: cb.host.log(next(steps)), repeats)
     tensors = len(c.var_specs) * 2 + len(c.out_specs) * 2
-    print(f"| `Collector.log`, one point, {name} ({tensors} tensors) | {w:.0f} | {cpu:.0f} |")
+    print(f"| `Pipeline.log`, one point, {name} ({tensors} tensors) | {w:.0f} | {cpu:.0f} |")
     cb.close()
 
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--xla-sizes", default="4,16,32",
                    help="numbers of batch_state computations in the XLA compile rows")
     p.add_argument("--log-model", default="mobilenetv2",
-                   help="the model of the Collector.log row (a model of overhead.py)")
+                   help="the model of the logged-point row (a model of overhead.py)")
     p.add_argument("--xla-compile-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.xla_compile_child:
