@@ -26,10 +26,12 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The repository root, not tests/: tests/torch would shadow the real torch package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import browser_support as bs  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
+
+from tests.browser import browser_support as bs  # noqa: E402
 
 #: data-chart names of the Overview charts shot one by one.
 CHARTS = (

@@ -82,7 +82,7 @@ class Collector:
         return self.plan.outputs
 
     def want(self, view: str) -> bool:
-        return view in self.views
+        return self.plan.want(view)
 
     def is_off(self, view: str, name: str | None = None) -> bool:
         return self.plan.failures.is_off(view, name)
@@ -234,11 +234,6 @@ class Collector:
 
     def writes_output(self, view: str, j: int) -> bool:
         return self.plan.writes(view, self.out_specs[j])
-
-    @property
-    def exact_rows(self) -> np.ndarray:
-        """Per output: is its activity counted on every step (a rectifier)?"""
-        return np.array([s.exact for s in self.out_specs], bool).reshape(-1)
 
     def point(self, step: int) -> Point:
         """The window's statistics (every worker computes; the chief's sink writes)."""

@@ -25,7 +25,6 @@ from tb_introspect.pipeline.options import (
     OptionArgs,
     Options,
     check_log_dir,
-    matches,
 )
 from tb_introspect.pipeline.plan import Monitored, sanitize
 from tb_introspect.pipeline.sink import EventSink
@@ -161,7 +160,7 @@ class Introspector:
         c = self.collector
         chosen = c.options.layers
         names = [n for n in list(outputs) + [n for n in output_gradients if n not in outputs]
-                 if chosen is None or matches(chosen, n)]
+                 if c.plan.chosen(n)]
         specs = []
         for depth, name in enumerate(names):
             t = outputs.get(name)
@@ -174,14 +173,14 @@ class Introspector:
                 shape=tuple(shape), dtype=t.dtype.name, has_grad=name in output_gradients,
                 # The outputs of a custom loop are the user's choice: all exact unless
                 # ``rectifiers`` says which are.
-                exact=c.options.rectifiers is None or matches(c.options.rectifiers, name),
+                exact=c.options.rectifiers is None or c.plan.named_rectifier(name),
             ))
         c.set_outputs(specs)
         depth_of = {name: d for d, name in enumerate(names)}
         var_names = [_variable_name(v) for v in variables]
         layers = [n.rsplit("/", 1)[0] if "/" in n else n for n in var_names]
         if chosen is not None:
-            keep = [i for i, layer in enumerate(layers) if matches(chosen, layer)]
+            keep = [i for i, layer in enumerate(layers) if c.plan.chosen(layer)]
             variables = [variables[i] for i in keep]
             var_names, layers = [var_names[i] for i in keep], [layers[i] for i in keep]
         for layer in layers:

@@ -44,7 +44,6 @@ from tb_introspect.pipeline.options import (
     OptionArgs,
     Options,
     check_log_dir,
-    matches,
 )
 from tb_introspect.pipeline.plan import Monitored, sanitize
 from tb_introspect.pipeline.sink import EventSink
@@ -316,7 +315,7 @@ class Introspect(keras.callbacks.Callback):
             for v in entry.layer.trainable_variables:
                 owner.setdefault(id(v), entry.name)
         chosen = self.options.layers
-        self._captured = [e for e in every_layer if chosen is None or matches(chosen, e.name)]
+        self._captured = [e for e in every_layer if c.plan.chosen(e.name)]
         if chosen is not None and not self._captured:
             warn(f"layers={chosen!r} names none of the model's layers"
                  f" ({', '.join(e.name for e in every_layer[:8])}...): nothing is monitored")
@@ -350,8 +349,8 @@ class Introspect(keras.callbacks.Callback):
         for s in specs:
             s.depth = depth_of.get(s.layer, len(ranked))
             layer = by_name.get(s.layer)
-            s.exact = (layer is not None and capture.is_rectifier(layer)) or matches(
-                self.options.rectifiers, s.layer)
+            s.exact = (layer is not None and capture.is_rectifier(layer)) or (
+                c.plan.named_rectifier(s.layer))
         if self.options.want("output_gradient") and specs and not any(s.has_grad for s in specs):
             warn("no gradient reaches any layer output (no trainable variables?); the"
                  " output_gradient view is off")

@@ -3,9 +3,7 @@
 Every writer of the package (the Keras callback, both ``Introspector`` classes,
 ``NumpyWriter``) writes through an ``EventSink``. TensorBoard's own ``EventFileWriter``
 reaches for ``tf.io.gfile`` whenever TensorFlow is installed, and its record writer
-computes the records' CRC-32C in pure Python (about 16 ms per 100 kB, more than a small
-model's logged point costs to compute); ``google-crc32c``'s C implementation takes
-microseconds.
+computes the records' CRC-32C in pure Python; ``google-crc32c`` computes it in C.
 
 A log directory is a local path, or a URL of one of TensorFlow's file systems (``gs://``)
 where TensorFlow is installed, as the Keras callback has always written; a URL is never
