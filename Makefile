@@ -29,9 +29,11 @@ venv: $(STAMP)
 $(STAMP): setup.py pyproject.toml $(wildcard frontend/package.json frontend/package-lock.json)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[tf-cpu,demo,test,bench]'
-	$(BIN)/pip install --no-deps 'tf-keras>=2.16,<2.22'
+	# torch first: the trainers' own requirement on torch must find it installed (PyPI's
+	# default build is a CUDA one of several GB).
 	$(BIN)/pip install 'torch==2.13.0'
+	$(BIN)/pip install -e '.[tf-cpu,demo,test,bench,s3,transformers,lightning]'
+	$(BIN)/pip install --no-deps 'tf-keras>=2.16,<2.22'
 	touch $(STAMP)
 
 # Rebuild the frontend bundle after editing frontend/src, tb_introspect/metadata.py or

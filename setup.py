@@ -75,6 +75,12 @@ setup(
         # The PyTorch writer side (tb_introspect.torch); the CPU build is enough for the tests.
         "torch": ["torch>=2.4,<2.14"],
         "demo": ["scikit-learn>=1.3,<2", "tqdm>=4.66,<5"],
+        # Writing to and reading from buckets: s3:// through boto3, other URLs through fsspec.
+        "s3": ["boto3>=1.34,<2"],
+        "gcs": ["gcsfs>=2024.2"],
+        # The trainer integrations (tb_introspect.transformers, tb_introspect.lightning).
+        "transformers": ["transformers>=4.46,<6", "accelerate>=1.1,<2"],
+        "lightning": ["lightning>=2.4,<3"],
         "test": [
             "pytest>=8,<10",
             "pytest-xdist>=3.6,<4",
@@ -83,6 +89,8 @@ setup(
             "playwright>=1.45,<2",
             "ruff==0.17.5",
             "scikit-learn>=1.3,<2",
+            # A real S3-compatible server on 127.0.0.1 for the bucket tests.
+            "moto[server]==5.2.5",
         ],
         # tfp also needs tf-keras, whose own requirement on `tensorflow` would install a second
         # TensorFlow over tensorflow-cpu: the Makefile installs tf-keras with --no-deps.
