@@ -7,7 +7,9 @@ texts and the ``schema()`` the frontend imports are in :mod:`tb_introspect.schem
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import zlib
 from collections.abc import Sequence
 
@@ -338,17 +340,64 @@ def create_tensor_stats_metadata(
 
 
 def create_metric_metadata(
-    name: str, per_epoch: bool = False
+    name: str, per_epoch: bool = False, loss: str = ""
 ) -> summary_pb2.SummaryMetadata:
-    """SummaryMetadata for a per-step metric or its per-epoch band."""
+    """SummaryMetadata for a per-step metric or its per-epoch band; ``loss``: the training
+    loss's description (``loss_json``), for the ``loss`` metric."""
     data = plugin_data_pb2.PluginData(
         version=PROTO_VERSION,
         kind=METRIC_EPOCH if per_epoch else METRIC,
         name=name,
         cadence="epoch" if per_epoch else "step",
         fields=METRIC_EPOCH_FIELDS if per_epoch else METRIC_FIELDS,
+        loss=loss,
     )
     return _summary_metadata(data, f"metric {name}")
+
+
+#: What a loss description says (``PluginData.loss``, docs/format.md "The loss").
+LOSS_TASKS = ("classification", "regression")
+
+
+def loss_json(task: str | None, *, from_logits: bool | None = None,
+              label_smoothing: float = 0.0, name: str = "") -> str:
+    """The description of a training loss as the ``loss`` field holds it.
+
+    ``task``: "classification" (a cross-entropy), "regression" or None (not known);
+    ``from_logits``: whether the loss applies the softmax/sigmoid itself (None: not known);
+    ``label_smoothing``: the share of each target spread over the other classes.
+
+    Example:
+        >>> parse_loss(loss_json("classification", from_logits=True))["from_logits"]
+        True
+    """
+    if task is not None and task not in LOSS_TASKS:
+        raise ValueError(f"loss task must be one of {LOSS_TASKS} or None, got {task!r}")
+    if from_logits is not None and not isinstance(from_logits, bool):
+        raise ValueError(f"from_logits must be True, False or None, got {from_logits!r}")
+    ls = float(label_smoothing)
+    if not (math.isfinite(ls) and 0 <= ls < 1):
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing!r}")
+    return json.dumps({"task": task, "from_logits": from_logits, "label_smoothing": ls,
+                       "name": str(name)})
+
+
+def parse_loss(text: str) -> dict | None:
+    """A ``loss`` field read back: the dict of ``loss_json``, or None (empty or unreadable)."""
+    if not text:
+        return None
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    ls = d.get("label_smoothing")
+    return {"task": d.get("task") if d.get("task") in LOSS_TASKS else None,
+            "from_logits": d.get("from_logits") if isinstance(d.get("from_logits"), bool)
+            else None,
+            "label_smoothing": float(ls) if isinstance(ls, (int, float)) else 0.0,
+            "name": str(d.get("name", ""))}
 
 
 def _shape_field(shape: Sequence[int | None]) -> list[int]:

@@ -39,6 +39,8 @@ class TagInfo:
     max_wall_time: float = 0.0
     #: VIEW_SUMMARY only: the TENSOR_STATS tag of each row of its [rows, fields] matrix.
     rows: tuple[str, ...] = ()
+    #: The training loss's metric only: what the loss is (``metadata.loss_json``), or "".
+    loss: str = ""
 
     @property
     def width(self) -> int:
@@ -104,6 +106,15 @@ class RunSeries:
     activity: dict[str, Series] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     format_version: int = 0
+
+    @property
+    def loss_info(self) -> dict | None:
+        """What the training loss is, as the front-end recorded it (``metadata.parse_loss``:
+        task, from_logits, label_smoothing, name), or None when not recorded."""
+        for s in (self.metrics.get("loss"), self.metric_epochs.get("loss")):
+            if s is not None and s.info.loss:
+                return metadata.parse_loss(s.info.loss)
+        return None
 
     def all_series(self) -> dict[str, Series]:
         """Every readable series of the run by tag."""

@@ -46,18 +46,21 @@ def tensor_stats_pb(
     return _summary(metadata.stats_tag(view, name), meta, stats_vector)
 
 
-def metric_pb(name: str, value: float, epoch: int = 0) -> summary_pb2.Summary:
-    """A Summary holding one per-step value of a loss or metric."""
+def metric_pb(name: str, value: float, epoch: int = 0, loss: str = "") -> summary_pb2.Summary:
+    """A Summary holding one per-step value of a loss or metric (``loss``: the training
+    loss's description, ``metadata.loss_json``)."""
     return _summary(
-        metadata.metric_tag(name), metadata.create_metric_metadata(name), [epoch, value]
+        metadata.metric_tag(name), metadata.create_metric_metadata(name, loss=loss),
+        [epoch, value],
     )
 
 
-def metric_epoch_pb(name: str, values: Sequence[float], epoch: int) -> summary_pb2.Summary:
+def metric_epoch_pb(name: str, values: Sequence[float], epoch: int,
+                    loss: str = "") -> summary_pb2.Summary:
     """A Summary holding the per-epoch band (``metadata.metric_epoch_band``) of ``values``."""
     return _summary(
         metadata.metric_tag(name, per_epoch=True),
-        metadata.create_metric_metadata(name, per_epoch=True),
+        metadata.create_metric_metadata(name, per_epoch=True, loss=loss),
         metadata.metric_epoch_band(values, epoch),
     )
 

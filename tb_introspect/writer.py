@@ -121,15 +121,18 @@ class NumpyWriter:
         self._hold(step, view, name, np.asarray(vector, dtype=np.float64).reshape(-1),
                    quantiles, cadence)
 
-    def add_metric(self, name: str, value: float, step: int, *, epoch: int = 0) -> None:
-        """Write one per-step value of a loss or metric."""
-        self.add_summary(summary_pb.metric_pb(name, value, epoch=epoch), step)
+    def add_metric(self, name: str, value: float, step: int, *, epoch: int = 0,
+                   loss: str = "") -> None:
+        """Write one per-step value of a loss or metric; ``loss``: the training loss's
+        description (``metadata.loss_json``), for the ``loss`` metric."""
+        self.add_summary(summary_pb.metric_pb(name, value, epoch=epoch, loss=loss), step)
 
     def add_metric_epoch(
-        self, name: str, values: Sequence[float], step: int, *, epoch: int
+        self, name: str, values: Sequence[float], step: int, *, epoch: int, loss: str = ""
     ) -> None:
         """Write the per-epoch band of the per-step ``values`` of a metric."""
-        self.add_summary(summary_pb.metric_epoch_pb(name, values, epoch=epoch), step)
+        self.add_summary(summary_pb.metric_epoch_pb(name, values, epoch=epoch, loss=loss),
+                         step)
 
     def add_activity(
         self,

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tb_introspect import metadata
 from tb_introspect.collect import capture, private
+from tb_introspect.collect import loss as compiled_loss
 from tb_introspect.collect.collector import Collector
 from tb_introspect.collect.install import Installation
 from tb_introspect.collect.step import StepMode, StepRecorder
@@ -249,6 +250,10 @@ class Introspect(keras.callbacks.Callback):
                                  self.options.stats_every if per_epoch else 1)
         self.host = Pipeline(self.collector, self.writer, lockstep=lockstep,
                              governor=self.governor)
+        try:  # what the loss is, for the findings; never worth failing the set-up for
+            self.host.ring.loss_info = compiled_loss.describe_model(model)
+        except Exception:
+            pass
         self._every_step_noted = False
         self._original_step = model.train_step
         self.installation = Installation(model)

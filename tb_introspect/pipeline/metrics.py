@@ -23,6 +23,9 @@ class Ring:
     def __init__(self) -> None:
         self.last_step = 0  # the last step whose values were written
         self.epoch_values: dict[str, list[float]] = {}
+        #: The training loss's description (``metadata.loss_json``), written in the
+        #: metadata of the ``loss`` metric; set by the front-end before the first step.
+        self.loss_info = ""
 
     def start(self, step: int) -> None:
         self.last_step = int(step)
@@ -54,12 +57,15 @@ class Ring:
 
     def _value(self, name: str, value: float, epoch: int) -> summary_pb2.Summary:
         self.epoch_values.setdefault(name, []).append(value)
-        return summary_pb.metric_pb(name, value, epoch)
+        return summary_pb.metric_pb(name, value, epoch, self._loss(name))
+
+    def _loss(self, name: str) -> str:
+        return self.loss_info if name == "loss" else ""
 
     def epoch_bands(self, epoch: int, extra: Mapping[str, Any] | None = None
                     ) -> list[summary_pb2.Summary]:
         """Each metric's per-epoch band, and ``extra`` values (``val_loss``) as written."""
-        protos = [summary_pb.metric_epoch_pb(name, values, epoch)
+        protos = [summary_pb.metric_epoch_pb(name, values, epoch, self._loss(name))
                   for name, values in self.epoch_values.items() if values]
         for name, value in (extra or {}).items():
             v = as_float(value)

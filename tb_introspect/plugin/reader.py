@@ -79,6 +79,7 @@ def parse_tag_info(
         max_step=int(max_step),
         max_wall_time=float(max_wall_time),
         rows=tuple(data.rows),
+        loss=data.loss,
     )
 
 

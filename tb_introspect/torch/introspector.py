@@ -41,6 +41,7 @@ from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.torch import modules, params, private, state
+from tb_introspect.torch.loss import describe as criterion_info
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -61,6 +62,9 @@ class Introspector:
     the keyword ``options`` are the Keras callback's (``pipeline.options.OptionArgs``:
     ``layers``, ``rectifiers``, ``overhead``, ``stats_every``...), with the same meaning;
     ``grad_scaler`` (a ``torch.amp.GradScaler``) unscales the output gradients.
+    ``criterion`` says what the loss is, for the findings (docs/findings.md): the loss module
+    (``nn.CrossEntropyLoss(label_smoothing=0.1)``, ``nn.MSELoss()``...), or for a functional
+    loss a dict such as ``{"task": "classification", "from_logits": True}``; None: not known.
 
     With ``every="epoch"``, layer outputs and output gradients get their statistics on each
     epoch's first step and then at most every ``stats_every``-th step, as rarely as keeps
@@ -92,11 +96,13 @@ class Introspector:
         *,
         views: Sequence[str] = metadata.VIEWS,
         grad_scaler: Any = None,
+        criterion: Any = None,
         initial_step: int = 0,
         initial_epoch: int = 0,
         **options: Unpack[OptionArgs],
     ):
         options = Options.of(views, every, options)
+        loss_info = criterion_info(criterion)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -151,6 +157,7 @@ class Introspector:
         self._metric_count = np.zeros((METRIC_ROWS, 0))  # which cells a step wrote
         self.pipeline = Pipeline(self, EventSink(self.log_dir) if self.rank == 0 else None,
                                  lockstep=self.world > 1, governor=self.governor)
+        self.pipeline.ring.loss_info = loss_info
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
         self._phase = self._phase_of(self.step_count + 1)

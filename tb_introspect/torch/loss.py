@@ -1,0 +1,55 @@
+"""What a PyTorch training loss is, as the user declares it (``Introspector(criterion=...)``).
+
+The findings need to know whether the loss is a cross-entropy, whether it applies the
+softmax itself (``from_logits``) and its label smoothing (docs/findings.md, ``loss_floor``).
+A loop computes its loss itself, so the Introspector is told: the criterion module, or a
+dict for a functional loss. Never guessed from names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from tb_introspect import metadata
+
+#: Criterion classes: (task, from_logits). ``NLLLoss`` takes log-probabilities, ``BCELoss``
+#: probabilities; ``CrossEntropyLoss`` and ``BCEWithLogitsLoss`` apply the softmax/sigmoid.
+_KNOWN: tuple[tuple[type, str, bool | None], ...] = (
+    (nn.CrossEntropyLoss, "classification", True),
+    (nn.BCEWithLogitsLoss, "classification", True),
+    (nn.NLLLoss, "classification", False),
+    (nn.BCELoss, "classification", False),
+    (nn.MSELoss, "regression", None),
+    (nn.L1Loss, "regression", None),
+    (nn.SmoothL1Loss, "regression", None),
+    (nn.HuberLoss, "regression", None),
+)
+
+
+def describe(criterion: Any) -> str:
+    """``metadata.loss_json`` of ``criterion``: None (not known: ""), a loss module, or a
+    dict with ``task`` ("classification" or "regression") and optionally ``from_logits``
+    and ``label_smoothing``. ``TypeError``/``ValueError`` on anything else."""
+    if criterion is None:
+        return ""
+    if isinstance(criterion, dict):
+        unknown = sorted(set(criterion) - {"task", "from_logits", "label_smoothing"})
+        if unknown or "task" not in criterion:
+            raise ValueError("criterion as a dict takes 'task' and optionally 'from_logits'"
+                             f" and 'label_smoothing', got {sorted(criterion)}")
+        return metadata.loss_json(criterion["task"],
+                                  from_logits=criterion.get("from_logits"),
+                                  label_smoothing=criterion.get("label_smoothing", 0.0),
+                                  name="declared")
+    if not isinstance(criterion, nn.Module):
+        raise TypeError("criterion must be a loss module (nn.CrossEntropyLoss(), ...), a dict"
+                        f" or None, got {type(criterion).__name__}")
+    for cls, task, from_logits in _KNOWN:
+        if isinstance(criterion, cls):
+            return metadata.loss_json(
+                task, from_logits=from_logits,
+                label_smoothing=float(getattr(criterion, "label_smoothing", 0.0) or 0.0),
+                name=type(criterion).__name__)
+    return ""
