@@ -1,7 +1,7 @@
 """Numpy-only event writer for tb-introspect summaries (no TensorFlow).
 
-Events go through the package's one ``pipeline.sink.EventSink`` (no TensorFlow, local
-directories).
+Events go through the package's one ``pipeline.sink.EventSink`` (no TensorFlow; a local
+directory or a bucket URL such as ``s3://bucket/runs/a``).
 
 View summaries (format version 3): the statistics added with ``add_tensor_stats`` /
 ``add_stats_vector`` are held per step, and each view's VIEW_SUMMARY of a step is written

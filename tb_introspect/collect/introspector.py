@@ -85,7 +85,8 @@ class Introspector:
         options = Options.of(views, every, {**options, "overhead": None})
         self.log_dir = check_log_dir(log_dir)
         strategy = tf.distribute.get_strategy()
-        self.writer = EventSink(self.log_dir) if is_chief(strategy) else None
+        self.writer = (EventSink(self.log_dir, upload_secs=options.flush_secs)
+                       if is_chief(strategy) else None)
         self.collector = Collector(options, strategy=strategy)
         self.host = Pipeline(self.collector, self.writer)
         self.host.begin_epoch(initial_epoch)

@@ -182,7 +182,8 @@ class Introspect(keras.callbacks.Callback):
     (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step in N").
 
     Args:
-        log_dir: run directory for the event files (created; must be writable).
+        log_dir: run directory for the event files (created; must be writable), or a
+            bucket URL (``s3://``, ``gs://``, any fsspec URL: see the README's Hosting).
         views: any of ``"variable"``, ``"gradient"``, ``"output"``, ``"output_gradient"``.
         every: ``"epoch"`` (aggregate each epoch: variables at its end,
             gradients summed over its steps, outputs merged over all its
@@ -232,7 +233,7 @@ class Introspect(keras.callbacks.Callback):
         self.strategy = model.distribute_strategy
         self.chief = is_chief(self.strategy)
         if self.chief and self.writer is None:
-            self.writer = EventSink(self.log_dir)
+            self.writer = EventSink(self.log_dir, upload_secs=self.options.flush_secs)
         self.spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
         every = self.options.every
         if every != "epoch" and every < self.spe:
@@ -280,7 +281,7 @@ class Introspect(keras.callbacks.Callback):
 
     def _reinstall(self) -> None:
         if self.chief and self.writer is None:
-            self.writer = EventSink(self.log_dir)
+            self.writer = EventSink(self.log_dir, upload_secs=self.options.flush_secs)
             self.host.set_sink(self.writer)
         inst = self.installation
         inst.keep_original()

@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from tb_introspect import metadata
+from tb_introspect.pipeline import storage
 
 #: Percentile sample bound for tensors summarised once per logged point
 #: (variables, gradient aggregates). Cheap at logging time.
@@ -197,17 +198,15 @@ def check_positive(name: str, value: int) -> int:
 
 
 def check_log_dir(log_dir: str) -> str:
-    """Create ``log_dir`` and prove it is writable, or raise a clear ``OSError`` now."""
+    """Create ``log_dir`` and prove it is writable, or raise a clear ``OSError`` now (a
+    URL whose file system is not installed: ``ValueError`` naming the package)."""
     log_dir = os.fspath(log_dir)
     probe = os.path.join(log_dir, f".tb_introspect_probe_{uuid.uuid4().hex}")
+    if storage.is_url(log_dir):
+        storage.open_store(log_dir)  # the missing package's ValueError, as it is
     try:
-        if "://" in log_dir:  # gs://, s3://: only TensorFlow's file systems reach them
-            import tensorflow as tf
-
-            tf.io.gfile.makedirs(log_dir)
-            with tf.io.gfile.GFile(probe, "w") as f:
-                f.write("ok")
-            tf.io.gfile.remove(probe)
+        if storage.is_url(log_dir):  # s3://, gs://...: whole objects (storage.py)
+            storage.probe(log_dir)
         else:
             os.makedirs(log_dir, exist_ok=True)
             with open(probe, "w") as f:

@@ -109,9 +109,6 @@ class Introspector:
             raise TypeError("optimizer must be a torch.optim.Optimizer or None,"
                             f" got {type(optimizer).__name__}")
         log_dir = os.fspath(log_dir)
-        if "://" in log_dir:
-            raise ValueError(f"log_dir {log_dir!r}: the PyTorch writer writes local"
-                             " directories only")
         self.plan = Plan(options)
         self.options = options
         self.failures = self.plan.failures
@@ -155,7 +152,8 @@ class Introspector:
         self._metric_total = torch.zeros((METRIC_ROWS, 0), dtype=torch.float64,
                                          device=self.device)
         self._metric_count = np.zeros((METRIC_ROWS, 0))  # which cells a step wrote
-        self.pipeline = Pipeline(self, EventSink(self.log_dir) if self.rank == 0 else None,
+        self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)
+                                 if self.rank == 0 else None,
                                  lockstep=self.world > 1, governor=self.governor)
         self.pipeline.ring.loss_info = loss_info
         self.pipeline.start(self.step_count)

@@ -211,10 +211,12 @@ class TensorBoard:
 
 
 @contextlib.contextmanager
-def tensorboard(logdir: Path, path_prefix: str = "", wait_runs: int = 1,
+def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
                 extra_args: tuple[str, ...] = ()) -> Iterator[TensorBoard]:
-    """A real ``tensorboard`` process serving ``logdir``; waits until its runs are loaded."""
-    fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log", dir=logdir.parent)
+    """A real ``tensorboard`` process serving ``logdir`` (a folder, or a bucket URL: its log
+    goes to the temporary folder); waits until its runs are loaded."""
+    fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log",
+                                dir=logdir.parent if isinstance(logdir, Path) else None)
     log_path = Path(name)
     # TensorBoard without TensorFlow, as on a viewing server: it proves the
     # plugin needs no TensorFlow and saves seconds of import per process.

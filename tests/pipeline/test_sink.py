@@ -1,14 +1,17 @@
 """The one event sink: records TensorBoard's own writer would write, byte for byte, read back
-by TensorBoard's loader; URLs go to TensorFlow's file systems or are refused, never to a
-local folder named after them."""
+by TensorBoard's loader; a URL rolls into whole objects (fsspec's file://, as gs://; a scheme
+only TensorFlow knows through its file systems) or is refused, never written to a local
+folder named after it. Buckets: tests/remote."""
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from tb_introspect import summary_pb
-from tb_introspect.pipeline.sink import EventSink, record
+from tb_introspect.pipeline.sink import EventSink, WriteFailed, record
 
 
 @pytest.mark.parametrize("size", [0, 1, 100, 70_000])
@@ -69,4 +72,53 @@ def test_without_tensorflow_a_url_is_refused_and_nothing_is_written(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=tmp_path, timeout=120)
     assert "refused: log_dir 'gs://bucket/run'" in out.stdout, out.stderr[-2000:]
+    assert "pip install 'tb-introspect[gcs]'" in out.stdout
     assert "files: []" in out.stdout
+
+
+def _url_events(folder):
+    """Every event of the event files in ``folder``, files in name order (as TensorBoard)."""
+    names = sorted(p.name for p in folder.iterdir())
+    return names, [event_pb2.Event.FromString(raw) for name in names
+                   for raw in event_file_loader.RawEventFileLoader(str(folder / name)).Load()]
+
+
+def test_a_url_rolls_one_new_object_per_upload_in_name_order(tmp_path):
+    # file:// goes through fsspec, as gs:// does: whole objects, never appended to.
+    with EventSink(f"file://{tmp_path}/run", upload_secs=0) as sink:
+        for step in (1, 2, 3):
+            sink.write(step, [summary_pb.metric_pb("loss", 1.0 / step)])
+            sink.flush()
+            deadline = time.monotonic() + 10
+            while len(list((tmp_path / "run").iterdir())) < step + 1:  # the thread put it
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+    names, events = _url_events(tmp_path / "run")
+    assert sink.path == f"file://{tmp_path}/run/{names[0]}" and len(names) == 4
+    # Each object is an event file of its own (the file version first); each step once.
+    assert [e.file_version for e in events if e.file_version] == ["brain.Event:2"] * 4
+    assert [e.step for e in events if e.summary.value] == [1, 2, 3]
+
+
+def test_a_url_uploads_at_most_once_per_interval_and_close_puts_the_rest(tmp_path):
+    with EventSink(f"file://{tmp_path}/run", upload_secs=60) as sink:
+        sink.write(1, [summary_pb.metric_pb("loss", 1.0)])
+        sink.flush()  # the first upload since the header: waits out the interval
+        for step in range(2, 30):
+            sink.write(step, [summary_pb.metric_pb("loss", 1.0 / step)])
+            sink.flush()
+        time.sleep(0.2)
+        assert len(list((tmp_path / "run").iterdir())) == 1  # the header alone
+    names, events = _url_events(tmp_path / "run")
+    assert len(names) == 2 and [e.step for e in events if e.summary.value] == list(range(1, 30))
+
+
+def test_a_failed_upload_counts_the_steps_it_lost(tmp_path):
+    sink = EventSink(f"file://{tmp_path}/run", upload_secs=0)
+    shutil.rmtree(tmp_path / "run")
+    (tmp_path / "run").write_text("")  # where the objects went, a file: every put fails
+    for step in (5, 6):
+        sink.write(step, [summary_pb.metric_pb("loss", 1.0)])
+    with pytest.raises(WriteFailed, match=r"the values of 2 steps \(5 to 6\) were not"):
+        sink.close()
+    assert sink.closed
