@@ -15,4 +15,8 @@ def __getattr__(name: str):
         from tb_introspect.collect.introspector import Introspector
 
         return Introspector
+    if name == "FindingStop":
+        from tb_introspect.pipeline.findings import FindingStop
+
+        return FindingStop
     raise AttributeError(f"module 'tb_introspect' has no attribute {name!r}")

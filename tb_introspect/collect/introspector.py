@@ -197,12 +197,14 @@ class Introspector:
         """After each training step (from Python): writes what is due."""
         if self.collector.built and not self._broken:
             self.host.after_steps(1)
+            self.host.raise_stop()  # on_finding="stop": FindingStop, the point written
 
     def end_epoch(self) -> None:
         """After each epoch (from Python): per-epoch statistics and metric bands."""
         if self.collector.built and not self._broken:
             self.host.end_epoch()
         self.host.begin_epoch(self.host.epoch + 1)
+        self.host.raise_stop()
 
     def flush(self) -> None:
         self.host.flush()

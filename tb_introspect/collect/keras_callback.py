@@ -191,7 +191,9 @@ class Introspect(keras.callbacks.Callback):
             metrics and their per-epoch bands are written in both cases.
         **options: what every front-end takes (``pipeline.options.OptionArgs``):
             ``sample_size``, ``step_sample_size``, ``stats_every``, ``layers``,
-            ``rectifiers``, ``overhead``, ``quantiles``, ``flush_secs``, ``seed``.
+            ``rectifiers``, ``overhead``, ``quantiles``, ``flush_secs``, ``seed``,
+            ``on_finding`` (``"stop"``: ``model.stop_training`` is set when a finding
+            of at least ``on_finding_severity`` appears; or a callable ``f(finding)``).
 
     Example:
         >>> import keras, numpy as np, tempfile
@@ -505,6 +507,12 @@ class Introspect(keras.callbacks.Callback):
             tracked = set(self.collector.metric_names)
             running = {k: v for k, v in logs.items() if k not in tracked}
         self.host.after_steps(steps, running or None)
+        self._stop_on_finding()
+
+    def _stop_on_finding(self) -> None:
+        """``on_finding="stop"``: a finding appeared, Keras ends ``fit`` after this step."""
+        if self.host.take_stop() is not None:
+            self.model.stop_training = True
 
     def _collecting(self) -> bool:
         return (
@@ -522,6 +530,7 @@ class Introspect(keras.callbacks.Callback):
             return
         val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
         self.host.end_epoch(val)
+        self._stop_on_finding()
         if self.options.every == 1 and not self._every_step_noted:
             line = self.governor.every_step_cost(DEFAULT_OVERHEAD)
             if line is not None:
@@ -532,6 +541,7 @@ class Introspect(keras.callbacks.Callback):
         try:
             if self._collecting():
                 self.host.guard(METRICS, self.host.drain)
+                self.host.act(settle=True)  # on_finding sees the last epoch too
         finally:
             self._uninstall()
             self._flush()

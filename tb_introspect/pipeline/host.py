@@ -8,11 +8,14 @@ each flush, logs a point at every N-th step or at each epoch's end, writes the e
 activity maps and metric bands, keeps the event file flushed for TensorBoard's live view,
 and turns a failure into one warning with the part switched off. Only the chief (rank 0)
 has a sink; every process asks for the same points, since reading a distributed
-collector's state is a collective.
+collector's state is a collective. With ``on_finding`` it hands what it wrote to
+``findings.Watch``, which judges it off the training thread, and acts on what comes back
+between steps (``stop``: a finding the front-end ends training on).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -20,8 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from tb_introspect import summary_pb
+from tb_introspect.diagnose import Finding
 from tb_introspect.pipeline import point as points
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part, short_error, warn
+from tb_introspect.pipeline.findings import FindingStop, Watch, describe
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import Ring
 from tb_introspect.pipeline.plan import Plan
@@ -72,6 +77,12 @@ class Pipeline:
         self.last_log_step = 0
         self.since_drain = 0
         self._last_flush = time.monotonic()
+        options = self.plan.options
+        #: ``on_finding``: the findings judged on what this process writes (the chief's).
+        self.findings = (Watch(options.on_finding, options.on_finding_severity, self.failures)
+                         if options.on_finding is not None else None)
+        #: The finding ``on_finding`` stops on, until the front-end takes it (``take_stop``).
+        self.stop: Finding | None = None
 
     def set_sink(self, sink: EventSink | None) -> None:
         """Write to ``sink`` from now on (a new event file carries the metadata again)."""
@@ -139,12 +150,17 @@ class Pipeline:
             self.guard(STATISTICS, self._log_due)
         if flush_due:
             self.flush()
+        self.act()
 
     def _log_due(self) -> None:
         step = self.c.current_step()
         last_sampled = step - step % int(self.plan.every)
         if last_sampled > self.last_log_step:
             self._timed(self.log, last_sampled)
+            if self.findings is not None and self.sink is not None:
+                if not self.lockstep:  # the metrics up to the point, as at an epoch's end
+                    self.guard(METRICS, self.drain)
+                self.findings.point()
 
     def drain(self, running: Mapping[str, Any] | None = None) -> None:
         """Write the per-step metric values held since the last drain."""
@@ -171,6 +187,9 @@ class Pipeline:
         """Drain; the epoch's point (``every="epoch"``), activity maps and metric bands
         (``extra``: values such as ``val_loss`` written at this step); flush."""
         self._timed(self._end_epoch, extra)
+        if self.findings is not None and self.sink is not None:
+            self.findings.point()
+        self.act()
 
     def _end_epoch(self, extra: Mapping[str, Any] | None) -> None:
         self.guard(METRICS, self.drain)
@@ -192,12 +211,56 @@ class Pipeline:
     def _write_bands(self, extra: Mapping[str, Any] | None) -> None:
         self.write_steps([(self.c.current_step(), self.ring.epoch_bands(self.epoch, extra))])
 
+    # -------------------------------------------------------------- findings that act
+
+    def act(self, settle: bool = False) -> None:
+        """Run ``on_finding`` on the findings judged since the last call (``settle``: wait
+        for the judgement of everything written; training has ended, nothing to stop)."""
+        w = self.findings
+        if w is None or w.off:
+            return
+        found = w.settle() if settle else w.take()
+        if not found:
+            return
+        if settle:
+            w.act(found, None, "found after the last step")
+        elif self.lockstep:
+            # Only the chief judges: one process stopping alone would leave the others
+            # waiting in their next collective.
+            w.act(found, None, "on_finding='stop' does not stop a training of several"
+                  " processes")
+        else:
+            w.act(found, self._stop)
+
+    def _stop(self, finding: Finding) -> None:
+        if self.stop is None:
+            self.stop = finding
+            logging.getLogger("tb_introspect").warning(
+                "tb_introspect: stopping training at step %d: %s", self.c.current_step(),
+                describe(finding))
+
+    def take_stop(self) -> Finding | None:
+        """The finding to stop on (once), the written points flushed; None if none."""
+        stop, self.stop = self.stop, None
+        if stop is not None:
+            self.flush()
+        return stop
+
+    def raise_stop(self) -> None:
+        """A training loop's stop: raise ``FindingStop`` when there is one to stop on."""
+        stop = self.take_stop()
+        if stop is not None:
+            raise FindingStop(stop, self.c.current_step())
+
     # -------------------------------------------------------------- writing
 
     def write_steps(self, batches: list) -> None:
         """Write each ``(step, summaries)`` (the chief's sink; nothing elsewhere)."""
         if self.sink is not None and not self.is_off(WRITING):
-            self.sink.write_steps(batches)
+            now = time.time()
+            self.sink.write_steps(batches, now)
+            if self.findings is not None:
+                self.findings.written(batches, now)
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
@@ -209,6 +272,7 @@ class Pipeline:
 
     def close(self) -> None:
         """Flush and close the sink (a later ``set_sink`` can open another)."""
+        self.act(settle=True)
         self.flush()
         if self.sink is not None:
             try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from tb_introspect import metadata
 from tb_introspect.pipeline import storage
+from tb_introspect.pipeline.findings import check_on_finding, check_severity
 
 #: Percentile sample bound for tensors summarised once per logged point
 #: (variables, gradient aggregates). Cheap at logging time.
@@ -64,6 +65,15 @@ class OptionArgs(TypedDict, total=False):
     flush_secs: longest time logged data waits before it is flushed to disk
         (TensorBoard's live view); epoch ends always flush.
     seed: the samplers' seed (the same data and seed give the same points).
+    on_finding: ``"stop"`` or a callable ``f(finding)``, run when a finding of
+        at least ``on_finding_severity`` first appears: after each logged
+        point the ``tb-introspect diagnose`` rules judge the points written so
+        far, on a worker thread; each rule acts once. ``"stop"`` ends training
+        (Keras: ``model.stop_training``; a loop: ``FindingStop`` is raised
+        after the point is written). A callable that raises warns once and is
+        not called again; one that raises ``FindingStop`` stops.
+    on_finding_severity: ``"critical"``, ``"warning"`` (default: warnings
+        and critical findings) or ``"info"`` (every finding).
     """
 
     sample_size: int
@@ -75,6 +85,8 @@ class OptionArgs(TypedDict, total=False):
     layers: str | Sequence[str] | None
     rectifiers: str | Sequence[str] | None
     overhead: float | None
+    on_finding: str | Callable[[Any], None] | None
+    on_finding_severity: str
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,8 @@ class Options:
     layers: LayerNames = None
     rectifiers: LayerNames = None
     overhead: float | None = DEFAULT_OVERHEAD
+    on_finding: str | Callable[[Any], None] | None = None
+    on_finding_severity: str = "warning"
 
     @classmethod
     def make(
@@ -107,6 +121,8 @@ class Options:
         layers: str | Sequence[str] | None = None,
         rectifiers: str | Sequence[str] | None = None,
         overhead: float | None = DEFAULT_OVERHEAD,
+        on_finding: str | Callable[[Any], None] | None = None,
+        on_finding_severity: str = "warning",
     ) -> Options:
         """Validated options; raises ``ValueError`` naming the bad argument."""
         q = tuple(float(x) for x in quantiles)
@@ -120,6 +136,8 @@ class Options:
             layers=check_layer_names("layers", layers),
             rectifiers=check_layer_names("rectifiers", rectifiers),
             overhead=check_overhead(overhead),
+            on_finding=check_on_finding(on_finding),
+            on_finding_severity=check_severity(on_finding_severity),
         )
 
     @classmethod

@@ -4,6 +4,7 @@ in the format the Introspect tab reads (no TensorFlow needed).
     from tb_introspect.torch import Introspector
 """
 
+from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.torch.introspector import Introspector
 
-__all__ = ["Introspector"]
+__all__ = ["FindingStop", "Introspector"]

@@ -62,6 +62,8 @@ class Introspector:
     the keyword ``options`` are the Keras callback's (``pipeline.options.OptionArgs``:
     ``layers``, ``rectifiers``, ``overhead``, ``stats_every``...), with the same meaning;
     ``grad_scaler`` (a ``torch.amp.GradScaler``) unscales the output gradients.
+    ``on_finding="stop"`` makes ``step()`` / ``end_epoch()`` raise ``FindingStop`` once a
+    finding of at least ``on_finding_severity`` appears, after its point is written.
     ``criterion`` says what the loss is, for the findings (docs/findings.md): the loss module
     (``nn.CrossEntropyLoss(label_smoothing=0.1)``, ``nn.MSELoss()``...), or for a functional
     loss a dict such as ``{"task": "classification", "from_logits": True}``; None: not known.
@@ -341,6 +343,7 @@ class Introspector:
                                     " views go on")
         self.pipeline.after_steps(1)
         self._phase = self._phase_of(self.step_count + 1)
+        self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
 
     def _gradients_of_step(self) -> None:
         if self._grad_buf is None:
@@ -386,6 +389,7 @@ class Introspector:
         self._t_last = None
         self.governor.begin_window()
         self._phase = self._phase_of(self.step_count + 1)
+        self.pipeline.raise_stop()
 
     # The ``pipeline.host.Collector`` protocol: what the pipeline asks between steps.
 
