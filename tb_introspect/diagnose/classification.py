@@ -4,7 +4,11 @@
   same distribution for every input, whatever it started from;
 * ``early_instability``: the first epoch made the model worse than chance, with a jump far
   above the starting loss: the learning rate is too high from the first steps;
-* ``rectified_output``: a rectifier on the logits (many outputs exactly zero, none negative).
+* ``rectified_output``: a rectifier on the logits (many outputs exactly zero, none negative);
+* ``loss_floor``: probabilities fed to a loss that expects logits (the output is a softmax,
+  or the loss stalls far above 0 at a high accuracy), where the loss is declared from logits;
+* ``loss_without_learning``: the loss falls while the accuracy stays at chance (a penalty
+  term's progress, not the data's).
 
 None of them applies to regression: without an accuracy metric or a softmax output the run
 is not known to be a classifier.
@@ -21,6 +25,7 @@ from tb_introspect.diagnose.core import Finding, RunView, fmt_num, pct, rule, tr
 from tb_introspect.diagnose.task import (
     Task,
     at_chance,
+    declared_loss,
     epoch_accuracy,
     infer_task,
     output_series,
@@ -215,4 +220,161 @@ def rectified_output(rv: RunView) -> list[Finding]:
             " from_logits=True), or use softmax with a loss on probabilities."
         ),
         jump={"tab": "layers", "view": "output", "tag": out.info.tag, "chart": "distribution"},
+    )]
+
+
+def softmax_floor(classes: int) -> float:
+    """The lowest cross-entropy a from-logits loss reaches when fed probabilities: a
+    one-hot vector read as logits, ln(1 + (K - 1) / e) (1.46 for 10 classes)."""
+    return math.log(1 + (max(classes, 2) - 1) / math.e)
+
+
+@rule("loss_floor", needs=("loss", "output"))
+def loss_floor(rv: RunView) -> list[Finding]:
+    """A loss declared from logits (without label smoothing for the plateau) fed with
+    probabilities: the output layer is a softmax (values in [0, 1], mean 1/K) on the latest
+    >= 2 points, or the loss median stalls (< 10% down an epoch) above 0.9x
+    ln(1 + (K-1)/e) while the training accuracy is >= 75%, on the latest >= 2 epochs."""
+    t = rv.t
+    info = declared_loss(rv)
+    task = infer_task(rv)
+    if (info is None or info["task"] != "classification" or info["from_logits"] is not True
+            or task is None or task.classes < 2):
+        return []
+    k = task.classes
+    floor = softmax_floor(k)
+    out = output_series(rv)
+    n_soft = 0
+    if out is not None and len(out) >= 2:
+        lo, hi, mean = out.field("min"), out.field("max"), out.field("mean")
+        n_soft = trailing_run((lo >= 0) & (hi <= 1 + 1e-6) & (np.abs(mean * k - 1) <= 0.01))
+    name = rv.loss_name()
+    seg = loss_rules.loss_segments(rv, name) if name else None
+    n_flat, acc_end = 0, None
+    if seg is not None and info["label_smoothing"] == 0 and seg[2].size >= 2:
+        steps, epochs, med = seg
+        acc = epoch_accuracy(rv, task, epochs)
+        drop = np.concatenate([[0.0], 1 - med[1:] / med[:-1]])
+        flat = (acc >= t.floor_accuracy) & (med >= t.floor_share * floor) & (drop < t.floor_stall)
+        flat[0] = False
+        n_flat = trailing_run(flat)
+        acc_end = float(acc[-1]) if np.isfinite(acc[-1]) else None
+    if n_soft < 2 and n_flat < 2:
+        return []
+    loss_end = float(seg[2][-1]) if seg is not None else None
+    if n_soft >= 2:
+        j = len(out) - n_soft
+        step, ep = int(out.steps[j]), out.epochs[j]
+        title = (f"Probabilities into a from-logits loss: the output layer '{out.info.layer}'"
+                 f" is a softmax (values in [0, 1], mean 1/{k}) and the loss"
+                 f" ({info['name'] or 'cross-entropy'}) applies its own softmax; its floor is"
+                 f" ln(1 + {k - 1}/e) = {floor:.2f}")
+    else:
+        steps, epochs, med = seg
+        j = med.size - n_flat
+        step, ep = int(steps[j]), epochs[j]
+        title = (f"Loss stuck at a floor: median {fmt_num(med[-1])} at"
+                 f" {pct(acc_end or 0)} training accuracy; a from-logits loss fed with"
+                 f" probabilities cannot go below ln(1 + {k - 1}/e) = {floor:.2f}")
+    return [Finding(
+        kind="loss_floor",
+        severity="warning",
+        title=title,
+        first_step=step, first_epoch=int(ep) if math.isfinite(ep) else None,
+        layers=[out.info.layer] if n_soft >= 2 else [],
+        tags=[out.info.tag] if n_soft >= 2 else [],
+        view="output" if n_soft >= 2 else None,
+        metric=name,
+        evidence={
+            "signal": "softmax output" if n_soft >= 2 else "loss plateau",
+            "loss": info["name"],
+            "from_logits": True,
+            "label_smoothing": info["label_smoothing"],
+            "classes": k,
+            "floor_loss": floor,
+            "loss_median_at_end": loss_end,
+            "accuracy_at_end": acc_end,
+            "output_mean_times_classes": float(out.field("mean")[-1] * k)
+            if out is not None and len(out) else None,
+            "threshold_accuracy": t.floor_accuracy,
+            "threshold_floor_share": t.floor_share,
+            "threshold_stall": t.floor_stall,
+        },
+        explanation=(
+            "The loss is declared as taking logits (it applies the softmax itself:"
+            " PyTorch's CrossEntropyLoss, Keras's from_logits=True), but it is fed"
+            " probabilities: a softmax already sits at the end of the model. A softmax of"
+            f" values in [0, 1] can never be confident: even a perfect one-hot input gives"
+            f" a loss of ln(1 + (K-1)/e) = {floor:.2f} for K = {k}, and its gradients are"
+            " small, so training is slow and stalls on that floor while the accuracy can"
+            " still look fine. (Label smoothing also gives a floor, by design: it is"
+            " declared with the loss and not flagged.)"
+        ),
+        suggestion=(
+            "Remove the softmax at the end of the model (nn.Softmax, F.softmax in forward,"
+            " activation=\"softmax\") and keep the from-logits loss; apply the softmax only"
+            " at inference. Or keep the softmax and use a loss on probabilities (Keras:"
+            " from_logits=False; PyTorch: NLLLoss on log-probabilities)."
+        ),
+        jump=({"tab": "layers", "view": "output", "tag": out.info.tag, "chart": "distribution"}
+              if n_soft >= 2 else {"tab": "overview", "metric": name, "chart": "metric"}),
+    )]
+
+
+@rule("loss_without_learning", needs=("loss",))
+def loss_without_learning(rv: RunView) -> list[Finding]:
+    """A classifier's loss median at most half of where it stood when the training accuracy
+    sat at chance (<= 1.5/K), with the accuracy still there: on the latest >= 2 epochs."""
+    t = rv.t
+    task = infer_task(rv)
+    name = rv.loss_name()
+    seg = loss_rules.loss_segments(rv, name) if (task and task.accuracy and name) else None
+    if seg is None or seg[2].size < 2:
+        return []
+    steps, epochs, med = seg
+    acc = epoch_accuracy(rv, task, epochs)
+    chance = acc <= t.chance_accuracy_factor * task.chance_accuracy
+    n = trailing_run(chance)
+    if n < 2 or not np.all(med > 0):
+        return []
+    j = med.size - n  # the first epoch of the stretch at chance
+    if med[-1] > t.penalty_loss_drop * med[j]:
+        return []
+    # The first epoch of the stretch where the loss stood at half its value at the start.
+    first = j + int(np.flatnonzero(med[j:] <= t.penalty_loss_drop * med[j])[0])
+    return [Finding(
+        kind="loss_without_learning",
+        severity="warning",
+        title=(f"Loss falls, nothing is learned: the loss median fell {med[j] / med[-1]:.0f}x"
+               f" ({fmt_num(med[j])} -> {fmt_num(med[-1])}) while the training accuracy"
+               f" stayed at chance ({pct(float(acc[-1]))}, 1/{max(task.classes, 2)} ="
+               f" {pct(task.chance_accuracy)})"),
+        first_step=int(steps[first]), first_epoch=_epoch_of(epochs[first]),
+        metric=name,
+        evidence={
+            "loss_median_at_start": float(med[j]),
+            "loss_median_at_end": float(med[-1]),
+            "loss_fall_factor": float(med[j] / med[-1]),
+            "accuracy_at_end": float(acc[-1]),
+            "accuracy_max": float(np.nanmax(acc[j:])),
+            "chance_accuracy": task.chance_accuracy,
+            "chance_loss": task.chance_loss,
+            "epochs_at_chance": int(n),
+            "threshold_loss_drop": t.penalty_loss_drop,
+            "threshold_accuracy_factor": t.chance_accuracy_factor,
+        },
+        explanation=(
+            "The loss goes down, but the model's predictions are no better than guessing:"
+            " the progress comes from a term that does not depend on the labels. Usually an"
+            " L2 penalty or weight decay strong enough to drown the data term (the loss falls"
+            " as the weights shrink, towards the chance level ln K), or an auxiliary loss"
+            " (a regulariser, a reconstruction or KL term) that dominates the sum. Also seen"
+            " when the labels do not belong to the inputs."
+        ),
+        suggestion=(
+            "Log the data term and the penalty separately; lower the L2 factor or weight"
+            " decay (1e-4 to 1e-2 is usual) or the auxiliary loss's weight; check that"
+            " labels and inputs belong together (overfit one batch first)."
+        ),
+        jump={"tab": "overview", "metric": name, "chart": "metric"},
     )]

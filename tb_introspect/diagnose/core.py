@@ -87,12 +87,20 @@ class Thresholds:
     overfit_climb_epochs: int = 3
     overfit_climb_rise: float = 0.2
     overfit_climb_giveback: float = 0.1
+    # ... warning also when the validation loss is this much above its best while the
+    # training loss fell to this share of its value at the best epoch
+    overfit_stop_rise: float = 0.25
+    overfit_stop_train_drop: float = 0.1
     # memorisation: training loss at most this share of its first epoch's (or training
     # accuracy this many times chance) while validation never beat its first epoch and
     # its accuracy stays below this many times chance
     memorise_train_drop: float = 0.5
     memorise_train_accuracy: float = 2.0
     memorise_val_accuracy: float = 1.5
+    # gradient pile-up: the median layer's per-step gradient RMS up at least
+    # pileup_step_orders at each of the latest >= 3 points, pileup_orders in all
+    pileup_step_orders: float = 0.05
+    pileup_orders: float = 0.5
     # exploding: per-step gradient RMS (lower bound) of the median layer, and growth in orders
     exploding_rms: float = 1.0
     exploding_growth_orders: float = 2.0
@@ -138,6 +146,20 @@ class Thresholds:
     collapse_share: float = 0.5
     # poor initialisation: spread of the hidden layers' output RMS at the first point
     init_scale_orders: float = 2.0
+    # loss floor (probabilities into a from-logits loss): the loss median at least this
+    # share of ln(1 + (K-1)/e), less than floor_stall down from the epoch before, while the
+    # training accuracy is at least floor_accuracy
+    floor_accuracy: float = 0.75
+    floor_share: float = 0.9
+    floor_stall: float = 0.1
+    # loss without learning: the loss median at most this share of its value when the
+    # training accuracy sat at chance (chance_accuracy_factor), with the accuracy still there
+    penalty_loss_drop: float = 0.5
+    # train/eval gap: validation accuracy at most gap_ratio x the training accuracy and
+    # gap_points below it, while training is at gap_train_accuracy x chance or better
+    gap_ratio: float = 0.6
+    gap_points: float = 0.3
+    gap_train_accuracy: float = 2.0
 
 
 DEFAULT_THRESHOLDS = Thresholds()

@@ -1,4 +1,5 @@
-"""Gradient-scale rules: vanishing gradients, exploding gradients, gradient oscillation.
+"""Gradient-scale rules: vanishing gradients, exploding gradients, gradient oscillation,
+gradients that pile up (never zeroed).
 
 Scales are per-layer gradient RMS (one representative tensor per layer, see
 :func:`~tb_introspect.diagnose.core.representative_rows`). A per-epoch
@@ -22,6 +23,7 @@ from tb_introspect.diagnose.core import (
     nanmedian,
     representative_rows,
     rule,
+    trailing_run,
 )
 
 
@@ -321,3 +323,87 @@ def _roughness(rv: RunView, logs: np.ndarray) -> tuple[float | None, int | None]
     mask = np.concatenate([[False], have & (per_point >= t.jagged_roughness), [False]])
     j = first_sustained(mask, rv.sustain_points(int(have.sum())))
     return rough, j
+
+
+@rule("gradient_pileup", needs=("gradient",))
+def gradient_pileup(rv: RunView) -> list[Finding]:
+    """The median layer's per-step gradient RMS rising at every one of the latest >= 3
+    points, >= 10^0.5 (3.2x) above its lowest before, while the loss median fell."""
+    got = _gradient_scales(rv)
+    if got is None:
+        return []
+    a, logs = got
+    t = rv.t
+    per_step = np.log10(a.span) if a.cadence == "epoch" else np.zeros(a.n_points)
+    med = nanmedian(logs - per_step, axis=0)
+    if not np.isfinite(med).all() or med.size < t.min_points:
+        return []
+    rising = np.concatenate([[False], np.diff(med) >= t.pileup_step_orders])
+    n = trailing_run(rising)
+    if n < t.min_points - 1:  # >= 3 points in a row, each above the one before
+        return []
+    j = med.size - 1 - n  # the last point before the rise
+    growth = float(med[-1] - np.min(med[: j + 1]))
+    if growth < t.pileup_orders:
+        return []
+    falling = _loss_fell(rv, int(a.steps[j]))
+    if not falling:
+        return []
+    step, epoch = rv.step_epoch(a, j + 1)
+    return [Finding(
+        kind="gradient_pileup",
+        severity="warning",
+        title=(f"Gradients pile up: the median layer's gradient RMS grew"
+               f" {fmt_orders(growth)}x over the last {n} points, rising at every one, while"
+               f" the loss fell"),
+        first_step=step, first_epoch=epoch,
+        layers=a.layers(), tags=a.tags(),
+        view="gradient",
+        evidence={
+            "growth_orders": growth,
+            "points_rising": int(n),
+            "median_layer_rms_per_step_at_start": float(10 ** med[j]),
+            "median_layer_rms_per_step_at_end": float(10 ** med[-1]),
+            "per_step_scale": "lower bound (epoch sums divided by steps)"
+            if a.cadence == "epoch" else "logged step",
+            "threshold_orders": t.pileup_orders,
+            "threshold_step_orders": t.pileup_step_orders,
+        },
+        explanation=(
+            "While the loss falls, the gradients normally shrink or hold their scale. Here"
+            " they grow at every logged point: each step's gradient is the sum of all the"
+            " steps before it. In PyTorch that is a loop that never calls"
+            " optimizer.zero_grad() (or model.zero_grad()): backward() adds to .grad, so"
+            " the update applies every past gradient again and the effective step keeps"
+            " growing; training loss races to zero while the model generalises badly, or"
+            " training becomes unstable. The same happens with a hand-written accumulation"
+            " whose buffer is never reset."
+        ),
+        suggestion=(
+            "Call optimizer.zero_grad() before each backward() (or set_to_none); with"
+            " gradient accumulation, zero the gradients after each optimizer step, not"
+            " only at the start of the epoch; reset any accumulation buffer after it is"
+            " applied."
+        ),
+        jump={"tab": "overview", "view": "gradient", "chart": "rms"},
+    )]
+
+
+def _loss_fell(rv: RunView, from_step: int) -> bool:
+    """Whether the loss's latest epoch median (or the latest per-step values' median) is
+    below its value at ``from_step``."""
+    name = rv.loss_name()
+    if name is None:
+        return False
+    band = rv.run.metric_epochs.get(name)
+    if band is not None and len(band):
+        keep = np.isfinite(band.field("p50")) & (band.steps >= from_step)
+        med = band.field("p50")[keep]
+        return bool(med.size >= 2 and med[-1] < med[0])
+    s = rv.run.metrics[name]
+    keep = np.isfinite(s.field("value")) & (s.steps >= from_step)
+    v = s.field("value")[keep]
+    if v.size < 4:
+        return False
+    m = max(2, v.size // 10)
+    return bool(np.median(v[-m:]) < np.median(v[:m]))

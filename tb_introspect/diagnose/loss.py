@@ -175,9 +175,16 @@ def loss_spikes(rv: RunView) -> list[Finding]:
     if spikes.size == 0:
         return []
     spike_epochs = {int(e) for e in epochs[spikes] if np.isfinite(e)}
-    severity = "warning" if spikes.size >= 3 else "info"
     j = int(spikes[0])
     ratio = 10 ** float(np.max(logs[spikes] - ref[spikes - w]))
+    # A ratio to a median near zero says little: a hard batch late in a run is many times
+    # the median and harmless. Repeated spikes are a warning when one went above the
+    # loss's starting level, or when the run is worse for them (not recovered).
+    start = float(np.median(v[:w]))
+    above_start = bool(np.max(v[spikes]) >= start)
+    recovery = _recovered(rv, name, epochs[j])
+    severity = ("warning" if spikes.size >= 3 and (above_start or not recovery["recovered"])
+                else "info")
     return [Finding(
         kind="loss_spikes",
         severity=severity,
@@ -191,6 +198,9 @@ def loss_spikes(rv: RunView) -> list[Finding]:
             "largest_ratio_to_recent_median": ratio,
             "first_spike_value": float(v[j]),
             "recent_median_before_first": float(10 ** ref[j - w]),
+            "starting_median": start,
+            "largest_spike_above_start": above_start,
+            **recovery,
             "threshold_factor": t.loss_spike_factor,
             "window_steps": w,
         },
@@ -199,6 +209,10 @@ def loss_spikes(rv: RunView) -> list[Finding]:
             " an update threw the model off (a step too large for the local curvature, an"
             " outlier batch, or a numerical near-overflow). A few isolated spikes that recover"
             " are harmless; repeated spikes are an early sign of a too-high learning rate."
+            + (" Here the run recovered: the loss's epoch median (and the validation loss,"
+               " where logged) went on improving after them, and no spike went above the"
+               " starting loss, so they are hard batches rather than damage."
+               if severity == "info" and recovery["recovered"] else "")
         ),
         suggestion=(
             "Lower the learning rate or add gradient clipping; check the batches at the spike"
@@ -206,3 +220,34 @@ def loss_spikes(rv: RunView) -> list[Finding]:
         ),
         jump=_jump(name),
     )]
+
+
+def _recovered(rv: RunView, name: str, spike_epoch: float) -> dict:
+    """Whether the run went on improving after the first spike: the latest epoch median of
+    the loss below the median of the epoch before the spike, and the validation loss (where
+    logged) at or below its best before it."""
+    out: dict = {"recovered": False, "loss_median_before_spikes": None,
+                 "loss_median_at_end": None, "val_loss_best_before_spikes": None,
+                 "val_loss_at_end": None}
+    seg = loss_segments(rv, name)
+    if seg is None or not np.isfinite(spike_epoch):
+        return out
+    _, epochs, med = seg
+    before = np.flatnonzero(epochs < spike_epoch)
+    if not before.size or epochs[-1] <= spike_epoch:
+        return out  # nothing before the spikes, or no whole epoch after them yet
+    out["loss_median_before_spikes"] = float(med[before[-1]])
+    out["loss_median_at_end"] = float(med[-1])
+    ok = bool(med[-1] < med[before[-1]])
+    val = rv.run.metrics.get(f"val_{name}")
+    if val is not None and len(val):
+        vv, ve = val.field("value"), val.epochs
+        keep = np.isfinite(vv) & np.isfinite(ve)
+        vv, ve = vv[keep], ve[keep]
+        pre = vv[ve < spike_epoch]
+        if pre.size and vv.size:
+            out["val_loss_best_before_spikes"] = float(np.min(pre))
+            out["val_loss_at_end"] = float(vv[-1])
+            ok = ok and bool(vv[-1] <= np.min(pre))
+    out["recovered"] = ok
+    return out

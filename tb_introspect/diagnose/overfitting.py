@@ -7,17 +7,18 @@ epoch where the curves part is the validation loss's best epoch before the rise.
 
 Decided on the epochs logged so far (a live run shows it while it trains): the parting must
 hold at the latest two epochs, and the finding goes away when the validation loss comes
-back. Graded: info for a mild rise; warning for a rise of 50%, for a parting that has
-lasted 3 epochs, reached 20% on the way and given back 10% of the validation loss's
-progress (from its first epoch to its best), and for memorisation (training gets better,
-validation never did and its accuracy stays at chance).
+back. Graded: info for a mild rise; warning for a rise of 50%, for a rise of 25% while the
+training loss fell 10x since the best epoch, for a parting that has lasted 3 epochs,
+reached 20% on the way and given back 10% of the validation loss's progress (from its
+first epoch to its best), and for memorisation (training gets better, validation never did
+and its accuracy stays at chance). The title names the epoch of the best validation loss.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect.diagnose.core import Finding, RunView, fmt_num, rule, trailing_run
+from tb_introspect.diagnose.core import Finding, RunView, fmt_num, pct, rule, trailing_run
 from tb_introspect.diagnose.task import infer_task, per_epoch_mean
 
 
@@ -88,6 +89,11 @@ def overfitting(rv: RunView) -> list[Finding]:
         pattern, severity = "memorising", "warning"
     elif rise >= t.overfit_val_rise_warning:
         pattern, severity = "rising", "warning"
+    elif (rise >= t.overfit_stop_rise
+          and tr[end] <= t.overfit_stop_train_drop * tr[b]):
+        # Training still gets 10x better while validation is a quarter worse than its best:
+        # what the rest of training adds is memorised; the time to stop was the best epoch.
+        pattern, severity = "stop", "warning"
     elif (trailing >= t.overfit_climb_epochs
           and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise
           and va[0] > va[b]
@@ -102,9 +108,10 @@ def overfitting(rv: RunView) -> list[Finding]:
         if memo.get("val_accuracy_max") is not None:
             title += f", validation accuracy at most {memo['val_accuracy_max']:.0%} (chance)"
     else:
-        title = (f"Overfitting: after epoch {part_epoch} the validation loss rose from"
-                 f" {fmt_num(va[b])} to {fmt_num(va[end])} while the training loss fell from"
-                 f" {fmt_num(tr[b])} to {fmt_num(tr[end])}")
+        title = (f"Overfitting: the best validation loss was at epoch {part_epoch}; since"
+                 f" then it rose from {fmt_num(va[b])} to {fmt_num(va[end])}"
+                 f" ({rise:+.0%}) while the training loss fell from {fmt_num(tr[b])} to"
+                 f" {fmt_num(tr[end])}")
         if pattern == "climbing":
             title += f", for {trailing} epochs"
     expl = (
@@ -144,6 +151,7 @@ def overfitting(rv: RunView) -> list[Finding]:
         evidence={
             "pattern": pattern,
             "parting_epoch": part_epoch,
+            "best_val_epoch": part_epoch,
             "first_flagged_epoch": epochs[j] if trailing >= 2 else memo["first_epoch"],
             "epochs_parted": int(trailing),
             "val_loss_best": float(va[b]),
@@ -160,6 +168,8 @@ def overfitting(rv: RunView) -> list[Finding]:
             "threshold_climb_rise": t.overfit_climb_rise,
             "threshold_climb_giveback": t.overfit_climb_giveback,
             "threshold_train_drop": t.overfit_train_drop,
+            "threshold_stop_rise": t.overfit_stop_rise,
+            "threshold_stop_train_drop": t.overfit_stop_train_drop,
         },
         explanation=expl,
         suggestion=suggestion,
@@ -206,3 +216,76 @@ def _memorising(rv: RunView, epochs: list[int], tr: np.ndarray,
         "threshold_memorise_train_accuracy": t.memorise_train_accuracy,
         "threshold_memorise_val_accuracy": t.memorise_val_accuracy,
     }
+
+
+@rule("train_eval_gap", needs=("loss",))
+def train_eval_gap(rv: RunView) -> list[Finding]:
+    """Training accuracy >= 2x chance while the validation accuracy is <= 0.6x the training
+    accuracy and >= 0.3 below it, on the latest >= 2 epochs (memorisation left to
+    ``overfitting``)."""
+    t = rv.t
+    task = infer_task(rv)
+    if task is None or not task.accuracy or not task.val_accuracy:
+        return []
+    acc = per_epoch_mean(rv, task.accuracy)
+    vacc, _ = _per_epoch_val(rv, task.val_accuracy)
+    epochs = sorted(set(acc) & set(vacc))
+    if len(epochs) < 2:
+        return []
+    tr = np.array([acc[e] for e in epochs])
+    va = np.array([vacc[e] for e in epochs])
+    gap = ((tr >= t.gap_train_accuracy * task.chance_accuracy) & (va <= t.gap_ratio * tr)
+           & (tr - va >= t.gap_points))
+    n = trailing_run(gap)
+    if n < 2:
+        return []
+    # Memorisation (validation never better than chance) is the overfitting finding's.
+    train_name = rv.loss_name()
+    val_name = _val_name(rv, train_name) if train_name else None
+    if val_name:
+        train = per_epoch_mean(rv, train_name)
+        val, _ = _per_epoch_val(rv, val_name)
+        both = sorted(set(train) & set(val))
+        if len(both) >= 2 and _memorising(rv, both, np.array([train[e] for e in both]),
+                                          np.array([val[e] for e in both])) is not None:
+            return []
+    j = len(epochs) - n
+    _, steps = _per_epoch_val(rv, task.val_accuracy)
+    return [Finding(
+        kind="train_eval_gap",
+        severity="warning",
+        title=(f"Validation far behind training since epoch {epochs[j]}: training accuracy"
+               f" {pct(float(tr[-1]))}, validation {pct(float(va[-1]))}"),
+        first_step=steps.get(epochs[j]), first_epoch=epochs[j],
+        metric=task.val_accuracy,
+        evidence={
+            "train_accuracy_at_end": float(tr[-1]),
+            "val_accuracy_at_end": float(va[-1]),
+            "val_accuracy_max": float(np.max(va)),
+            "gap_at_end": float(tr[-1] - va[-1]),
+            "epochs_apart": int(n),
+            "chance_accuracy": task.chance_accuracy,
+            "threshold_ratio": t.gap_ratio,
+            "threshold_points": t.gap_points,
+            "threshold_train_accuracy": t.gap_train_accuracy,
+        },
+        explanation=(
+            "The model does well on the batches it trains on and far worse on held-out data,"
+            " from early on, long before it could have memorised anything: the model"
+            " computes something else in evaluation than in training, or the validation"
+            " data differ. The usual cause is BatchNormalization, whose moving statistics"
+            " (used in evaluation) lag the batch statistics (used in training) in a short run"
+            " with the default momentum (Keras 0.99, i.e. PyTorch momentum 0.01), or on"
+            " inputs far from zero mean and unit scale; also preprocessing applied to one"
+            " split only, a train/eval switch that changes the model (model.eval() missing"
+            " or misplaced, a layer that behaves differently at inference), or a validation"
+            " set from another distribution."
+        ),
+        suggestion=(
+            "Evaluate the training data in inference mode: if it is as bad as the validation"
+            " data, the model differs between modes (lower BatchNormalization's momentum:"
+            " Keras momentum=0.9, PyTorch momentum=0.1; normalise the inputs; train longer);"
+            " if it is fine, compare the preprocessing and distribution of the two splits."
+        ),
+        jump={"tab": "overview", "metric": task.val_accuracy, "chart": "metric"},
+    )]

@@ -10,7 +10,9 @@ Nothing in the format says which loss was used; the run says enough to tell in m
   is 1/K (the K probabilities of every sample sum to 1, so their mean is exactly 1/K).
 
 Without either, the run is treated as not classification, and no chance-level rule applies:
-an MSE loss of 2.30 says nothing about 10 outputs.
+an MSE loss of 2.30 says nothing about 10 outputs. Where the front-end recorded what the loss
+is (``RunSeries.loss_info``: the Keras compiled loss, the PyTorch ``criterion``), that
+decides: a declared regression loss is never classification, a declared cross-entropy is.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class Task:
     #: the per-step training accuracy metric, and the per-epoch validation one (or None)
     accuracy: str | None
     val_accuracy: str | None
-    #: how classification was recognised: "accuracy metric" or "softmax output"
+    #: how classification was recognised: "accuracy metric", "declared loss" or
+    #: "softmax output"
     evidence: str
     #: tag of the output layer's output-view series (None: not logged)
     output_tag: str | None
@@ -92,13 +95,23 @@ def infer_task(rv: RunView) -> Task | None:
     return task
 
 
+def declared_loss(rv: RunView) -> dict | None:
+    """What the loss is as the front-end recorded it (``metadata.parse_loss``), or None."""
+    return rv.run.loss_info
+
+
 def _infer(rv: RunView) -> Task | None:
     k = _width(rv)
     if k is None:
         return None
+    declared = (declared_loss(rv) or {}).get("task")
+    if declared == "regression":
+        return None
     acc, val_acc = _accuracy_names(rv)
     out = output_series(rv)
     how = "accuracy metric" if acc else None
+    if how is None and declared == "classification":
+        how = "declared loss"
     if how is None and out is not None and k >= 2:
         lo, hi = nanmin(out.field("min")), nanmax(out.field("max"))
         mean = out.field("mean")

@@ -73,13 +73,15 @@ def metric(name: str, steps: Sequence[int], values: Sequence[float],
     return Series(info, np.asarray(steps, dtype=np.int64), np.zeros(n), v)
 
 
-def metric_epoch(name: str, steps: Sequence[int], medians: Sequence[float]) -> Series:
-    """A METRIC_EPOCH band whose quartiles sit +-10% around ``medians``."""
+def metric_epoch(name: str, steps: Sequence[int], medians: Sequence[float],
+                 loss: str = "") -> Series:
+    """A METRIC_EPOCH band whose quartiles sit +-10% around ``medians``; ``loss``: the
+    loss's description (``metadata.loss_json``) its metadata carries."""
     m = np.asarray(medians, dtype=np.float64)
     n = m.size
     v = np.column_stack([np.arange(n), 0.5 * m, 0.9 * m, m, 1.1 * m, 2 * m, m, np.full(n, 10)])
     info = TagInfo(tag=metadata.metric_tag(name, per_epoch=True), kind=KIND_METRIC_EPOCH,
-                   version=1, name=name, fields=metadata.METRIC_EPOCH_FIELDS)
+                   version=1, name=name, fields=metadata.METRIC_EPOCH_FIELDS, loss=loss)
     return Series(info, np.asarray(steps, dtype=np.int64), np.zeros(n), v)
 
 
