@@ -5,9 +5,10 @@ Nothing in the format says which loss was used; the run says enough to tell in m
 
 * **K** is the output layer's width: the last dimension of the deepest output-view tensor
   (its tag metadata records the static shape), else of the deepest kernel;
-* **classification** is recognised from an accuracy metric (Keras logs ``accuracy``,
-  ``sparse_categorical_accuracy``, ...), or from a softmax output: values in [0, 1] whose mean
-  is 1/K (the K probabilities of every sample sum to 1, so their mean is exactly 1/K).
+* **classification** is recognised from an accuracy metric of training or validation (Keras
+  logs ``accuracy``, ``sparse_categorical_accuracy``, ...), or from a softmax output: values
+  in [0, 1] whose mean is 1/K (the K probabilities of every sample sum to 1, so their mean
+  is exactly 1/K).
 
 Without either, the run is treated as not classification, and no chance-level rule applies:
 an MSE loss of 2.30 says nothing about 10 outputs. Where the front-end recorded what the loss
@@ -109,7 +110,9 @@ def _infer(rv: RunView) -> Task | None:
         return None
     acc, val_acc = _accuracy_names(rv)
     out = output_series(rv)
-    how = "accuracy metric" if acc else None
+    # A validation accuracy alone says it too (a trainer that evaluates accuracy but logs
+    # only the training loss, as the Hugging Face Trainer does).
+    how = "accuracy metric" if acc or val_acc else None
     if how is None and declared == "classification":
         how = "declared loss"
     if how is None and out is not None and k >= 2:

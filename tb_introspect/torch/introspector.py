@@ -190,6 +190,7 @@ class Introspector:
                       for v in self._out_views}
         self._empty = {v: b.clone() for v, b in self._bufs.items()}
         self._compile_skipped = False
+        self._uncaptured: set[str] = set()  # leaves whose output is no float tensor
         for spec in self.outputs:
             self._handles.append(spec.module.register_forward_hook(self._forward_hook(spec)))
 
@@ -224,6 +225,11 @@ class Introspector:
                 return
             x = modules.first_tensor(output)
             if x is None or not (x.is_floating_point() and x.dim() >= 1):
+                # Said once per module: which layer is missing from the views, and why.
+                self._uncaptured.add(spec.name)
+                self.failures.warn_once(f"not captured {spec.name}", f"layer output"
+                                        f" {spec.name} is not monitored:"
+                                        f" {modules.not_captured(output)}")
                 return
             try:
                 self._on_output(spec, x)
@@ -414,6 +420,15 @@ class Introspector:
         """The window's statistics: one host copy per buffer, ranks merged (rank 0 gets the
         vectors; every rank calls it at the same steps, the output buffers are gathered)."""
         out = Point(window=self._window, stats_steps=self._stat_steps)
+        if self.rank == 0 and self._stat_steps:
+            # A leaf no training forward pass called (a transformer's attention dropout
+            # inside scaled_dot_product_attention) has no output to show: said once.
+            idle = [s.name for s in self.outputs
+                    if not s.segments and s.name not in self._uncaptured]
+            if idle:
+                self.failures.warn_once("uncalled", f"{len(idle)} layer output(s) not"
+                                        " monitored: no training forward pass called them"
+                                        f" before the first point ({', '.join(idle)})")
         self._output_blocks(out)
         if self._grad_buf is not None:
             self._gradient_block(out)

@@ -3,7 +3,7 @@ parameters, named and ordered the way the format expects (``docs/format.md``).""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -13,10 +13,17 @@ from tb_introspect.pipeline.plan import Monitored, sanitize
 from tb_introspect.torch import private
 from tb_introspect.torch.state import Segment
 
-#: Modules whose rank >= 3 outputs keep the features on the last axis (sequences); every
-#: other module's rank >= 3 output is read as PyTorch's ``(batch, C, *spatial)``.
+#: Modules whose rank >= 3 outputs keep the features on the last axis (sequences).
 CHANNELS_LAST = (nn.Linear, nn.Bilinear, nn.Embedding, nn.LayerNorm, nn.MultiheadAttention,
                  nn.RMSNorm)
+#: Modules whose rank >= 3 outputs are PyTorch's ``(batch, C, *spatial)``. A module of
+#: neither kind (an activation, dropout, a custom layer) is read in the layout of the leaf
+#: module before it (``channels_first``).
+CHANNELS_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
+                  nn.modules.instancenorm._InstanceNorm, nn.GroupNorm, nn.LocalResponseNorm,
+                  nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd,
+                  nn.modules.pooling._AdaptiveAvgPoolNd, nn.modules.pooling._AdaptiveMaxPoolNd,
+                  nn.Upsample, nn.PixelShuffle)
 
 #: The layer name of a model's own parameters and of a model without submodules.
 ROOT = "model"
@@ -96,15 +103,31 @@ def output_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: 
     """Every leaf module that ``chosen(name)`` keeps, in module order; ``rectifier(name)``
     names more rectifiers (a custom activation module)."""
     depth = layer_order(model)
-    specs = []
+    specs, cf = [], True
     for name, m in model.named_modules():
         layer = name or ROOT
-        if next(m.children(), None) is None and chosen(layer):
+        if next(m.children(), None) is not None:
+            continue
+        cf = channels_first(m, cf)
+        if chosen(layer):
             specs.append(OutputSpec(
                 view="output", name=sanitize(layer), layer=layer, depth=depth[layer],
-                module=m, channels_first=not isinstance(m, CHANNELS_LAST),
-                exact=is_rectifier(m) or rectifier(layer)))
+                module=m, channels_first=cf, exact=is_rectifier(m) or rectifier(layer)))
     return specs
+
+
+def channels_first(module: nn.Module, previous: bool) -> bool:
+    """Whether ``module``'s rank >= 3 outputs are ``(batch, C, *spatial)``: known for
+    convolutions, pooling and norms (channels first) and for linear, embedding and sequence
+    norms (features last: also GPT-2's ``Conv1D``, a linear layer with its weight
+    transposed); any other module keeps the layout of the leaf before it (``previous``):
+    an activation or a dropout passes its input's layout on."""
+    if isinstance(module, CHANNELS_LAST) or (type(module).__name__ == "Conv1D"
+                                             and hasattr(module, "nf")):
+        return False
+    if isinstance(module, CHANNELS_FIRST):
+        return True
+    return previous
 
 
 def param_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: True
@@ -127,9 +150,28 @@ def param_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: T
 
 
 def first_tensor(output) -> torch.Tensor | None:
-    """The tensor a module returned, or the first tensor of a tuple/list it returned."""
+    """The tensor a module returned: the tensor itself, the first item of a tuple or list
+    (a transformer block's hidden states come first), or a ``ModelOutput``'s (any
+    mapping's) ``last_hidden_state``, else its first tensor."""
     if isinstance(output, torch.Tensor):
         return output
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
+    if isinstance(output, Mapping):
+        hidden = output.get("last_hidden_state")
+        if isinstance(hidden, torch.Tensor):
+            return hidden
+        return next((v for v in output.values() if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+def not_captured(output) -> str | None:
+    """Why a module's output is not a layer output the views can read (None: it is)."""
+    x = first_tensor(output)
+    if x is None:
+        return f"it returned {type(output).__name__}, no tensor"
+    if not x.is_floating_point():
+        return f"it returned a {str(x.dtype).replace('torch.', '')} tensor"
+    if x.dim() < 1:
+        return "it returned a scalar"
     return None

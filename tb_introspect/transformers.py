@@ -1,0 +1,194 @@
+"""Hugging Face ``Trainer``: ``IntrospectCallback``, the PyTorch ``Introspector`` driven by
+the trainer's callback events (``pip install 'tb-introspect[transformers]'``).
+
+Example:
+    >>> from tb_introspect.transformers import IntrospectCallback
+    >>> trainer = Trainer(model=model, args=TrainingArguments("out", report_to="tensorboard"),
+    ...                   train_dataset=train, eval_dataset=val,
+    ...                   callbacks=[IntrospectCallback()])  # doctest: +SKIP
+    >>> trainer.train()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import TrainerCallback
+
+from tb_introspect import metadata
+from tb_introspect.pipeline.options import OptionArgs, Options
+from tb_introspect.torch.introspector import Introspector
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["IntrospectCallback", "tensorboard_dir"]
+
+#: What the trainer logs that is not a training curve: its clocks and counters, and the
+#: end-of-training summary (``train_loss`` is the mean of the ``loss`` already written).
+_NOT_CURVES = ("epoch", "step", "total_flos", "train_loss", "num_input_tokens_seen",
+               "num_tokens")
+_NOT_CURVE_SUFFIXES = ("_runtime", "_per_second")
+
+
+class IntrospectCallback(TrainerCallback):
+    """The four views of a ``transformers.Trainer``'s model, in the Introspect tab.
+
+    ``log_dir`` defaults to the directory ``report_to="tensorboard"`` writes to
+    (``tensorboard_dir``), so the tab's data sits beside the trainer's scalars. ``every``,
+    ``views`` and the keyword options are the ``Introspector``'s. A step is an optimizer
+    step (``state.global_step``: gradient accumulation's micro-batches are one step, their
+    layer outputs all counted); the model and the optimizer are the trainer's; gradients
+    are read in the optimizer's step pre-hook, after clipping (``max_grad_norm``);
+    ``loss``, ``learning_rate`` and ``grad_norm`` (the norm before clipping) are the
+    trainer's logs (every ``logging_steps``); ``on_evaluate``'s ``eval_*`` metrics are
+    written as ``val_*``. Only the main process writes.
+
+    Example:
+        >>> cb = IntrospectCallback(every=16, layers=r"transformer\\.h\\.0\\..*")
+        >>> trainer = Trainer(model, args, train_dataset=ds,
+        ...                   callbacks=[cb])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None = None,
+        every: str | int = "epoch",
+        *,
+        views: Sequence[str] = metadata.VIEWS,
+        **options: Unpack[OptionArgs],
+    ):
+        Options.of(views, every, dict(options))  # a bad option fails here, not in train()
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.every = every
+        self.views = tuple(views)
+        self.options = dict(options)
+        self.introspector: Introspector | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._step_done = False  # an optimizer step whose metrics may still come
+        self._metrics: dict[str, float] = {}
+        self._epoch_done = False  # an epoch whose evaluation may still come
+        self._val: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ trainer events
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, **kwargs: Any) -> None:
+        if model is None:
+            raise ValueError("IntrospectCallback: the Trainer passed no model")
+        self._reset()
+        self.introspector = Introspector(
+            self.log_dir or tensorboard_dir(args, state), model, _torch_optimizer(optimizer),
+            self.every, views=self.views, initial_step=int(state.global_step),
+            initial_epoch=int(state.epoch or 0), **self.options)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._settle()
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._settle()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The step's logs and evaluation come after this event: the step is told to the
+        # Introspector at the next step's beginning (before its forward passes).
+        self._step_done = True
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._epoch_done = True  # an eval_strategy="epoch" evaluation follows this event
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        for name, value in (logs or {}).items():
+            if _is_curve(name, value) and not name.startswith("eval_"):
+                self._metrics[name] = float(value)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any,
+                    metrics: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        val = {"val_" + name[len("eval_"):]: float(value)
+               for name, value in (metrics or {}).items()
+               if name.startswith("eval_") and _is_curve(name, value)}
+        # After the epoch's end: written with the epoch's bands (as Keras's val_loss);
+        # within an epoch: at the step it followed.
+        (self._val if self._epoch_done else self._metrics).update(val)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.introspector is None:
+            return
+        self._settle()
+        self.introspector.close()
+        self.introspector = None
+
+    # ------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Tell the Introspector the step and the epoch end whose events are all in."""
+        intro = self.introspector
+        if intro is None:
+            return
+        if self._step_done:
+            metrics, self._metrics, self._step_done = self._metrics, {}, False
+            intro.step(loss=metrics.pop("loss", None), **metrics)
+        if self._epoch_done:
+            val, self._val, self._epoch_done = self._val, {}, False
+            intro.end_epoch(**val)
+
+
+def tensorboard_dir(args: Any, state: Any = None) -> str:
+    """Where ``report_to="tensorboard"`` writes: ``TENSORBOARD_LOGGING_DIR``, else
+    ``args.logging_dir`` (transformers 4), else ``<output_dir>/runs/<date>_<host>`` as
+    transformers 5's ``TensorBoardCallback`` names it when training begins (that callback
+    runs first and has made the folder a moment ago: that one is taken).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> os.environ["TENSORBOARD_LOGGING_DIR"] = "logs/run1"
+        >>> tensorboard_dir(SimpleNamespace(output_dir="out"))
+        'logs/run1'
+        >>> del os.environ["TENSORBOARD_LOGGING_DIR"]
+    """
+    env = os.getenv("TENSORBOARD_LOGGING_DIR")
+    if env:
+        return os.path.expanduser(env)
+    if getattr(args, "logging_dir", None):
+        return os.fspath(args.logging_dir)
+    from transformers.integrations.integration_utils import default_logdir
+
+    named = os.path.join(args.output_dir, default_logdir())
+    trial = getattr(state, "trial_name", None) if getattr(
+        state, "is_hyper_param_search", False) else None
+    if trial is not None:
+        return os.path.join(named, trial)
+    # The callback's folder may carry the previous second's name: the newest one of this
+    # host with an event file from the last few seconds.
+    host = socket.gethostname()
+    recent = [d for d in glob.glob(os.path.join(glob.escape(args.output_dir), "runs", "*"))
+              if d.endswith("_" + host) and any(
+                  time.time() - os.path.getmtime(f) < 10
+                  for f in glob.glob(os.path.join(glob.escape(d), "events.out.tfevents.*")))]
+    if os.path.isdir(named) or not recent:
+        return named
+    return max(recent, key=os.path.getmtime)
+
+
+def _is_curve(name: str, value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and name not in _NOT_CURVES and not name.endswith(_NOT_CURVE_SUFFIXES))
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer inside accelerate's ``AcceleratedOptimizer`` (its step runs the
+    inner one's, whose step pre-hook sees the clipped gradients)."""
+    for _ in range(4):
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer):
+            break
+        optimizer = inner
+    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
