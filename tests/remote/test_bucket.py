@@ -259,3 +259,24 @@ def test_a_server_gone_mid_training_costs_one_warning(s3):
     # What went up before the fault still reads; the lost steps come after it, counted.
     assert point_steps(evs)[:2] == [STEPS, 2 * STEPS]
     assert first > max(written) and count == last - first + 1, (message, written)
+
+
+def test_an_fsspec_url_is_written_and_served_without_tensorflow(tmp_path):
+    # file:// takes the path gs:// takes, on both sides: fsspec in the writer, and in a
+    # TensorBoard without TensorFlow (gcsfs would stand where fsspec's local one is).
+    from tb_introspect import summary_pb
+    from tb_introspect.writer import NumpyWriter
+
+    url = f"file://{tmp_path}/runs"
+    with NumpyWriter(f"{url}/numpy") as writer:
+        for step in (1, 2, 3):
+            writer.add_tensor_stats(np.full((4, 4), float(step), "float32"), step,
+                                    view="variable", name="dense/kernel", layer="dense")
+            writer.add_summary(summary_pb.metric_pb("loss", 1.0 / step), step)
+    assert len(list((tmp_path / "runs" / "numpy").iterdir())) >= 2  # the header, the rest
+    with tensorboard(url) as server:
+        (run,) = server.get_json("runs")["runs"]
+        assert run["run"] == "numpy" and run["max_step"] == 3, run
+        tag = "introspect/variable/dense/kernel"
+        s = server.get_json(f"series?run=numpy&tag={urllib.parse.quote(tag)}&field=mean")
+        assert s["series"][tag]["values"]["mean"] == [1.0, 2.0, 3.0]
