@@ -39,6 +39,8 @@ FINDINGS = "findings"
 NOT_A_FINDING = ("insufficient_data",)
 #: How long the end of training waits for the last judgement before giving up on it.
 SETTLE_SECONDS = 60.0
+#: A worker with nothing to judge for this long ends (the next point starts another).
+IDLE_SECONDS = 30.0
 
 Batches = Sequence[tuple[int, Sequence[summary_pb2.Summary]]]
 
@@ -222,34 +224,6 @@ class Watch:
                                    " %.0f s; on_finding did not see them", timeout)
         return self.take()
 
-    # ------------------------------------------------------------ the worker thread
-
-    def _work(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._asked > self._answered)
-                asked, pending, self._pending = self._asked, self._pending, []
-            try:
-                t0 = time.perf_counter()
-                for batches, wall_time in pending:
-                    self.run.add(batches, wall_time)
-                found = [f for f in find_issues(self.run.series()) if self.acts_on(f)]
-                self.seconds.append(time.perf_counter() - t0)
-            except Exception as e:  # reported from the training thread, in take()
-                with self._cv:
-                    self._error = e
-                    self._answered = asked
-                    self._cv.notify_all()
-                return
-            with self._cv:
-                for f in found:
-                    if f.kind not in self._fired:
-                        self._fired.add(f.kind)
-                        self._ready.append(f)
-                self._answered = asked
-                self._cv.notify_all()
-
-
     def act(self, findings: Iterable[Finding], stop: Callable[[Finding], None] | None,
             why_not: str = "") -> None:
         """Run the action on each of ``findings``: a callable is called (its error warns
@@ -275,3 +249,32 @@ class Watch:
                 stop(f)
             else:
                 logger.warning("tb_introspect: finding %s (%s)", describe(f), why_not)
+
+    # ------------------------------------------------------------ the worker thread
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                if not self._cv.wait_for(lambda: self._asked > self._answered, IDLE_SECONDS):
+                    self._thread = None  # no thread left behind; the next point starts one
+                    return
+                asked, pending, self._pending = self._asked, self._pending, []
+            try:
+                t0 = time.perf_counter()
+                for batches, wall_time in pending:
+                    self.run.add(batches, wall_time)
+                found = [f for f in find_issues(self.run.series()) if self.acts_on(f)]
+                self.seconds.append(time.perf_counter() - t0)
+            except Exception as e:  # reported from the training thread, in take()
+                with self._cv:
+                    self._error = e
+                    self._answered = asked
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                for f in found:
+                    if f.kind not in self._fired:
+                        self._fired.add(f.kind)
+                        self._ready.append(f)
+                self._answered = asked
+                self._cv.notify_all()

@@ -112,14 +112,13 @@ def test_torch_stop_raises_after_the_point_is_written(tmp_path, caplog) -> None:
 def test_torch_callable_records_each_finding_once_and_a_healthy_run_calls_nothing(
         tmp_path) -> None:
     seen: list = []
-    _, done = _torch_fit(str(tmp_path / "diverging"), lr=30.0, epochs=4, on_finding=seen.append)
-    assert done == 4  # a callable does not stop training
+    _, done = _torch_fit(str(tmp_path / "diverging"), lr=30.0, epochs=3, on_finding=seen.append)
+    assert done == 3  # a callable does not stop training
     assert seen, "no finding on a diverging run"
     _judged(seen)
     healthy: list = []
-    _, done = _torch_fit(str(tmp_path / "healthy"), lr=0.1, epochs=6, every=7,
-                         on_finding=healthy.append)
-    assert done == 6 and healthy == []
+    _, done = _torch_fit(str(tmp_path / "healthy"), lr=0.1, epochs=5, on_finding=healthy.append)
+    assert done == 5 and healthy == []
 
 
 def test_a_failing_callable_warns_once_and_training_goes_on(tmp_path) -> None:
@@ -130,8 +129,8 @@ def test_a_failing_callable_warns_once_and_training_goes_on(tmp_path) -> None:
         raise KeyError("no such channel")
 
     with pytest.warns(RuntimeWarning, match="on_finding callable failed .*no such channel"):
-        _, done = _torch_fit(str(tmp_path), lr=30.0, epochs=4, on_finding=broken)
-    assert done == 4 and len(calls) == 1
+        _, done = _torch_fit(str(tmp_path), lr=30.0, epochs=3, on_finding=broken)
+    assert done == 3 and len(calls) == 1
 
 
 def test_a_callable_that_raises_finding_stop_stops(tmp_path) -> None:
@@ -203,10 +202,53 @@ def test_keras_stop_ends_fit_early_and_names_the_finding(tmp_path, caplog) -> No
 def test_keras_callable_records_each_finding_once_and_a_healthy_fit_calls_nothing(
         tmp_path) -> None:
     seen: list = []
-    assert _keras_fit(str(tmp_path / "diverging"), lr=5.0, epochs=3, on_finding=seen.append) == 3
+    assert _keras_fit(str(tmp_path / "diverging"), lr=5.0, epochs=2, on_finding=seen.append) == 2
     assert seen, "no finding on a diverging fit"
     _judged(seen)
     healthy: list = []
-    assert _keras_fit(str(tmp_path / "healthy"), lr=0.1, epochs=5,
-                      on_finding=healthy.append) == 5
+    assert _keras_fit(str(tmp_path / "healthy"), lr=0.1, epochs=4,
+                      on_finding=healthy.append) == 4
     assert healthy == []
+
+
+# ---------------------------------------------------------------- custom GradientTape loop
+
+
+def test_custom_loop_stop_raises_from_end_step_or_end_epoch(tmp_path) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    from tb_introspect import FindingStop as Exported
+    from tb_introspect import Introspector
+
+    assert Exported is FindingStop
+    x, y = (tf.constant(a[:1024]) for a in _digits())  # tensors: no retrace per batch
+    keras.utils.set_random_seed(0)
+    dense1, dense2 = keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)
+    model = keras.Sequential([keras.Input((64,)), dense1, dense2])
+    opt = keras.optimizers.SGD(30.0)
+    done = 0
+    with pytest.raises(FindingStop) as stopped, \
+            Introspector(str(tmp_path), on_finding="stop") as intro:
+
+        @tf.function
+        def train_step(xb, yb):
+            with tf.GradientTape() as tape:
+                logits = dense2(dense1(xb))
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    yb, logits, from_logits=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            # No outputs: a smaller graph to trace; the gradients show the divergence.
+            intro.record(variables=model.trainable_variables, gradients=grads,
+                         metrics={"loss": loss})
+
+        for _ in range(12):
+            for i in range(0, 1024, BATCH):
+                train_step(x[i:i + BATCH], y[i:i + BATCH])
+                intro.end_step()
+            intro.end_epoch()
+            done += 1
+    assert done < 12 and stopped.value.finding.severity in ACTS
+    keras.backend.clear_session()
