@@ -233,8 +233,9 @@ def softmax_floor(classes: int) -> float:
 def loss_floor(rv: RunView) -> list[Finding]:
     """A loss declared from logits (without label smoothing for the plateau) fed with
     probabilities: the output layer is a softmax (values in [0, 1], mean 1/K) on the latest
-    >= 2 points, or the loss median stalls (< 10% down an epoch) above 0.9x
-    ln(1 + (K-1)/e) while the training accuracy is >= 75%, on the latest >= 2 epochs."""
+    >= 2 points with the loss at or above its floor ln(1 + (K-1)/e), or the loss median
+    stalls (< 10% down an epoch) at or above that floor while the training accuracy is
+    >= 75%, on the latest >= 2 epochs."""
     t = rv.t
     info = declared_loss(rv)
     task = infer_task(rv)
@@ -250,8 +251,15 @@ def loss_floor(rv: RunView) -> list[Finding]:
         n_soft = trailing_run((lo >= 0) & (hi <= 1 + 1e-6) & (np.abs(mean * k - 1) <= 0.01))
     name = rv.loss_name()
     seg = loss_rules.loss_segments(rv, name) if name else None
+    if n_soft >= 2 and seg is not None:
+        # Fed probabilities, the loss never goes below the floor: a loss below it (Keras on
+        # TensorFlow takes a Softmax op's input as the logits) is not this bug.
+        n_soft = min(n_soft, trailing_run(_at_points(seg, out.steps) >= floor))
     n_flat, acc_end = 0, None
-    if seg is not None and info["label_smoothing"] == 0 and seg[2].size >= 2:
+    # The plateau is judged on whole epochs (segments of a first epoch are still learning).
+    by_epoch = seg is not None and np.isfinite(seg[1]).all() and np.unique(seg[1]).size == \
+        seg[1].size >= t.min_points
+    if by_epoch and info["label_smoothing"] == 0:
         steps, epochs, med = seg
         acc = epoch_accuracy(rv, task, epochs)
         drop = np.concatenate([[0.0], 1 - med[1:] / med[:-1]])
@@ -378,3 +386,14 @@ def loss_without_learning(rv: RunView) -> list[Finding]:
         ),
         jump={"tab": "overview", "metric": name, "chart": "metric"},
     )]
+
+
+def _at_points(seg: tuple, steps: np.ndarray) -> np.ndarray:
+    """The loss median of the epoch or segment each of ``steps`` closes (NaN: none)."""
+    seg_steps, _, med = seg
+    out = np.full(len(steps), np.nan)
+    for i, st in enumerate(steps):
+        k = int(np.searchsorted(seg_steps, st))  # the first segment ending at or after st
+        if k < len(med):
+            out[i] = med[k]
+    return out

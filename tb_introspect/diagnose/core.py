@@ -97,9 +97,9 @@ class Thresholds:
     memorise_train_drop: float = 0.5
     memorise_train_accuracy: float = 2.0
     memorise_val_accuracy: float = 1.5
-    # gradient pile-up: the median layer's per-step gradient RMS up at least
-    # pileup_step_orders at each of the latest >= 3 points, pileup_orders in all
-    pileup_step_orders: float = 0.05
+    # gradient pile-up: the median layer's per-step gradient RMS rising (by more than
+    # pileup_step_orders) at each of the latest >= 3 points, by pileup_orders in all
+    pileup_step_orders: float = 0.0
     pileup_orders: float = 0.5
     # exploding: per-step gradient RMS (lower bound) of the median layer, and growth in orders
     exploding_rms: float = 1.0
@@ -150,7 +150,7 @@ class Thresholds:
     # share of ln(1 + (K-1)/e), less than floor_stall down from the epoch before, while the
     # training accuracy is at least floor_accuracy
     floor_accuracy: float = 0.75
-    floor_share: float = 0.9
+    floor_share: float = 1.0
     floor_stall: float = 0.1
     # loss without learning: the loss median at most this share of its value when the
     # training accuracy sat at chance (chance_accuracy_factor), with the accuracy still there

@@ -338,7 +338,7 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
     med = nanmedian(logs - per_step, axis=0)
     if not np.isfinite(med).all() or med.size < t.min_points:
         return []
-    rising = np.concatenate([[False], np.diff(med) >= t.pileup_step_orders])
+    rising = np.concatenate([[False], np.diff(med) > t.pileup_step_orders])
     n = trailing_run(rising)
     if n < t.min_points - 1:  # >= 3 points in a row, each above the one before
         return []
