@@ -15,6 +15,7 @@ Models: the reference CNN (3 x conv-BN-ReLU-pool with 32/64/128 channels, Flatte
 inverted residual blocks, ReLU6, width 1.0), both on 32x32x3 inputs, batch 64.
 
     python benchmarks/torch_overhead.py --threads 1           # the README table
+    python benchmarks/torch_overhead.py --on-finding --no-wandb  # on_finding's cost
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
 """
 
@@ -91,7 +92,7 @@ class Variant:
     """One copy of the model with its optimizer and its instrumentation."""
 
     def __init__(self, name: str, build: Callable[[], nn.Module], kind: str, every: object,
-                 log_root: str, wandb_run: object = None):
+                 log_root: str, wandb_run: object = None, **options: object):
         torch.manual_seed(0)
         self.name, self.kind = name, kind
         self.model = build()
@@ -100,7 +101,7 @@ class Variant:
         self.wandb = None
         if kind == "introspector":
             self.intro = Introspector(os.path.join(log_root, name.replace("'", "")),
-                                      self.model, self.opt, every=every)
+                                      self.model, self.opt, every=every, **options)
         elif kind == "wandb":
             import wandb
 
@@ -148,7 +149,13 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
         wandb_run = wandb.init(project="tb-introspect-bench", dir=root, mode="offline")
         specs += [(f"wandb.watch(log_freq={args.steps})", "wandb", args.steps),
                   ("wandb.watch(log_freq=16)", "wandb", 16)]
-    variants = [Variant(n, build, k, e, root, wandb_run) for n, k, e in specs]
+    if args.on_finding:  # every rule judged after each point, a callable that does nothing
+        specs += [("Introspector(every='epoch', on_finding)", "introspector", "epoch"),
+                  ("Introspector(every=16, on_finding)", "introspector", 16)]
+    variants = [Variant(n, build, k, e, root, wandb_run,
+                        **({"on_finding": lambda f: None, "on_finding_severity": "info"}
+                           if "on_finding" in n else {}))
+                for n, k, e in specs]
     for v in variants:  # warm-up: first-call allocations, hook set-up
         v.epoch(data[: max(2, args.steps // 8)])
     for r in range(args.rounds):
@@ -161,6 +168,11 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
               + ", ".join(f"{v.name} {v.wall[-1]:.1f}s" for v in variants), file=sys.stderr)
     for v in variants:
         v.close()
+        w = v.intro.pipeline.findings if v.intro is not None else None
+        if w is not None and w.seconds:
+            print(f"  {kind} {v.name}: {len(w.seconds)} judgements on the worker thread,"
+                  f" median {statistics.median(w.seconds) * 1000:.0f} ms, max"
+                  f" {max(w.seconds) * 1000:.0f} ms", file=sys.stderr)
     if wandb_run is not None:
         wandb_run.finish()
     base = variants[0]
@@ -187,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="add the wandb.watch peer (offline)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="smoke run: 8 steps, 1 round")
+    p.add_argument("--on-finding", action="store_true",
+                   help="add the Introspector variants with on_finding (a no-op callable)")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 8, 1
