@@ -77,3 +77,36 @@ def test_gradient_pileup_grows_where_accumulation_done_right_does_not(pair, fram
     assert f.evidence["growth_orders"] >= 0.5 and f.evidence["points_rising"] >= 2
     twin = pair("grad_accumulation", framework)
     assert "gradient_pileup" not in {f.kind for found in twin.live for f in found}
+
+
+def test_what_each_front_end_records_of_the_loss() -> None:
+    import keras
+    import torch
+
+    from tb_introspect import metadata
+    from tb_introspect.collect.loss import describe as keras_loss
+    from tb_introspect.torch.loss import describe as torch_loss
+
+    def parsed(text):
+        return metadata.parse_loss(text)
+
+    assert parsed(keras_loss("sparse_categorical_crossentropy")) == {
+        "task": "classification", "from_logits": False, "label_smoothing": 0.0,
+        "name": "sparse_categorical_crossentropy"}
+    got = parsed(keras_loss(keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
+    assert got["from_logits"] is True
+    assert parsed(keras_loss(keras.losses.MeanSquaredError()))["task"] == "regression"
+    assert keras_loss(lambda y, p: p) == "" and keras_loss("hinge") == ""  # not known
+    ce = parsed(torch_loss(torch.nn.CrossEntropyLoss(label_smoothing=0.1)))
+    assert ce["from_logits"] is True and ce["label_smoothing"] == pytest.approx(0.1)
+    assert parsed(torch_loss(torch.nn.NLLLoss()))["from_logits"] is False
+    assert parsed(torch_loss(torch.nn.MSELoss()))["task"] == "regression"
+    assert parsed(torch_loss({"task": "classification", "from_logits": True}))["task"] == \
+        "classification"
+    assert torch_loss(None) == "" and torch_loss(torch.nn.CosineEmbeddingLoss()) == ""
+    with pytest.raises(ValueError, match="task"):
+        torch_loss({"from_logits": True})
+    with pytest.raises(ValueError, match="label_smoothing"):
+        torch_loss({"task": "classification", "label_smoothing": 1.5})
+    with pytest.raises(TypeError, match="criterion"):
+        torch_loss("cross_entropy")
