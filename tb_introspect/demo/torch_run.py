@@ -48,7 +48,9 @@ def train_scenarios(
                        dynamic_ncols=True, mininterval=0.5, leave=True)
         history: dict[str, list[float]] = {"loss": [], "val_loss": [], "val_accuracy": []}
         start = time.perf_counter()
-        with Introspector(path, model, opt, every=every, seed=seed) as intro:
+        # F.cross_entropy below: a from-logits cross-entropy (the findings read it).
+        with Introspector(path, model, opt, every=every, seed=seed,
+                          criterion={"task": "classification", "from_logits": True}) as intro:
             for _epoch in range(n_epochs):
                 model.train()
                 perm = torch.randperm(len(x_train), generator=order)
