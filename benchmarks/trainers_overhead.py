@@ -1,0 +1,170 @@
+"""Training overhead of the trainer integrations, on CPU: wall and CPU time.
+
+Hugging Face: the tiny GPT-2 of the trainer tests (2 layers, width 64, vocabulary 128,
+sequences of 16 tokens, batch 8) trained by ``transformers.Trainer`` for one epoch of 96
+optimizer steps with
+
+* ``report_to="tensorboard"`` (plain),
+* the same plus ``IntrospectCallback()`` (default settings, all four views),
+* ``report_to="wandb"`` with ``WANDB_WATCH=all`` (offline: ``WANDB_MODE=offline``; the
+  callback watches with ``log_freq=max(100, logging_steps)``, about one epoch here).
+
+Lightning: the digits CNN of the trainer tests (conv-BN-ReLU x2, pool, dense-BN-ReLU,
+dense), batch 16, one epoch of 96 steps, with a ``TensorBoardLogger`` (plain), plus
+``Introspect()``, and a ``WandbLogger`` (offline) with ``logger.watch(model, log="all",
+log_freq=96)``.
+
+Each round trains every setup once, from the same seed, in an order that rotates every
+round; a warm-up round is left out. Each figure is the median over rounds of the per-round
+ratio to the plain setup, timing ``trainer.train()`` / ``trainer.fit()`` (the trainer's own
+start and end included). CPU is this process's (wandb's service process is not counted).
+
+    python benchmarks/trainers_overhead.py --rounds 5          # the README tables
+    python benchmarks/trainers_overhead.py --rounds 2 --quick  # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+STEPS = 96
+TARGET = (1.05, 1.10)
+
+
+def hf_setups(root: Path) -> dict[str, Callable[[], None]]:
+    from transformers import Trainer, TrainingArguments
+
+    from tb_introspect.transformers import IntrospectCallback
+    from tests.trainers import hf_support as hs
+
+    data = hs.lm_data(STEPS * hs.BATCH, 0)
+
+    def run(name: str, report_to: str, callbacks: list) -> Callable[[], None]:
+        def go() -> None:
+            torch.manual_seed(0)
+            out = tempfile.mkdtemp(dir=root, prefix=name)
+            if report_to == "wandb":
+                os.environ["WANDB_WATCH"] = "all"
+                os.environ["WANDB_DIR"] = out
+            args = TrainingArguments(
+                out, num_train_epochs=1, per_device_train_batch_size=hs.BATCH,
+                learning_rate=hs.GPT_LR, logging_steps=10, save_strategy="no",
+                report_to=report_to, use_cpu=True, disable_tqdm=True,
+                dataloader_num_workers=0, seed=0)
+            Trainer(model=hs.gpt2(), args=args, train_dataset=data,
+                    callbacks=[c() for c in callbacks]).train()
+            os.environ.pop("WANDB_WATCH", None)
+        return go
+
+    return {"report_to='tensorboard'": run("plain", "tensorboard", []),
+            "+ IntrospectCallback()": run("intro", "tensorboard", [IntrospectCallback]),
+            "report_to='wandb', WANDB_WATCH=all": run("wandb", "wandb", [])}
+
+
+def lightning_setups(root: Path) -> dict[str, Callable[[], None]]:
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+    from tb_introspect.lightning import Introspect
+    from tests.trainers import lightning_support as ls
+
+    d = __import__("sklearn.datasets", fromlist=["load_digits"]).load_digits()
+    x = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None][:STEPS * 16]
+    y = torch.tensor(d.target)[:STEPS * 16]
+
+    def run(name: str) -> Callable[[], None]:
+        def go() -> None:
+            L.seed_everything(0, verbose=False)
+            out = tempfile.mkdtemp(dir=root, prefix=name)
+            model = ls.DigitsCNN()
+            callbacks = [Introspect()] if name == "intro" else []
+            if name == "wandb":
+                logger = WandbLogger(save_dir=out, offline=True)
+                logger.watch(model, log="all", log_freq=STEPS)
+            else:
+                logger = TensorBoardLogger(out)
+            g = torch.Generator().manual_seed(0)
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                                 batch_size=16, shuffle=True, generator=g)
+            L.Trainer(max_epochs=1, accelerator="cpu", logger=logger, callbacks=callbacks,
+                      enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, log_every_n_steps=10).fit(model, loader)
+            if name == "wandb":
+                logger.experiment.finish()
+        return go
+
+    return {"TensorBoardLogger": run("plain"), "+ Introspect()": run("intro"),
+            "WandbLogger.watch(log='all')": run("wandb")}
+
+
+def measure(setups: dict[str, Callable[[], None]], rounds: int) -> dict[str, dict]:
+    names = list(setups)
+    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for r in range(rounds + 1):  # round 0 warms up
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            w0, c0 = time.perf_counter(), time.process_time()
+            setups[n]()
+            w, c = time.perf_counter() - w0, time.process_time() - c0
+            if r:
+                times[n].append((w, c))
+        print(f"round {r}: " + ", ".join(f"{n} {times[n][-1][0]:.2f}s" if r else n
+                                         for n in names), file=sys.stderr, flush=True)
+    plain = names[0]
+    out = {}
+    for n in names:
+        wall = statistics.median(a[0] / b[0] for a, b in zip(times[n], times[plain],
+                                                              strict=True))
+        cpu = statistics.median(a[1] / b[1] for a, b in zip(times[n], times[plain],
+                                                            strict=True))
+        ms = statistics.median((a[1] - b[1]) / STEPS * 1e3
+                               for a, b in zip(times[n], times[plain], strict=True))
+        out[n] = {"wall": wall, "cpu": cpu, "cpu_ms_step": ms,
+                  "plain_ms_step": statistics.median(b[0] for b in times[plain]) / STEPS * 1e3}
+    return out
+
+
+def table(title: str, result: dict[str, dict]) -> str:
+    plain = next(iter(result.values()))["plain_ms_step"]
+    rows = [f"| {title} (plain: {plain:.0f} ms/step) | wall | CPU | added CPU ms/step |",
+            "|---|---:|---:|---:|"]
+    for n, r in list(result.items())[1:]:
+        rows.append(f"| {n} | {r['wall']:.2f}x | {r['cpu']:.2f}x | {r['cpu_ms_step']:.0f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", choices=("hf", "lightning"), default=None)
+    p.add_argument("--quick", action="store_true", help="smoke run: one round")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    rounds = 1 if a.quick else a.rounds
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if a.only in (None, "hf"):
+            print(table("tiny GPT-2, transformers.Trainer", measure(hf_setups(root), rounds)))
+        if a.only in (None, "lightning"):
+            print(table("digits CNN, Lightning", measure(lightning_setups(root), rounds)))
+    print(f"target for the Introspect rows: <= {TARGET[0]}x wall, <= {TARGET[1]}x CPU")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Lightning: ``Introspect``, the PyTorch ``Introspector`` driven by a Lightning
+``Trainer``'s callback hooks (``pip install 'tb-introspect[lightning]'``).
+
+Example:
+    >>> import lightning as L
+    >>> from tb_introspect.lightning import Introspect
+    >>> trainer = L.Trainer(max_epochs=3, callbacks=[Introspect()])  # doctest: +SKIP
+    >>> trainer.fit(module, train_loader, val_loader)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from tb_introspect import metadata
+from tb_introspect.pipeline.options import OptionArgs, Options
+from tb_introspect.torch.introspector import Introspector
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from typing_extensions import Unpack
+
+__all__ = ["Introspect"]
+
+
+class Introspect(Callback):
+    """The four views of a ``LightningModule`` while a Lightning ``Trainer`` fits it.
+
+    ``log_dir`` defaults to the ``TensorBoardLogger``'s ``log_dir`` (``lightning_logs/
+    version_N``), beside the logger's scalars; with another logger, the trainer's
+    ``log_dir``. ``every``, ``views`` and the keyword options are the ``Introspector``'s.
+    A step is an optimizer step (``trainer.global_step``: ``accumulate_grad_batches``'
+    micro-batches are one step, their layer outputs all counted, their losses summed as
+    Lightning scales them); gradients are read after the optimizer step, as it applied
+    them (after ``gradient_clip_val``); the loss is ``training_step``'s, the learning rate
+    the first optimizer's; validation metrics (``val*`` names in
+    ``trainer.callback_metrics``) are written at the epoch's end. Under DDP the statistics
+    cover every rank and rank 0 writes.
+
+    Example:
+        >>> cb = Introspect(every=16, layers="conv.*")
+        >>> trainer = L.Trainer(callbacks=[cb], logger=TensorBoardLogger("logs"))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None = None,
+        every: str | int = "epoch",
+        *,
+        views: Sequence[str] = metadata.VIEWS,
+        **options: Unpack[OptionArgs],
+    ):
+        Options.of(views, every, dict(options))  # a bad option fails here, not in fit()
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.every = every
+        self.views = tuple(views)
+        self.options = dict(options)
+        self.introspector: Introspector | None = None
+        self._steps = 0
+        self._loss: torch.Tensor | None = None
+        self._val: dict[str, Any] = {}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # trainer.model is the DistributedDataParallel wrapper under DDP: the Introspector
+        # hooks the module inside it and scales the output gradients to the ranks' mean.
+        model = trainer.model if trainer.model is not None else pl_module
+        self._steps = trainer.global_step
+        self._loss, self._val = None, {}
+        self.introspector = Introspector(
+            self.log_dir or _log_dir(trainer), model, None, self.every, views=self.views,
+            initial_step=trainer.global_step, initial_epoch=trainer.current_epoch,
+            **self.options)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        intro = self.introspector
+        if intro is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()
+            self._loss = loss if self._loss is None else self._loss + loss
+        if trainer.global_step == self._steps:
+            return  # a micro-batch of gradient accumulation: no optimizer step yet
+        self._steps = trainer.global_step
+        metrics: dict[str, Any] = {}
+        if trainer.optimizers:
+            metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        loss, self._loss = self._loss, None
+        intro.step(loss=loss, **metrics)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.introspector is None or trainer.sanity_checking:
+            return
+        self._val = {name.replace("val/", "val_", 1): value
+                     for name, value in trainer.callback_metrics.items()
+                     if name.startswith(("val_", "val/"))}
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.introspector is None:
+            return
+        val, self._val = self._val, {}
+        self.introspector.end_epoch(**val)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.introspector is not None:
+            self.introspector.close()
+            self.introspector = None
+
+
+def _log_dir(trainer: pl.Trainer) -> str:
+    """The ``TensorBoardLogger``'s run folder (rank 0's, on every rank), else the
+    trainer's ``log_dir``, else its ``default_root_dir``."""
+    tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+    if tb is not None:
+        return trainer.strategy.broadcast(tb.log_dir)
+    return trainer.log_dir or trainer.default_root_dir

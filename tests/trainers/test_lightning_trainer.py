@@ -1,0 +1,150 @@
+"""``Introspect`` in a real Lightning ``Trainer``: a CNN on scikit-learn's digits with
+``precision="bf16-mixed"``, ``accumulate_grad_batches=2`` and ``gradient_clip_val=1``,
+healthy, with a learning rate 100x too high, and under ``strategy="ddp"`` on two gloo
+processes; read back through ``diagnose``, a real TensorBoard and headless Chromium."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tb_introspect import metadata
+from tb_introspect.diagnose import find_issues
+from tests.shared_runs import link_runs
+from tests.torch import torch_support as ts
+from tests.trainers import lightning_support as ls
+
+RUNS = ("cnn", "cnn_lr_x100", "cnn_ddp")
+LAST = ls.EPOCHS * ls.STEPS
+POINTS = [ls.STEPS * (e + 1) for e in range(ls.EPOCHS)]
+
+
+def serious(run) -> set[str]:
+    return {f.kind for f in find_issues(run) if f.severity in ("warning", "critical")}
+
+
+def test_writes_into_the_loggers_run_folder(lightning_runs):
+    for name in RUNS:
+        folder = lightning_runs[name]
+        assert folder.name == "version_0" and folder.parent.name == "lightning_logs"
+        events = [p for p in folder.iterdir() if p.name.startswith("events.out.tfevents")]
+        # the logger's own file and the tab's (under DDP too: rank 0 alone writes)
+        assert len(events) == 2, events
+        assert not (folder.parent / "version_1").exists()
+    acc = EventAccumulator(str(lightning_runs["cnn"]))
+    acc.Reload()
+    assert {"val_loss", "val_accuracy"} <= set(acc.Tags()["scalars"])
+
+
+def test_optimizer_steps_bf16_outputs_and_validation_metrics(lightning_runs):
+    run = ts.read_run(str(lightning_runs["cnn"]))
+    assert set(run.tensors) == set(metadata.VIEWS)
+    for view in metadata.VIEWS:
+        for s in run.tensors[view]:
+            assert list(s.steps) == POINTS, s.info.tag
+    loss = run.metrics["loss"]
+    assert list(loss.steps) == list(range(1, LAST + 1))
+    # Two micro-batches of a step, each scaled by 1/2 by Lightning, add up to the step's
+    # loss: the first is near ln 10, not half of it.
+    assert 1.8 < loss.field("value")[0] < 3.5
+    by = ts.by_name(run, "output")
+    assert by["features.0"].info.dtype == "bfloat16"  # autocast's, as the model ran
+    assert by["features.0"].info.shape[1:] == (8, 8, 16)
+    assert {"features.2", "head.3"} <= set(by)
+    for name in ("val_loss", "val_accuracy"):
+        s = run.metrics[name]
+        assert list(s.epochs) == list(range(ls.EPOCHS)) and list(s.steps) == POINTS, name
+    assert run.metrics["val_accuracy"].field("value")[-1] > 0.8
+    assert "learning_rate" in run.metrics
+
+
+def test_gradients_are_read_after_clipping(lightning_runs):
+    """``gradient_clip_val=1``: each step's gradient has norm <= 1 when the optimizer
+    applies it, so an epoch's gradient sum has norm <= its steps. The twin's loss jumps
+    two orders of magnitude: unclipped, its first epoch's gradients would be far larger."""
+    run = ts.read_run(str(lightning_runs["cnn_lr_x100"]))
+    norm = np.sqrt(sum(s.field("l2") ** 2 for s in run.tensors["gradient"]))
+    assert np.all(norm <= ls.STEPS * (1 + 1e-3)), norm
+
+
+def test_findings_healthy_and_lr_100x(lightning_runs):
+    assert serious(ts.read_run(str(lightning_runs["cnn"]))) == set()
+    assert serious(ts.read_run(str(lightning_runs["cnn_ddp"]))) == set()
+    sick = serious(ts.read_run(str(lightning_runs["cnn_lr_x100"])))
+    assert {"dead_units", "zero_gradients"} <= sick, sick
+
+
+def test_ddp_statistics_cover_both_ranks(lightning_runs):
+    """Each rank trains on half of every batch; a point's output counts are both halves'."""
+    run = ts.read_run(str(lightning_runs["cnn_ddp"]))
+    assert list(run.metrics["loss"].steps) == list(range(1, LAST + 1))
+    head = ts.by_name(run, "output")["head.4"]  # the logits: 10 per sample
+    assert list(head.steps) == POINTS
+    counts = head.field("count")
+    np.testing.assert_array_equal(counts, [ls.TRAIN * 10] * ls.EPOCHS)
+
+
+@pytest.fixture(scope="module")
+def lightning_tb(lightning_runs, tmp_path_factory):
+    from tests.browser.browser_support import tensorboard
+
+    logdir = link_runs({n: lightning_runs[n] for n in RUNS}, tmp_path_factory.mktemp("pl"))
+    with tensorboard(logdir, wait_runs=len(RUNS)) as server:
+        yield server
+
+
+def test_tensorboard_serves_the_runs_and_findings(lightning_tb):
+    from tests.plugin.plugin_testlib import wait_for
+
+    listed = wait_for(lambda: (lambda r: r if all(r.get(n, {}).get("max_step") == LAST
+                                                 for n in RUNS) else None)(
+        {r["run"]: r for r in lightning_tb.get_json("runs")["runs"]}), timeout=120)
+    for name in RUNS:
+        assert all(listed[name]["views"].get(v) for v in metadata.VIEWS), listed[name]
+    kinds = {f["kind"] for f in lightning_tb.get_json("findings?run=cnn_lr_x100")["findings"]}
+    assert "dead_units" in kinds
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser.browser_support import launch_chromium
+
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()
+
+
+@pytest.mark.browser
+def test_the_tab_draws_the_lightning_run(browser, lightning_tb):
+    from tests.browser.browser_session import Probe
+
+    p = Probe(browser, lightning_tb)
+    try:
+        p.open("p.introspect.run=cnn")
+        p.check("overview", "cnn")
+        p.sweep_layers("cnn", metadata.VIEWS)
+    finally:
+        p.close()
+
+
+def test_no_tensorboard_logger_writes_into_the_trainers_log_dir(tmp_path: Path):
+    """With a CSV logger the tab's folder is the trainer's ``log_dir``."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from tb_introspect.lightning import Introspect
+
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                        accelerator="cpu", logger=CSVLogger(str(tmp_path)),
+                        callbacks=[Introspect(every=1)], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    train, _ = ls.loaders()
+    trainer.fit(ls.DigitsCNN(), train)
+    run = ts.read_run(trainer.log_dir)
+    assert list(run.tensors["gradient"][0].steps) == [1, 2]
