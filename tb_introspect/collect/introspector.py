@@ -53,6 +53,8 @@ class Introspector:
     names given to ``record``; the activity of every recorded output is counted
     on every step (exact dead rates) unless ``rectifiers`` names the ones to count
     so, the others then counting on the statistics steps only.
+    With ``on_finding="stop"``, ``end_step()`` / ``end_epoch()`` raise
+    ``tb_introspect.FindingStop`` once a finding appears, after its point is written.
 
     Example:
         >>> import tempfile, keras, tensorflow as tf
