@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.remote.s3_support import keys, s3_server  # noqa: E402
@@ -114,51 +116,50 @@ def uploads(args, client) -> list[str]:
 
 
 def first_screen(args, client) -> list[str]:
+    from tensorboard.compat.proto import summary_pb2
+
     from tb_introspect import summary_pb
     from tb_introspect.writer import NumpyWriter
     from tests.browser.browser_support import tensorboard
 
-    rows = ["| objects | run listed at its last step (s) | ./overview (ms) |", "|---|---|---|"]
+    rng = np.random.default_rng(0)
+    # One step's statistics (every step the same: what is timed is reading, not the values).
+    stats = summary_pb2.Summary()
+    for t in range(args.tensors):
+        stats.value.extend(summary_pb.tensor_stats_pb_from_array(
+            rng.normal(size=(16, 16)), view="gradient", name=f"layer{t}/kernel",
+            layer=f"layer{t}", depth=t).value)
+    rows = ["| objects | bytes | TensorBoard start to the run listed at its last step (s) |"
+            " ./overview (ms) |", "|---|---|---|---|"]
     for objects in (1, args.objects):
-        url = f"s3://{BUCKET}/screen{objects}/run"
-        # One object: nothing is flushed before close. Many: a flush (and an upload, the
-        # interval 0) every points/objects steps.
-        writer = NumpyWriter(url)
-        writer._sink._roller.every = 0.0
+        prefix = f"screen{objects}/run"
+        writer = NumpyWriter(f"s3://{BUCKET}/{prefix}")
+        roller = writer._sink._roller
+        roller.every = 0.0  # one object per flush; one flush in all for the single object
+        every = max(args.points // objects, 1)
         for step in range(1, args.points + 1):
-            for t in range(args.tensors):
-                writer.add_tensor_stats(_array(step, t), step, view="gradient",
-                                        name=f"layer{t}/kernel", layer=f"layer{t}", depth=t)
+            writer.add_summary(stats, step)
             writer.add_summary(summary_pb.metric_pb("loss", 1.0 / step), step)
-            if objects > 1 and step % max(args.points // objects, 1) == 0:
+            if objects > 1 and step % every == 0 and step < args.points:
+                put = roller.objects
                 writer.flush()
-                _wait(client, f"screen{objects}/run/", step // max(args.points // objects, 1))
+                while roller.objects == put:  # the thread put it
+                    time.sleep(0.002)
         writer.close()
-        count = len(keys(client, BUCKET, f"screen{objects}/run/"))
+        names = keys(client, BUCKET, prefix + "/")
+        size = sum(client.head_object(Bucket=BUCKET, Key=k)["ContentLength"] for k in names)
         t0 = time.monotonic()
         with tensorboard(f"s3://{BUCKET}/screen{objects}", wait_runs=1) as tb:
             while tb.get_json("runs")["runs"][0]["max_step"] != args.points:
+                if time.monotonic() - t0 > 600:
+                    raise TimeoutError(f"{prefix}: not read in 10 minutes")
                 time.sleep(0.05)
             listed = time.monotonic() - t0
             t1 = time.monotonic()
             tb.get_json("overview?run=run")
             overview_ms = (time.monotonic() - t1) * 1000
-        rows.append(f"| {count} | {listed:.1f} | {overview_ms:.0f} |")
+        rows.append(f"| {len(names)} | {size:,} | {listed:.1f} | {overview_ms:.0f} |")
     return rows
-
-
-def _array(step: int, t: int):
-    import numpy as np
-
-    return np.random.default_rng(step * 1000 + t).normal(size=(16, 16)).astype("float32")
-
-
-def _wait(client, prefix: str, uploads: int) -> None:
-    deadline = time.monotonic() + 30
-    while len(keys(client, BUCKET, prefix)) < uploads + 1:
-        if time.monotonic() > deadline:
-            raise TimeoutError(prefix)
-        time.sleep(0.01)
 
 
 def main() -> None:
@@ -171,18 +172,21 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=200, help="objects of the rolled run")
     parser.add_argument("--points", type=int, default=400)
     parser.add_argument("--tensors", type=int, default=20)
+    parser.add_argument("--only", choices=("uploads", "screen"), help="one measurement")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
     args = parser.parse_args()
     if args.quick:
-        args.epochs, args.steps, args.step_ms, args.flush = 2, 10, 5.0, 0.05
-        args.objects, args.points, args.tensors, args.every = 10, 20, 4, ["epoch", "5"]
+        args.epochs, args.steps, args.step_ms, args.flush = 2, 5, 0.0, 0.05
+        args.objects, args.points, args.tensors, args.every = 5, 10, 2, ["epoch", "5"]
     with s3_server() as s3:
         client = s3.client()
         client.create_bucket(Bucket=BUCKET)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        print("\n".join(uploads(args, client)))
-        print()
-        print("\n".join(first_screen(args, client)))
+        if args.only != "screen":
+            print("\n".join(uploads(args, client)), flush=True)
+            print()
+        if args.only != "uploads":
+            print("\n".join(first_screen(args, client)), flush=True)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def record(data: bytes) -> bytes:
 
 
 class EventSink:
-    """Writes ``Event`` records to a new ``events.out.tfevents.*`` file in ``log_dir``.
+    """Writes ``Event`` records to a new ``events.out.tfevents.*`` file in ``log_dir`` (a
+    URL: a sequence of such objects, put at most one per ``upload_secs``).
 
     Thread-safe. Writes are buffered in the process; ``flush()`` hands them to the file
     system, after which TensorBoard's live reload sees them.
