@@ -8,7 +8,8 @@ only puts them. Which client puts them, as TensorBoard reads them without Tensor
 - ``s3://bucket/prefix``: boto3, with the endpoint of ``S3_ENDPOINT`` (TensorBoard's reader
   reads the same variable) or boto3's own ``AWS_ENDPOINT_URL``;
 - any other scheme fsspec knows (``gs://`` through gcsfs, ``file://``, ...): fsspec;
-- a scheme only TensorFlow's file systems know (``ram://``), when TensorFlow is imported.
+- a scheme fsspec does not know but TensorFlow's file systems do (``ram://``), when
+  TensorFlow is imported.
 
 A scheme whose package is missing is refused when the store is opened, naming the extra to
 install; nothing is ever written to a local folder named after a URL.
@@ -59,7 +60,9 @@ def open_store(url: str) -> Store:
 
         fs, root = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as e:
-        if _tensorflow_knows(scheme):
+        # A scheme fsspec does not know at all may be one of TensorFlow's; one it knows
+        # whose package is missing (gs:// without gcsfs) is the user's to install.
+        if not isinstance(e, ImportError) and _tensorflow_knows(scheme):
             return GfileStore(url)
         extra = EXTRAS.get(scheme)
         hint = (f"pip install 'tb-introspect[{extra}]'" if extra

@@ -200,8 +200,9 @@ def test_every_n_with_steps_per_execution(tmp_path):
 
 
 def test_a_url_log_dir_is_written_through_tensorflows_file_systems(tmp_path, monkeypatch):
-    """``gs://`` and the like reach the Keras callback's sink through ``tf.io.gfile``
-    (here TensorFlow's in-memory ``ram://``); nothing lands in a local folder."""
+    """A scheme only TensorFlow's file systems know (its in-memory ``ram://``) reaches the
+    Keras callback's sink through ``tf.io.gfile`` (``s3://``, ``gs://``: boto3 and fsspec,
+    tests/remote); nothing lands in a local folder."""
     monkeypatch.chdir(tmp_path)
     model = make_cnn()
     x, y = data(32)
