@@ -22,7 +22,7 @@ state, without the one-time start (model hooks, writers, wandb's run). Each figu
 median over rounds of the per-round ratio to the plain setup.
 
     python benchmarks/trainers_overhead.py --rounds 5          # the README tables
-    python benchmarks/trainers_overhead.py --rounds 2 --quick  # a smoke run
+    python benchmarks/trainers_overhead.py --quick --no-wandb  # a smoke run
 """
 
 from __future__ import annotations
@@ -186,21 +186,28 @@ def table(title: str, result: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+def pick(setups: dict, a: argparse.Namespace) -> dict:
+    return {n: f for n, f in setups.items() if not (a.no_wandb and "wandb" in n.lower())}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", choices=("hf", "lightning"), default=None)
     p.add_argument("--quick", action="store_true", help="smoke run: one round")
+    p.add_argument("--no-wandb", action="store_true", help="leave the wandb setups out")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     rounds = 1 if a.quick else a.rounds
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if a.only in (None, "hf"):
-            print(table("tiny GPT-2, transformers.Trainer", measure(hf_setups(root), rounds)))
+            setups = hf_setups(root)
+            print(table("tiny GPT-2, transformers.Trainer", measure(pick(setups, a), rounds)))
         if a.only in (None, "lightning"):
-            print(table("digits CNN, Lightning", measure(lightning_setups(root), rounds)))
+            setups = lightning_setups(root)
+            print(table("digits CNN, Lightning", measure(pick(setups, a), rounds)))
     print(f"target for the Introspect rows: <= {TARGET[0]}x wall, <= {TARGET[1]}x CPU")
 
 

@@ -32,6 +32,7 @@ SMALL = [
     ("overhead.py", ["--models", "cnn", "--every", "epoch,1", "--quick"], 8),
     ("overhead.py", ["--models", "cnn", "--step-functions", "--op-profile", "5", "--quick"], 5),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
+    ("trainers_overhead.py", ["--quick", "--no-wandb"], 6),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
     ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3"], 5),
     ("bucket_bench.py", ["--quick"], 5),
