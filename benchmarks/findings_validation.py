@@ -75,9 +75,10 @@ def main() -> None:
                            "; ".join(f"{k} at epoch {e}" for e, k, _ in live))
                 rows.append((label, f"twin: {pc.note}", "-", "-", verdict, final, secs))
             else:
-                for kind, (severity, onset) in pc.expect.items():
+                for kind, (severity, _) in pc.expect.items():
                     first = r.first_epoch_with(kind, severity)
-                    rows.append((label, pc.note, f"{severity} `{kind}`", str(onset),
+                    rows.append((label, pc.note, f"{severity} `{kind}`",
+                                 str(pc.onset(kind, r.run)),
                                  "never" if first is None else str(first), final, secs))
             print(f"{label}: {secs:.1f} s", file=sys.stderr)
     print("| scenario | what | expected | onset | live: first epoch shown | final warnings"

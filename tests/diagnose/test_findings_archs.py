@@ -1,12 +1,13 @@
 """The findings on trainings of other architectures, read while they train.
 
 Every scenario of ``findings_archs.SCENARIOS`` is trained once per session (GRU, LSTM,
-self-attention with LayerNorm, residual CNN with BatchNorm, embedding, MSE autoencoder,
-and the pathologies: memorisation of shuffled labels, overfitting on few noisy samples, an
-L2 penalty that collapses the weights to chance, a ReLU on the logits, an attention block
-at a too-high rate, a tiny initialisation). After every epoch the logdir is read back with
-the plugin's reader and the findings are computed on the points so far, as a live
-TensorBoard tab would show them.
+self-attention with LayerNorm, residual CNN with BatchNorm at momentum 0.9, embedding, MSE
+autoencoder, and the pathologies: memorisation of shuffled labels, overfitting on few noisy
+samples, an L2 penalty that collapses the weights to chance, a ReLU on the logits, an
+attention block at a too-high rate, a tiny initialisation, the residual BatchNorm CNN at
+Keras's default momentum 0.99, whose moving statistics lag a short run). After every
+epoch the logdir is read back with the plugin's reader and the findings are computed on
+the points so far, as a live TensorBoard tab would show them.
 """
 
 from __future__ import annotations
