@@ -11,7 +11,7 @@ PORT ?= 6006
 # loadfile: a module and its module-scoped fixtures stay on one worker (built once).
 TEST_WORKERS ?= 2
 
-.PHONY: venv frontend demo serve test test-js test-oldest lint chromium bench clean
+.PHONY: venv frontend demo serve test test-durations test-js test-oldest lint chromium bench clean
 
 # The oldest TensorFlow, Keras, TensorBoard and protobuf that setup.py's ranges allow (keep in step).
 OLDEST_VENV := .venv-oldest
@@ -56,9 +56,16 @@ chromium:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Longest module first (tests/schedule.py): our order, not xdist's (by number of tests).
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP) chromium lint test-js
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 1; fi; exit $$rc
+
+# The same run, writing each module's seconds to tests/durations.json (the order of the next).
+test-durations: $(STAMP) chromium
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) --record-durations tests
 
 # The frontend's pure modules under node's own test runner: only node, no node_modules.
 # The shell expands the glob: node 20 reads no glob patterns itself.

@@ -83,7 +83,7 @@ setup(
         "lightning": ["lightning>=2.4,<3"],
         "test": [
             "pytest>=8,<10",
-            "pytest-xdist>=3.6,<4",
+            "pytest-xdist>=3.6.1,<4",
             "filelock>=3.12,<5",
             "hypothesis>=6.100,<7",
             "playwright>=1.45,<2",

@@ -12,7 +12,20 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests import schedule
 from tests.shared_runs import APP_RUN, CLI, Trained, link_runs, train_shared
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    schedule.addoption(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    schedule.configure(config)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    schedule.order(items)
 
 
 @pytest.fixture(scope="session")
