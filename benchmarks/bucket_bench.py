@@ -133,9 +133,9 @@ def first_screen(args, client) -> list[str]:
             " ./overview (ms) |", "|---|---|---|---|"]
     for objects in (1, args.objects):
         prefix = f"screen{objects}/run"
-        writer = NumpyWriter(f"s3://{BUCKET}/{prefix}")
+        # One object per flush (no interval); one flush in all for the single object.
+        writer = NumpyWriter(f"s3://{BUCKET}/{prefix}", flush_secs=0.0)
         roller = writer._sink._roller
-        roller.every = 0.0  # one object per flush; one flush in all for the single object
         every = max(args.points // objects, 1)
         for step in range(1, args.points + 1):
             writer.add_summary(stats, step)

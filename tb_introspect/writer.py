@@ -31,12 +31,15 @@ class NumpyWriter:
     """Writes tb-introspect summaries of numpy arrays to an event file in ``logdir``.
 
     Usable from any framework (PyTorch: pass ``tensor.detach().cpu().numpy()``).
-    Each instance writes its own ``events.out.tfevents.*`` file.
+    Each instance writes its own ``events.out.tfevents.*`` file. ``logdir`` may be a bucket
+    URL (``s3://bucket/runs/a``): each ``flush`` then puts what is new as one more object,
+    at most one per ``flush_secs`` (README, "Runs in a bucket").
     """
 
-    def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "") -> None:
+    def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "", *,
+                 flush_secs: float = 5.0) -> None:
         self.logdir = os.fspath(logdir)
-        self._sink = EventSink(self.logdir, filename_suffix)
+        self._sink = EventSink(self.logdir, filename_suffix, upload_secs=flush_secs)
         self.path = self._sink.path
         # The step whose vectors are held for the view summaries: view -> tag -> vector, and
         # each view's quantiles and cadence; a step whose summaries are written is ``_done``.

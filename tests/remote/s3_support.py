@@ -1,12 +1,15 @@
-"""A real S3-compatible server on 127.0.0.1 (moto's server mode) for the bucket tests, and a
-reader of the event records of the objects under a prefix, by their own framing."""
+"""A real S3-compatible server on 127.0.0.1 (moto's server mode) for the bucket tests, a TCP
+relay to it that a test can cut, and a reader of the event records of the objects under a
+prefix, by their own framing."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import socket
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -82,3 +85,54 @@ def point_steps(evs: list[event_pb2.Event], view: str = "gradient") -> list[int]
     """The steps of the events holding a logged point (a tensor of ``view``)."""
     prefix = f"introspect/{view}/"
     return [e.step for e in evs if any(v.tag.startswith(prefix) for v in e.summary.value)]
+
+
+class Relay:
+    """A TCP relay to the S3 server on another port of 127.0.0.1. ``cut()`` is the network
+    going down: the port stops accepting and every open connection is dropped (stopping
+    moto's server would leave its keep-alive connections served)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.target = int(endpoint.rsplit(":", 1)[1])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.down = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                if self.down:
+                    client.close()
+                    server.close()
+                    return
+                self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self.lock:
+            self.down = True
+            for s in (self.listener, *self.sockets):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
