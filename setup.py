@@ -67,6 +67,8 @@ setup(
         "protobuf>=6.31.1,<8",
         # The event files' CRC-32C in C (TensorBoard's record writer computes it in Python).
         "google-crc32c>=1.5,<2",
+        # numpy's BLAS held to one thread while a point is built on the host.
+        "threadpoolctl>=3.1,<4",
     ],
     extras_require={
         # The writer side. TensorBoard itself runs the plugin without TensorFlow.

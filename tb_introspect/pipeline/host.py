@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from tb_introspect import summary_pb
 from tb_introspect.diagnose import Finding
@@ -170,6 +171,10 @@ class Pipeline:
 
     def log(self, step: int) -> None:
         """One logged point at TensorBoard ``step``: the collector's window, written."""
+        with _one_blas_thread():
+            self._log(step)
+
+    def _log(self, step: int) -> None:
         point = self.c.point(step)
         self.last_log_step = step
         self.activity.add(point.activity)
@@ -280,3 +285,16 @@ class Pipeline:
             except Exception as e:
                 self.stop_writing(e)
             self.sink = None
+
+
+_blas: ThreadpoolController | None = None
+
+
+def _one_blas_thread() -> Any:
+    """numpy's BLAS on one thread while a point is built. Its dot products there are small
+    and gain nothing from a second thread, and a thread that waits for a core the training's
+    own threads hold costs milliseconds per call: a PyTorch CNN's point took twice as long."""
+    global _blas
+    if _blas is None:  # the libraries loaded by now (numpy's BLAS among them)
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
