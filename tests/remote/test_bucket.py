@@ -1,5 +1,5 @@
 """Runs written straight into a bucket of a real S3 server on 127.0.0.1 (moto's server mode):
-a Keras run and a PyTorch run, visible while they train, read back by a real TensorBoard
+a Keras run and a PyTorch run, visible while they train (and a custom loop's), read back by a real TensorBoard
 without TensorFlow on ``s3://`` (every route, and the tab in headless Chromium), a bucket
 that cannot be written refused at construction, and a server that goes away mid-training:
 training finishes with one warning that counts what was not written."""
@@ -203,6 +203,31 @@ def test_the_tab_on_a_bucket(tb):
         finally:
             s.close()
             browser.close()
+
+
+def test_a_custom_loop_writes_to_the_bucket(s3):
+    import keras
+    import tensorflow as tf
+
+    from tb_introspect import Introspector
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.SGD(0.1)
+    with Introspector(f"s3://{BUCKET}/custom/run", every=1, flush_secs=FLUSH) as intro:
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            intro.record(variables=model.trainable_variables, gradients=grads,
+                         metrics={"loss": loss})
+
+        for _ in range(3):
+            train_step(tf.ones((8, 4)), tf.zeros((8, 2)))
+            intro.end_step()
+        intro.end_epoch()
+    assert point_steps(events(s3.client(), BUCKET, "custom/run/")) == [1, 2, 3]
 
 
 def test_a_bucket_that_cannot_be_written_is_refused_at_construction(s3):
