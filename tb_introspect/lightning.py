@@ -19,6 +19,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from tb_introspect import metadata
+from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs, Options
 from tb_introspect.torch.introspector import Introspector
 
@@ -41,7 +42,8 @@ class Introspect(Callback):
     them (after ``gradient_clip_val``); the loss is ``training_step``'s, the learning rate
     the first optimizer's; validation metrics (``val*`` names in
     ``trainer.callback_metrics``) are written at the epoch's end. Under DDP the statistics
-    cover every rank and rank 0 writes.
+    cover every rank and rank 0 writes. ``on_finding="stop"`` ends the fit through the
+    trainer (``trainer.should_stop``) after the step that showed the finding.
 
     Example:
         >>> cb = Introspect(every=16, layers="conv.*")
@@ -93,7 +95,10 @@ class Introspect(Callback):
         if trainer.optimizers:
             metrics["learning_rate"] = float(trainer.optimizers[0].param_groups[0]["lr"])
         loss, self._loss = self._loss, None
-        intro.step(loss=loss, **metrics)
+        try:
+            intro.step(loss=loss, **metrics)
+        except FindingStop:  # the finding is logged; Lightning ends the fit its own way
+            trainer.should_stop = True
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.introspector is None or trainer.sanity_checking:
@@ -106,7 +111,10 @@ class Introspect(Callback):
         if self.introspector is None:
             return
         val, self._val = self._val, {}
-        self.introspector.end_epoch(**val)
+        try:
+            self.introspector.end_epoch(**val)
+        except FindingStop:
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close()

@@ -22,6 +22,7 @@ import torch
 from transformers import TrainerCallback
 
 from tb_introspect import metadata
+from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs, Options
 from tb_introspect.torch.introspector import Introspector
 
@@ -48,7 +49,9 @@ class IntrospectCallback(TrainerCallback):
     are read in the optimizer's step pre-hook, after clipping (``max_grad_norm``);
     ``loss``, ``learning_rate`` and ``grad_norm`` (the norm before clipping) are the
     trainer's logs (every ``logging_steps``); ``on_evaluate``'s ``eval_*`` metrics are
-    written as ``val_*``. Only the main process writes.
+    written as ``val_*``. Only the main process writes. ``on_finding="stop"`` ends the
+    training through the trainer (``control.should_training_stop``) after the step that
+    showed the finding.
 
     Example:
         >>> cb = IntrospectCallback(every=16, layers=r"transformer\\.h\\.0\\..*")
@@ -91,10 +94,10 @@ class IntrospectCallback(TrainerCallback):
             initial_epoch=int(state.epoch or 0), **self.options)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._settle()
+        self._settle(control)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._settle()
+        self._settle(control)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # The step's logs and evaluation come after this event: the step is told to the
@@ -122,23 +125,28 @@ class IntrospectCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.introspector is None:
             return
-        self._settle()
+        self._settle(None)
         self.introspector.close()
         self.introspector = None
 
     # ------------------------------------------------------------------
 
-    def _settle(self) -> None:
-        """Tell the Introspector the step and the epoch end whose events are all in."""
+    def _settle(self, control: Any) -> None:
+        """Tell the Introspector the step and the epoch end whose events are all in;
+        ``on_finding="stop"`` sets ``control``'s stop (None: training is over)."""
         intro = self.introspector
         if intro is None:
             return
-        if self._step_done:
-            metrics, self._metrics, self._step_done = self._metrics, {}, False
-            intro.step(loss=metrics.pop("loss", None), **metrics)
-        if self._epoch_done:
-            val, self._val, self._epoch_done = self._val, {}, False
-            intro.end_epoch(**val)
+        try:
+            if self._step_done:
+                metrics, self._metrics, self._step_done = self._metrics, {}, False
+                intro.step(loss=metrics.pop("loss", None), **metrics)
+            if self._epoch_done:
+                val, self._val, self._epoch_done = self._val, {}, False
+                intro.end_epoch(**val)
+        except FindingStop:  # the finding is logged; the trainer ends its own way
+            if control is not None:
+                control.should_training_stop = True
 
 
 def tensorboard_dir(args: Any, state: Any = None) -> str:

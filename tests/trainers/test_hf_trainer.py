@@ -179,3 +179,12 @@ def test_the_tab_draws_the_gpt2_run(browser, hf_tb):
         p.sweep_layers("gpt2", metadata.VIEWS)
     finally:
         p.close()
+
+
+def test_on_finding_stop_ends_the_training_through_the_trainer(tmp_path: Path, caplog):
+    """The trainer's own stop, not an exception out of its loop: ``train()`` returns, the
+    finding named in the log, fewer optimizer steps than asked."""
+    with caplog.at_level("WARNING", logger="tb_introspect"):
+        trainer = hs.train_gpt2(tmp_path, 100 * hs.GPT_LR, on_finding="stop")
+    assert trainer.state.global_step < hs.EPOCHS * hs.GPT_STEPS
+    assert any("stopping training" in r.getMessage() for r in caplog.records), caplog.text

@@ -148,3 +148,12 @@ def test_no_tensorboard_logger_writes_into_the_trainers_log_dir(tmp_path: Path):
     trainer.fit(ls.DigitsCNN(), train)
     run = ts.read_run(trainer.log_dir)
     assert list(run.tensors["gradient"][0].steps) == [1, 2]
+
+
+def test_on_finding_stop_ends_the_fit_through_the_trainer(tmp_path: Path, caplog):
+    """``trainer.should_stop``, not an exception out of ``fit``: fewer epochs than asked,
+    the finding named in the log."""
+    with caplog.at_level("WARNING", logger="tb_introspect"):
+        trainer = ls.fit(tmp_path, 100 * ls.LR, on_finding="stop")
+    assert trainer.current_epoch < ls.EPOCHS
+    assert any("stopping training" in r.getMessage() for r in caplog.records), caplog.text
