@@ -102,8 +102,13 @@ class S3Store:
         # thread, but closing waits for it) and is reported, not retried forever.
         config = Config(connect_timeout=5, read_timeout=30,
                         retries={"max_attempts": 2, "mode": "standard"})
-        self.client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT") or None,
-                                   config=config)
+        endpoint = os.environ.get("S3_ENDPOINT") or None
+        if endpoint is not None and "://" not in endpoint:
+            # TensorFlow's old S3 file system took a bare host; boto3 and TensorBoard's reader
+            # take the URL as it is.
+            raise ValueError(f"S3_ENDPOINT={endpoint!r} must be a URL such as"
+                             " http://127.0.0.1:9000")
+        self.client = boto3.client("s3", endpoint_url=endpoint, config=config)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

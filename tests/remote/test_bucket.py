@@ -1,8 +1,9 @@
 """Runs written straight into a bucket of a real S3 server on 127.0.0.1 (moto's server mode):
-a Keras run and a PyTorch run, visible while they train (and a custom loop's), read back by a real TensorBoard
-without TensorFlow on ``s3://`` (every route, and the tab in headless Chromium), a bucket
-that cannot be written refused at construction, and a server that goes away mid-training:
-training finishes with one warning that counts what was not written."""
+a Keras run and a PyTorch run, visible while they train (and a custom loop's), read back by
+a real TensorBoard without TensorFlow on ``s3://`` (every route, live reload, and the tab in
+headless Chromium); a bucket that cannot be written, or a missing package, refused at
+construction; and the network to the server gone mid-training: training finishes with one
+warning that counts what was not written."""
 
 from __future__ import annotations
 
@@ -242,6 +243,12 @@ def test_a_bucket_that_cannot_be_written_is_refused_at_construction(s3):
                  lambda: Introspector(url, torch.nn.Linear(2, 2))):
         with pytest.raises(OSError, match="not writable.*NoSuchBucket"):
             make()
+    os.environ["S3_ENDPOINT"] = s3.endpoint.removeprefix("http://")  # TensorFlow's old form
+    try:
+        with pytest.raises(ValueError, match="must be a URL such as http://"):
+            NumpyWriter(f"s3://{BUCKET}/run")
+    finally:
+        os.environ["S3_ENDPOINT"] = s3.endpoint
 
 
 def test_a_missing_package_is_named_and_nothing_is_written_locally(tmp_path):
