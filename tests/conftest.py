@@ -1,19 +1,16 @@
 """Session fixtures: the real trainings that several test modules read, trained once.
 
-``make test`` runs two pytest-xdist workers, each with its own session: the first to ask
-trains into a directory the workers share, under a file lock; the other waits, then reads.
+``make test`` runs two pytest-xdist workers: ``shared_runs.once`` trains for both.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from tests import schedule
-from tests.shared_runs import APP_RUN, CLI, Trained, link_runs, train_shared
+from tests.shared_runs import APP_RUN, CLI, Trained, link_runs, once, train_shared
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,11 +31,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     cores)."""
     if CLI is None:
         pytest.skip("console script not installed (pip install -e .)")
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nothing to share
-        return train_shared(tmp_path_factory.mktemp("trained"))
-    shared = tmp_path_factory.getbasetemp().parent  # this run's, above every worker's
-    with FileLock(str(shared / "trained.lock")):
-        return Trained.load(shared / "trained") or train_shared(shared / "trained")
+    d = once(tmp_path_factory, "trained", train_shared)
+    return Trained(Path(d["demo"]), d["demo_stderr"], Path(d["app"]), Path(d["resnet"]))
 
 
 @pytest.fixture(scope="session")

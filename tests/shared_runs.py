@@ -12,7 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+from filelock import FileLock
 
 #: The console script of this environment (None when the package is not installed).
 CLI = shutil.which("tb-introspect", path=os.path.dirname(sys.executable)) or shutil.which(
@@ -43,6 +47,22 @@ model.fit(x, y, batch_size={batch}, epochs={epochs}, verbose=0,
 """
 
 
+def once(tmp_path_factory: pytest.TempPathFactory, name: str,
+         make: Callable[[Path], dict[str, str]]) -> dict[str, str]:
+    """``make(root)``'s result, made once per test session: ``make test`` runs several
+    pytest-xdist workers, each with its own session; the first to ask makes it, under a file
+    lock, in a directory the workers share, and the others wait, then read its JSON."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        base = tmp_path_factory.getbasetemp().parent  # this run's, above every worker's
+    else:
+        base = tmp_path_factory.getbasetemp()
+    done = base / f"{name}.json"
+    with FileLock(str(base / f"{name}.lock")):
+        if not done.is_file():
+            done.write_text(json.dumps(make(base / name)))
+    return json.loads(done.read_text())
+
+
 @dataclasses.dataclass(frozen=True)
 class Trained:
     demo: Path  #: the quick demo's logdir: its four runs and nothing else
@@ -50,22 +70,8 @@ class Trained:
     app: Path  #: the MobileNetV2 run's directory
     resnet: Path  #: the ResNet50 run's directory
 
-    def save(self, root: Path) -> None:
-        """Marks ``root`` as trained, for the other test processes (``load``)."""
-        (root / "trained.json").write_text(json.dumps(
-            {k: str(v) for k, v in dataclasses.asdict(self).items()}))
 
-    @classmethod
-    def load(cls, root: Path) -> Trained | None:
-        """What ``train_shared(root)`` made, or None when it has not run."""
-        done = root / "trained.json"
-        if not done.is_file():
-            return None
-        d = json.loads(done.read_text())
-        return cls(Path(d["demo"]), d["demo_stderr"], Path(d["app"]), Path(d["resnet"]))
-
-
-def train_shared(root: Path) -> Trained:
+def train_shared(root: Path) -> dict[str, str]:
     """The three trainings at once, each in its own process (TensorFlow only there: the test
     process stays light). The demo computes; the two applications mostly build and compile
     graphs, single-threaded: together they keep two cores busy."""
@@ -88,9 +94,7 @@ def train_shared(root: Path) -> Trained:
         _, err = job.communicate(timeout=1800)
         assert job.returncode == 0, err[-3000:]
         errs.append(err)
-    trained = Trained(demo, errs[0], app, resnet)
-    trained.save(root)
-    return trained
+    return {"demo": str(demo), "demo_stderr": errs[0], "app": str(app), "resnet": str(resnet)}
 
 
 def link_runs(runs: dict[str, Path], root: Path) -> Path:

@@ -1,28 +1,20 @@
 """The trainer runs, trained once per test session (shared by pytest-xdist's workers under
-a file lock, like ``tests/conftest.py``'s)."""
+a file lock: ``shared_runs.once``)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
+
+from tests.shared_runs import once
 
 
 def shared(tmp_path_factory: pytest.TempPathFactory, name: str, train) -> dict[str, Path]:
     """``train(root) -> {run: dir}``, run once for every worker of this session."""
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        base = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's
-    else:
-        base = tmp_path_factory.getbasetemp()
-    root, done = base / name, base / f"{name}.json"
-    with FileLock(str(base / f"{name}.lock")):
-        if not done.is_file():
-            runs = train(root)
-            done.write_text(json.dumps({k: str(v) for k, v in runs.items()}))
-    return {k: Path(v) for k, v in json.loads(done.read_text()).items()}
+    runs = once(tmp_path_factory, name, lambda root: {k: str(v) for k, v in train(root).items()})
+    return {k: Path(v) for k, v in runs.items()}
 
 
 def _train_hf(root: Path) -> dict[str, Path]:
