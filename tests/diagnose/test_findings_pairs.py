@@ -66,7 +66,7 @@ def test_the_loss_is_recorded_from_compile_or_the_criterion(pair, framework) -> 
 def test_loss_floor_says_where_the_softmax_is(pair, framework) -> None:
     f = next(f for f in pair("softmax_logits", framework).findings if f.kind == "loss_floor")
     assert f.evidence["signal"] == "softmax output"
-    assert f.layers == (["probs"] if framework == "keras" else ["1"])
+    assert f.layers == (["probs"] if framework == "keras" else ["3"])  # Sequential index
     assert f.evidence["floor_loss"] == pytest.approx(1.4612, abs=1e-4)
     # The loss is where the floor keeps it: above it, well above a from-logits twin's.
     assert f.evidence["loss_median_at_end"] > f.evidence["floor_loss"]
