@@ -179,7 +179,9 @@ class Introspect(keras.callbacks.Callback):
     first step and then only as often as the budget allows; the other steps count
     the rectifier outputs' activity (exact dead rates), sum the gradients and
     record the metrics. The cadence it reached is written with every point
-    (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step in N").
+    (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step in N"). What the
+    compiled loss is (a cross-entropy from logits or not, its label smoothing, a
+    regression loss) is recorded with the loss metric, for the findings.
 
     Args:
         log_dir: run directory for the event files (created; must be writable), or a
