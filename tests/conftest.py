@@ -40,3 +40,17 @@ def real_logdir(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> P
     """One logdir with the demo's four runs and the MobileNetV2 run."""
     runs = {p.name: p for p in sorted(trained.demo.iterdir()) if p.is_dir()}
     return link_runs({**runs, APP_RUN: trained.app}, tmp_path_factory.mktemp("real"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium under Playwright, one per module: a crash or leak in one module's
+    pages stays there."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser.browser_support import launch_chromium
+
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()

@@ -76,17 +76,6 @@ def torch_tb(torch_demo):
         yield server
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser.browser_support import launch_chromium
-
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
-
 
 @pytest.mark.browser
 @pytest.mark.parametrize("run", DEMO_RUNS)

@@ -156,17 +156,6 @@ def test_tensorboard_shows_the_tab_beside_the_trainers_scalars(hf_tb):
     assert "early_instability" in kinds
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser.browser_support import launch_chromium
-
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
-
 
 @pytest.mark.browser
 def test_the_tab_draws_the_gpt2_run(browser, hf_tb):

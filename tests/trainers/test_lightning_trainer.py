@@ -108,17 +108,6 @@ def test_tensorboard_serves_the_runs_and_findings(lightning_tb):
     assert "dead_units" in kinds
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser.browser_support import launch_chromium
-
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
-
 
 @pytest.mark.browser
 def test_the_tab_draws_the_lightning_run(browser, lightning_tb):
