@@ -33,11 +33,11 @@ class NumpyWriter:
     Usable from any framework (PyTorch: pass ``tensor.detach().cpu().numpy()``).
     Each instance writes its own ``events.out.tfevents.*`` file. ``logdir`` may be a bucket
     URL (``s3://bucket/runs/a``): each ``flush`` then puts what is new as one more object,
-    at most one per ``flush_secs`` (README, "Runs in a bucket").
+    at most one per ``flush_secs`` (default 60 s; README, "Runs in a bucket").
     """
 
     def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "", *,
-                 flush_secs: float = 5.0) -> None:
+                 flush_secs: float | None = None) -> None:
         self.logdir = os.fspath(logdir)
         self._sink = EventSink(self.logdir, filename_suffix, upload_secs=flush_secs)
         self.path = self._sink.path

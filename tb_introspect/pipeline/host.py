@@ -31,7 +31,7 @@ from tb_introspect.pipeline.findings import FindingStop, Watch, describe
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import Ring
 from tb_introspect.pipeline.plan import Plan
-from tb_introspect.pipeline.sink import EventSink
+from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
 
 
 class Collector(Protocol):
@@ -68,7 +68,9 @@ class Pipeline:
         # (process-local) wall-clock time.
         self.lockstep = bool(lockstep)
         self.governor = governor
-        self.flush_secs = float(self.plan.options.flush_secs)
+        # A bucket's sink holds what it is handed to its own, longer interval.
+        asked = self.plan.options.flush_secs
+        self.flush_secs = LOCAL_FLUSH_SECS if asked is None else float(asked)
         self.ring = Ring()
         self.activity = points.EpochActivity()
         # Each view's VIEW_SUMMARY rows, fixed at its first point, and which views' metadata

@@ -62,8 +62,10 @@ class OptionArgs(TypedDict, total=False):
         the statistics may add (default 0.05); None turns the governor off
         (statistics on every ``stats_every``-th step).
     quantiles: percentile points (0..100) recorded.
-    flush_secs: longest time logged data waits before it is flushed to disk
-        (TensorBoard's live view); epoch ends always flush.
+    flush_secs: longest time logged data waits before it is flushed
+        (TensorBoard's live view); epoch ends always flush. Default: 5 s for a
+        local directory, 60 s for a bucket URL, where every flush puts one more
+        object that a TensorBoard starting on the run reads one by one.
     seed: the samplers' seed (the same data and seed give the same points).
     on_finding: ``"stop"`` or a callable ``f(finding)``, run when a finding of
         at least ``on_finding_severity`` first appears: after each logged
@@ -80,7 +82,7 @@ class OptionArgs(TypedDict, total=False):
     step_sample_size: int
     stats_every: int
     quantiles: Sequence[float]
-    flush_secs: float
+    flush_secs: float | None
     seed: int
     layers: str | Sequence[str] | None
     rectifiers: str | Sequence[str] | None
@@ -99,7 +101,7 @@ class Options:
     step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE
     stats_every: int = DEFAULT_STATS_EVERY
     quantiles: tuple[float, ...] = metadata.DEFAULT_QUANTILES
-    flush_secs: float = 5.0
+    flush_secs: float | None = None
     seed: int = 0
     layers: LayerNames = None
     rectifiers: LayerNames = None
@@ -115,7 +117,7 @@ class Options:
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
         quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-        flush_secs: float = 5.0,
+        flush_secs: float | None = None,
         seed: int = 0,
         stats_every: int = DEFAULT_STATS_EVERY,
         layers: str | Sequence[str] | None = None,
@@ -132,7 +134,8 @@ class Options:
             sample_size=check_positive("sample_size", sample_size),
             step_sample_size=check_positive("step_sample_size", step_sample_size),
             stats_every=check_positive("stats_every", stats_every),
-            quantiles=q, flush_secs=float(flush_secs), seed=int(seed),
+            quantiles=q, flush_secs=None if flush_secs is None else float(flush_secs),
+            seed=int(seed),
             layers=check_layer_names("layers", layers),
             rectifiers=check_layer_names("rectifiers", rectifiers),
             overhead=check_overhead(overhead),

@@ -52,9 +52,18 @@ def record(data: bytes) -> bytes:
     return header + _masked_crc(header) + data + _masked_crc(data)
 
 
+#: The default flush interval of a local event file (TensorBoard's live view).
+LOCAL_FLUSH_SECS = 5.0
+#: The default least time between a bucket run's objects. Each one is a request, and a
+#: TensorBoard starting on the run reads them one by one (about half a second each):
+#: 60 an hour, where 5 s would make 720.
+BUCKET_UPLOAD_SECS = 60.0
+
+
 class EventSink:
     """Writes ``Event`` records to a new ``events.out.tfevents.*`` file in ``log_dir`` (a
-    URL: a sequence of such objects, put at most one per ``upload_secs``).
+    URL: a sequence of such objects, put at most one per ``upload_secs``, by default
+    ``BUCKET_UPLOAD_SECS``).
 
     Thread-safe. Writes are buffered in the process; ``flush()`` hands them to the file
     system, after which TensorBoard's live reload sees them.
@@ -67,7 +76,7 @@ class EventSink:
     """
 
     def __init__(self, log_dir: str | os.PathLike, filename_suffix: str = "", *,
-                 upload_secs: float = 5.0) -> None:
+                 upload_secs: float | None = None) -> None:
         self.log_dir = os.fspath(log_dir)
         host_part = f"{socket.gethostname()}.{os.getpid()}.{_next_uid()}"
         header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
@@ -76,7 +85,8 @@ class EventSink:
         self._roller: Roller | None = None
         if storage.is_url(self.log_dir):
             self._roller = Roller(storage.open_store(self.log_dir), host_part, filename_suffix,
-                                  record(header.SerializeToString()), upload_secs)
+                                  record(header.SerializeToString()),
+                                  BUCKET_UPLOAD_SECS if upload_secs is None else upload_secs)
             self.path, self._file = self._roller.path, self._roller
             weakref.finalize(self, self._roller.close, quiet=True)
             return
