@@ -183,8 +183,8 @@ def loss_spikes(rv: RunView) -> list[Finding]:
     start = float(np.median(v[:w]))
     above_start = bool(np.max(v[spikes]) >= start)
     recovery = _recovered(rv, name, epochs[j])
-    severity = ("warning" if spikes.size >= 3 and (above_start or not recovery["recovered"])
-                else "info")
+    severity = ("warning" if spikes.size >= 3
+                and (above_start or recovery["recovered"] is False) else "info")
     return [Finding(
         kind="loss_spikes",
         severity=severity,
@@ -223,10 +223,12 @@ def loss_spikes(rv: RunView) -> list[Finding]:
 
 
 def _recovered(rv: RunView, name: str, spike_epoch: float) -> dict:
-    """Whether the run went on improving after the first spike: the latest epoch median of
-    the loss below the median of the epoch before the spike, and the validation loss (where
-    logged) at or below its best before it."""
-    out: dict = {"recovered": False, "loss_median_before_spikes": None,
+    """Whether the run went on improving through the first spike's epoch: the latest epoch
+    median of the loss (the spikes' own epoch included: a median shrugs off a few batches)
+    below the median of the epoch before it, and the validation loss (where logged) at or
+    below its best before it. None: not known yet (no epoch before, or none from the
+    spike's epoch on)."""
+    out: dict = {"recovered": None, "loss_median_before_spikes": None,
                  "loss_median_at_end": None, "val_loss_best_before_spikes": None,
                  "val_loss_at_end": None}
     seg = loss_segments(rv, name)
@@ -234,8 +236,8 @@ def _recovered(rv: RunView, name: str, spike_epoch: float) -> dict:
         return out
     _, epochs, med = seg
     before = np.flatnonzero(epochs < spike_epoch)
-    if not before.size or epochs[-1] <= spike_epoch:
-        return out  # nothing before the spikes, or no whole epoch after them yet
+    if not before.size or epochs[-1] < spike_epoch:
+        return out
     out["loss_median_before_spikes"] = float(med[before[-1]])
     out["loss_median_at_end"] = float(med[-1])
     ok = bool(med[-1] < med[before[-1]])

@@ -154,13 +154,18 @@ def test_loss_spikes_on_a_recovering_run_are_info() -> None:
     epochs = (steps - 1) // 40
     values = np.exp(np.linspace(np.log(1.5), np.log(0.03), n)) * np.exp(rng.normal(0, 0.1, n))
     hard = values.copy()
-    hard[[400, 420, 440]] = 0.9  # ~25x a median near 0.04, below the starting loss (1.4)
+    hard[[402, 415, 430]] = 0.9  # ~25x a median near 0.04, below the starting loss (1.4)
     val = np.exp(np.linspace(np.log(1.3), np.log(0.14), 12))
     r = run(metric("loss", steps, hard, epochs),
             metric("val_loss", epochs_steps(12, 40), val, epochs=range(12)))
     f = next(f for f in find_issues(r) if f.kind == "loss_spikes")
     assert f.evidence["spikes"] == 3 and f.evidence["recovered"] is True
     assert f.severity == "info"
+    # Read live at the end of the spikes' epoch: its median already says the run goes on.
+    live = run(metric("loss", steps[:440], hard[:440], epochs[:440]),
+               metric("val_loss", epochs_steps(11, 40), val[:11], epochs=range(11)))
+    f = next(f for f in find_issues(live) if f.kind == "loss_spikes")
+    assert f.evidence["spikes"] == 3 and f.severity == "info"
     # The same spikes while the validation loss gets worse: the run is worse for them.
     worse = val.copy()
     worse[7:] = worse[5] * 1.5
