@@ -20,8 +20,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from tb_introspect import metadata
 from tb_introspect.pipeline.findings import FindingStop
-from tb_introspect.pipeline.options import OptionArgs, Options
-from tb_introspect.torch.introspector import Introspector
+from tb_introspect.pipeline.options import OptionArgs
+from tb_introspect.torch.introspector import Introspector, IntrospectorArgs
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -58,11 +58,7 @@ class Introspect(Callback):
         views: Sequence[str] = metadata.VIEWS,
         **options: Unpack[OptionArgs],
     ):
-        Options.of(views, every, dict(options))  # a bad option fails here, not in fit()
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.every = every
-        self.views = tuple(views)
-        self.options = dict(options)
+        self.args = IntrospectorArgs(log_dir, every, views, options)
         self.introspector: Introspector | None = None
         self._steps = 0
         self._loss: torch.Tensor | None = None
@@ -74,10 +70,9 @@ class Introspect(Callback):
         model = trainer.model if trainer.model is not None else pl_module
         self._steps = trainer.global_step
         self._loss, self._val = None, {}
-        self.introspector = Introspector(
-            self.log_dir or _log_dir(trainer), model, None, self.every, views=self.views,
-            initial_step=trainer.global_step, initial_epoch=trainer.current_epoch,
-            **self.options)
+        self.introspector = self.args.make(
+            _log_dir(trainer), model, None, initial_step=trainer.global_step,
+            initial_epoch=trainer.current_epoch)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -23,8 +23,8 @@ from transformers import TrainerCallback
 
 from tb_introspect import metadata
 from tb_introspect.pipeline.findings import FindingStop
-from tb_introspect.pipeline.options import OptionArgs, Options
-from tb_introspect.torch.introspector import Introspector
+from tb_introspect.pipeline.options import OptionArgs
+from tb_introspect.torch.introspector import Introspector, IntrospectorArgs
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,11 +67,7 @@ class IntrospectCallback(TrainerCallback):
         views: Sequence[str] = metadata.VIEWS,
         **options: Unpack[OptionArgs],
     ):
-        Options.of(views, every, dict(options))  # a bad option fails here, not in train()
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.every = every
-        self.views = tuple(views)
-        self.options = dict(options)
+        self.args = IntrospectorArgs(log_dir, every, views, options)
         self.introspector: Introspector | None = None
         self._reset()
 
@@ -88,10 +84,9 @@ class IntrospectCallback(TrainerCallback):
         if model is None:
             raise ValueError("IntrospectCallback: the Trainer passed no model")
         self._reset()
-        self.introspector = Introspector(
-            self.log_dir or tensorboard_dir(args, state), model, _torch_optimizer(optimizer),
-            self.every, views=self.views, initial_step=int(state.global_step),
-            initial_epoch=int(state.epoch or 0), **self.options)
+        self.introspector = self.args.make(
+            tensorboard_dir(args, state), model, _torch_optimizer(optimizer),
+            initial_step=int(state.global_step), initial_epoch=int(state.epoch or 0))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._settle(control)

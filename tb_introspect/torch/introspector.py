@@ -553,6 +553,23 @@ class Introspector:
         self.close()
 
 
+class IntrospectorArgs:
+    """An ``Introspector``'s arguments, checked when given, for a trainer's callback that
+    makes the ``Introspector`` when training starts (``make``)."""
+
+    def __init__(self, log_dir: str | os.PathLike | None, every: str | int,
+                 views: Sequence[str], options: dict[str, Any]) -> None:
+        Options.of(views, every, dict(options))  # a bad option fails here, not in training
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.every, self.views, self.options = every, tuple(views), dict(options)
+
+    def make(self, default_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+             **kwargs: Any) -> Introspector:
+        """The ``Introspector``, writing to ``log_dir`` or else ``default_dir``."""
+        return Introspector(self.log_dir or default_dir, model, optimizer, self.every,
+                            views=self.views, **kwargs, **self.options)
+
+
 def _host(t: torch.Tensor) -> np.ndarray:
     """A host copy of ``t`` that later in-place resets of ``t`` leave alone (``.cpu()`` of
     a CPU tensor is the tensor itself)."""
