@@ -91,6 +91,9 @@ class Thresholds:
     # training loss fell to this share of its value at the best epoch
     overfit_stop_rise: float = 0.25
     overfit_stop_train_drop: float = 0.1
+    # ... and, where logged, the validation accuracy this much (absolute) below its value
+    # at the best epoch
+    overfit_stop_accuracy_drop: float = 0.02
     # memorisation: training loss at most this share of its first epoch's (or training
     # accuracy this many times chance) while validation never beat its first epoch and
     # its accuracy stays below this many times chance

@@ -8,7 +8,8 @@ epoch where the curves part is the validation loss's best epoch before the rise.
 Decided on the epochs logged so far (a live run shows it while it trains): the parting must
 hold at the latest two epochs, and the finding goes away when the validation loss comes
 back. Graded: info for a mild rise; warning for a rise of 50%, for a rise of 25% while the
-training loss fell 10x since the best epoch, for a parting that has lasted 3 epochs,
+training loss fell 10x since the best epoch (and the validation accuracy, where logged,
+fell 2 points), for a parting that has lasted 3 epochs,
 reached 20% on the way and given back 10% of the validation loss's progress (from its
 first epoch to its best), and for memorisation (training gets better, validation never did
 and its accuracy stays at chance). The title names the epoch of the best validation loss.
@@ -90,9 +91,11 @@ def overfitting(rv: RunView) -> list[Finding]:
     elif rise >= t.overfit_val_rise_warning:
         pattern, severity = "rising", "warning"
     elif (rise >= t.overfit_stop_rise
-          and tr[end] <= t.overfit_stop_train_drop * tr[b]):
-        # Training still gets 10x better while validation is a quarter worse than its best:
-        # what the rest of training adds is memorised; the time to stop was the best epoch.
+          and tr[end] <= t.overfit_stop_train_drop * tr[b]
+          and _val_accuracy_drop(rv, part_epoch, epochs[end]) is not False):
+        # Training still gets 10x better while validation is a quarter worse than its best
+        # (and, where logged, less accurate): what the rest of training adds is memorised;
+        # the time to stop was the best epoch.
         pattern, severity = "stop", "warning"
     elif (trailing >= t.overfit_climb_epochs
           and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise
@@ -170,6 +173,7 @@ def overfitting(rv: RunView) -> list[Finding]:
             "threshold_train_drop": t.overfit_train_drop,
             "threshold_stop_rise": t.overfit_stop_rise,
             "threshold_stop_train_drop": t.overfit_stop_train_drop,
+            "threshold_stop_accuracy_drop": t.overfit_stop_accuracy_drop,
         },
         explanation=expl,
         suggestion=suggestion,
@@ -289,3 +293,16 @@ def train_eval_gap(rv: RunView) -> list[Finding]:
         ),
         jump={"tab": "overview", "metric": task.val_accuracy, "chart": "metric"},
     )]
+
+
+def _val_accuracy_drop(rv: RunView, best: int, end: int) -> bool | None:
+    """Whether the validation accuracy fell >= ``overfit_stop_accuracy_drop`` from epoch
+    ``best`` to ``end`` (None: no validation accuracy logged). A validation loss that rises
+    while the accuracy holds is confidence on a few samples, not a worse classifier."""
+    task = infer_task(rv)
+    if task is None or not task.val_accuracy:
+        return None
+    vacc, _ = _per_epoch_val(rv, task.val_accuracy)
+    if best not in vacc or end not in vacc:
+        return None
+    return bool(vacc[best] - vacc[end] >= rv.t.overfit_stop_accuracy_drop)

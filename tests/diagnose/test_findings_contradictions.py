@@ -140,6 +140,19 @@ def test_overfitting_names_the_best_epoch_and_warns_when_training_keeps_memorisi
     f = next(f for f in find_issues(r) if f.kind == "overfitting")
     assert f.severity == "warning" and f.evidence["pattern"] == "stop"
     assert f.evidence["best_val_epoch"] == 5 and "epoch 5" in f.title
+    assert f.evidence["threshold_stop_accuracy_drop"] == 0.02
+    # The same curves with a validation accuracy that holds (0.3 points down, the demo
+    # CNN's): the model grew confident on a few samples, not worse: info.
+    acc = metric("val_accuracy", epochs_steps(n), [0.9] * 5 + [0.981] + [0.978] * 6,
+                 epochs=range(n))
+    r = run(metric_epoch("loss", epochs_steps(n), train),
+            metric("val_loss", epochs_steps(n), val, epochs=range(n)), _out(n, True), acc)
+    assert kinds(find_issues(r))["overfitting"] == "info"
+    acc = metric("val_accuracy", epochs_steps(n), [0.9] * 5 + [0.98] + [0.95] * 6,
+                 epochs=range(n))
+    r = run(metric_epoch("loss", epochs_steps(n), train),
+            metric("val_loss", epochs_steps(n), val, epochs=range(n)), _out(n, True), acc)
+    assert kinds(find_issues(r))["overfitting"] == "warning"
     # The same rise while training improves little (2x): info, as before.
     slow = [0.6, 0.4, 0.3, 0.25, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.1]
     r = run(metric_epoch("loss", epochs_steps(n), slow),
