@@ -201,7 +201,7 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     if not full:
         (act,) = _scratch(flat, n, 1)
         torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=act)
-        buf[a:a + c + p].add_(_columns(act.sign_().abs_().view(xf.shape), seg))
+        buf[a:a + c + p].add_(_columns(act.ne_(0).view(xf.shape), seg))
         buf[a - 1].add_(float(n))
         return
     xz, work = _scratch(flat, n, 2)
@@ -221,7 +221,8 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     m2_z = torch.dot(dev, dev).to(torch.float64)  # sum over all n of (xz - mean_z)^2
     inf = torch.nan_to_num(kinds, nan=0.0, posinf=1.0, neginf=-1.0, out=dev)
     inf_balance = _sum(inf, big)  # +Inf count - -Inf count
-    infs = _sum(inf.abs_(), big)
+    # +Inf count + -Inf count: a dot product of +-1/0 values is an exact integer below 2**24
+    infs = _sum(inf.abs_(), big) if big else torch.dot(inf, inf).to(torch.float64)
     nan = _sum(kinds.nan_to_num_(nan=1.0, posinf=0.0, neginf=0.0), big)
     posinf, neginf = (infs + inf_balance) / 2, (infs - inf_balance) / 2
     bad = nan + infs
@@ -244,14 +245,15 @@ def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: tor
     k, n = seg.k, flat.numel()
     if n == 0:
         return
-    u_key = _hash_uniform(arange, seed * 2)
+    # the keys' and the positions' uniforms in one pass: [2, k]
+    u_key, u_pos = _hash_uniform(arange, torch.stack([seed * 2, seed * 2 + 1])[:, None])
     if n <= k:  # every element, each with its own uniform key
         keys = torch.full((k,), math.inf, dtype=torch.float64, device=flat.device)
         keys[:n] = u_key[:n]
         vals = torch.zeros(k, dtype=torch.float64, device=flat.device)
         vals[:n] = flat.to(torch.float64)
     else:  # k uniform positions carrying the k smallest of n uniform keys
-        pos = (_hash_uniform(arange, seed * 2 + 1) * n).long().clamp_(max=n - 1)
+        pos = (u_pos * n).long().clamp_(max=n - 1)
         keys = torch.cumsum(-torch.log(u_key), 0) / (n + 1)
         vals = flat[pos].to(torch.float64)
     s = seg.sample_at
