@@ -54,4 +54,21 @@ def describe_model(model: Any) -> str:
         loss = loss[0]
     if loss is None or isinstance(loss, (dict, list, tuple)):
         return ""
-    return describe(loss)
+    text = describe(loss)
+    info = metadata.parse_loss(text) or {}
+    if info.get("from_logits") and _keras_takes_the_logits(model):
+        # Keras's softmax keeps its input on the TensorFlow tensor it returns, and the
+        # cross-entropies take that as the logits even under from_logits=True (warning
+        # about it): the loss then never sees probabilities.
+        text = metadata.loss_json("classification", from_logits=False,
+                                  label_smoothing=info["label_smoothing"], name=info["name"])
+    return text
+
+
+def _keras_takes_the_logits(model: Any) -> bool:
+    """Whether ``model``'s output is Keras's own softmax on the TensorFlow backend."""
+    if keras.backend.backend() != "tensorflow" or not getattr(model, "layers", None):
+        return False
+    last = model.layers[-1]
+    return (isinstance(last, keras.layers.Softmax)
+            or getattr(last, "activation", None) is keras.activations.softmax)

@@ -97,6 +97,15 @@ def test_what_each_front_end_records_of_the_loss() -> None:
     got = parsed(keras_loss(keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
     assert got["from_logits"] is True
     assert parsed(keras_loss(keras.losses.MeanSquaredError()))["task"] == "regression"
+    # Keras's own softmax output: the loss takes its logits, whatever from_logits says.
+    from tb_introspect.collect.loss import describe_model
+
+    scce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for head, from_logits in ((keras.layers.Dense(3, activation="softmax"), False),
+                              (keras.layers.Dense(3), True)):
+        model = keras.Sequential([keras.Input((4,)), head])
+        model.compile("sgd", scce)
+        assert parsed(describe_model(model))["from_logits"] is from_logits, head
     assert keras_loss(lambda y, p: p) == "" and keras_loss("hinge") == ""  # not known
     ce = parsed(torch_loss(torch.nn.CrossEntropyLoss(label_smoothing=0.1)))
     assert ce["from_logits"] is True and ce["label_smoothing"] == pytest.approx(0.1)
