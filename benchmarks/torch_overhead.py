@@ -19,6 +19,14 @@ GPT-style language model (4 pre-LN causal ``nn.TransformerEncoderLayer`` blocks,
     python benchmarks/torch_overhead.py --threads 1           # the README table
     python benchmarks/torch_overhead.py --on-finding --no-wandb  # on_finding's cost
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
+    python benchmarks/torch_overhead.py --profile --models cnn,gpt  # where a step's time goes
+
+``--profile`` times, on one model copy, a plain step (a second copy, no hooks), a lean step
+(the rectifier outputs' activity counts and the gradient sum), a statistics step and a
+logged point (one statistics step's window), interleaved, medians; then it lists the
+operators ``torch.profiler`` sees in a few lean and statistics steps (self CPU time, their
+total against the steps' time: the rest is Python) and the point's costliest functions
+(cProfile).
 """
 
 from __future__ import annotations
@@ -231,6 +239,88 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
     return rows
 
 
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                y: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
+    """Per-step costs of the lean step, the statistics step and a logged point."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    build, batch_of, default_batch, name = MODELS[kind]
+    x, y = batch_of(args.batch or default_batch, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    plain = build()
+    torch.manual_seed(0)
+    model = build()
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    intro = Introspector(os.path.join(root, f"profile-{kind}"), model, opt, every="epoch",
+                         overhead=None)
+
+    def step(phase: str) -> None:
+        if phase == "plain":
+            _train_step(plain, opt_plain, x, y)
+            return
+        intro._phase = phase  # the phase the governor would have chosen
+        intro.step(loss=_train_step(model, opt, x, y))
+
+    def point() -> None:
+        intro.pipeline.log(intro.step_count)
+
+    phases = ("plain", "activity", "stats")
+    for ph in phases * 2:  # warm-up
+        step(ph)
+    point()
+    times: dict[str, list[float]] = {ph: [] for ph in (*phases, "point")}
+    for _ in range(args.rounds):
+        for ph in phases:
+            t = time.process_time()
+            step(ph)
+            times[ph].append(time.process_time() - t)
+        t = time.process_time()
+        point()  # the window of the statistics step just run
+        times["point"].append(time.process_time() - t)
+    ms = {ph: statistics.median(v) * 1000 for ph, v in times.items()}
+    print(f"\n{name}: CPU ms per step, median of {args.rounds} interleaved: plain"
+          f" {ms['plain']:.1f}, lean {ms['activity']:.1f} (+{ms['activity'] - ms['plain']:.1f}),"
+          f" statistics {ms['stats']:.1f} (+{ms['stats'] - ms['plain']:.1f}), logged point"
+          f" {ms['point']:.1f} ({len(intro.outputs)} outputs, {len(intro.params)} parameters)")
+    for ph, label in (("activity", "lean"), ("stats", "statistics")):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t = time.perf_counter()  # the profiler's clock
+            for _ in range(3):
+                step(ph)
+            seconds = time.perf_counter() - t
+        events = prof.key_averages()
+        ops = sum(e.self_cpu_time_total for e in events) / 1e6
+        top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]
+        print(f"  {label} step (3 steps, {seconds * 1000 / 3:.1f} ms each under the profiler,"
+              f" operators {ops * 1000 / 3:.1f} ms): " + ", ".join(
+                  f"{e.key} {e.self_cpu_time_total / 3000:.2f} ms ({e.count // 3})"
+                  for e in top))
+    step("stats")
+    pr = cProfile.Profile()
+    pr.enable()
+    point()
+    pr.disable()
+    st = pstats.Stats(pr)
+    rows = sorted(((v[3], f"{k[2]}") for k, v in st.stats.items()  # type: ignore[attr-defined]
+                   if "tb_introspect" in k[0] or k[0] == "~"), reverse=True)
+    print("  logged point, cumulative: " + ", ".join(f"{fn} {t * 1000:.1f} ms"
+                                                     for t, fn in rows[:12]))
+    intro.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="cnn,gpt,mobilenetv2", help=", ".join(MODELS))
@@ -243,11 +333,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 8 steps, 1 round")
     p.add_argument("--on-finding", action="store_true",
                    help="add the Introspector variants with on_finding (a no-op callable)")
+    p.add_argument("--profile", action="store_true",
+                   help="per-step costs and operator profiles instead of the overhead table")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 8, 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.profile:
+        with tempfile.TemporaryDirectory() as root:
+            for kind in args.models.split(","):
+                profile_model(kind.strip(), args, root)
+        print(f"\nload average {os.getloadavg()[0]:.1f}")
+        return 0
     rows = []
     with tempfile.TemporaryDirectory() as root:
         for kind in args.models.split(","):
