@@ -543,6 +543,7 @@ class Introspector:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        state.release_scratch()
         self._closed = True
         self.pipeline.close()
 

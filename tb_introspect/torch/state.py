@@ -135,7 +135,8 @@ def _scratch(like: torch.Tensor, n: int, slots: int) -> list[torch.Tensor]:
     """``slots`` flat work tensors of ``n`` elements of ``like``'s dtype, reused by every fold
     of this thread on a CPU: there a fresh tensor of a large output costs a page fault per
     page, several times the pass that fills it (a GPU's caching allocator has none, and a
-    compiled graph allocates its own)."""
+    compiled graph allocates its own). They hold twice the largest output folded, until
+    ``release_scratch``."""
     if like.device.type != "cpu" or torch.compiler.is_compiling():
         return [torch.empty(n, dtype=like.dtype, device=like.device) for _ in range(slots)]
     cache = getattr(_work, "bufs", None)
@@ -145,6 +146,11 @@ def _scratch(like: torch.Tensor, n: int, slots: int) -> list[torch.Tensor]:
     if whole is None or whole.numel() < slots * n:
         whole = cache[like.dtype] = torch.empty(slots * n, dtype=like.dtype)
     return [whole[i * n:(i + 1) * n] for i in range(slots)]
+
+
+def release_scratch() -> None:
+    """Free this thread's work tensors (an ``Introspector`` that closes)."""
+    _work.bufs = {}
 
 
 def _sum(t: torch.Tensor, big: bool) -> torch.Tensor:
