@@ -546,7 +546,7 @@ class Introspect(keras.callbacks.Callback):
                 self.host.act(settle=True)  # on_finding sees the last epoch too
         finally:
             self._uninstall()
-            self._flush()
+            self._flush(now=True)  # what fit wrote is in the bucket when it returns
 
     def close(self) -> None:
         """Close the event file (it is also closed when the callback is deleted)."""
@@ -564,11 +564,11 @@ class Introspect(keras.callbacks.Callback):
         if self.installation is not None:
             self.installation.remove()
 
-    def _flush(self) -> None:
+    def _flush(self, now: bool = False) -> None:
         if self.host is not None:
-            self.host.flush()
+            self.host.flush(now)
         elif self.writer is not None:
             try:
-                self.writer.flush()
+                self.writer.flush(now)
             except Exception:
                 pass

@@ -269,11 +269,13 @@ class Pipeline:
             if self.findings is not None:
                 self.findings.written(batches, now)
 
-    def flush(self) -> None:
+    def flush(self, now: bool = False) -> None:
+        """Flush the sink (``now``: a bucket's uploads too, before returning, as at the end
+        of training)."""
         self._last_flush = time.monotonic()
         if self.sink is not None and not self.is_off(WRITING):
             try:
-                self.sink.flush()
+                self.sink.flush(now)
             except Exception as e:  # a flush failure must not end training either
                 self.stop_writing(e)
 

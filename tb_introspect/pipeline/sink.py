@@ -139,11 +139,16 @@ class EventSink:
         if events:
             self.add_records(events, steps)
 
-    def flush(self) -> None:
+    def flush(self, now: bool = False) -> None:
         """Hand what was written to the file system (a URL: uploaded within
-        ``upload_secs``, by a thread; a failed upload raises here, ``WriteFailed``)."""
+        ``upload_secs``, by a thread, or before returning with ``now``, as at the end of
+        training; a failed upload raises here, ``WriteFailed``)."""
         with self._lock:
-            if not self.closed:
+            if self.closed:
+                return
+            if self._roller is not None:
+                self._roller.flush(now)
+            else:
                 self._file.flush()
 
     def close(self) -> None:
@@ -196,6 +201,8 @@ class Roller:
         self._buf: list[bytes] = []
         self._steps: list[int] = []
         self._due = False  # a flush asked for the buffer to go up
+        self._now = False  # ... without waiting for the interval
+        self._busy = False  # the thread is putting what it took
         self._closing = False
         self._error: BaseException | None = None
         self._lost: set[int] = set()  # steps whose values were not written
@@ -240,18 +247,23 @@ class Roller:
             self._buf.append(data)
             self._steps.extend(steps)
 
-    def flush(self) -> None:
+    def flush(self, now: bool = False) -> None:
         with self._cond:
             if self._error is not None:
                 raise self._failure()
             if not self._buf or self._closing:
                 return
             self._due = True
+            self._now = self._now or now
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name="tb_introspect-upload")
                 self._thread.start()
             self._cond.notify_all()
+            while now and (self._buf or self._busy) and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._failure()
 
     def _take(self) -> tuple[bytes, list[int]]:
         data, steps = b"".join(self._buf), self._steps
@@ -275,11 +287,15 @@ class Roller:
                     if self._closing or self._error is not None:
                         return  # close puts the rest itself
                     wait = self._last_put + self.every - time.monotonic()
-                    if self._due and wait <= 0:
+                    if self._due and (wait <= 0 or self._now):
                         break
                     self._cond.wait(wait if self._due else None)
                 data, steps = self._take()
+                self._busy, self._now = True, False
             self._upload(data, steps)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
     def close(self, quiet: bool = False) -> None:
         """Put what is left and stop the thread (``WriteFailed`` if writing failed)."""
@@ -293,6 +309,7 @@ class Roller:
         with self._cond:
             pending = self._error is None and bool(self._buf)
             data, steps = self._take()
+            self._cond.notify_all()  # a flush(now=True) waiting: close puts it
         if pending:
             self._upload(data, steps)
         if self._error is not None and not quiet:

@@ -113,6 +113,19 @@ def test_a_url_uploads_at_most_once_per_interval_and_close_puts_the_rest(tmp_pat
     assert len(names) == 2 and [e.step for e in events if e.summary.value] == list(range(1, 30))
 
 
+def test_flush_now_puts_what_was_written_before_it_returns(tmp_path):
+    """The end of training (``fit`` returning) does not wait out the interval."""
+    with EventSink(f"file://{tmp_path}/run", upload_secs=3600) as sink:
+        sink.write(1, [summary_pb.metric_pb("loss", 1.0)])
+        sink.flush()
+        assert len(list((tmp_path / "run").iterdir())) == 1  # the header alone
+        sink.flush(now=True)
+        names, events = _url_events(tmp_path / "run")
+        assert len(names) == 2 and [e.step for e in events if e.summary.value] == [1]
+        sink.flush(now=True)  # nothing new: no object
+        assert len(list((tmp_path / "run").iterdir())) == 2
+
+
 def test_a_failed_upload_counts_the_steps_it_lost(tmp_path):
     sink = EventSink(f"file://{tmp_path}/run", upload_secs=0)
     shutil.rmtree(tmp_path / "run")
