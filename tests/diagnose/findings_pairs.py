@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -113,13 +113,13 @@ def _bn_momentum_keras() -> float:
     return 0.99  # Keras's default: the moving statistics lag a short run
 
 
-def train_pair(name: str, framework: str, logdir: str) -> LiveRun:
-    """Train ``PAIRS[name]`` with ``framework`` into ``logdir``, reading the findings back
-    after every epoch."""
+def train_pair(name: str, framework: str, logdir: str, epochs: int | None = None) -> LiveRun:
+    """Train ``PAIRS[name]`` with ``framework`` into ``logdir`` (for ``epochs``, else the
+    scenario's own), reading the findings back after every epoch."""
     from tb_introspect.diagnose import find_issues
     from tests.diagnose.findings_testlib import read_one
 
-    p = PAIRS[name]
+    p = PAIRS[name] if epochs is None else replace(PAIRS[name], epochs=epochs)
     live: list[list] = []
 
     def read_back(epoch: int) -> None:

@@ -12,6 +12,9 @@ from tests.diagnose.findings_pairs import FRAMEWORKS, PAIRS, train_pair
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
+#: Every onset here is epoch 1, shown by epoch 2: four epochs hold it and one more (the
+#: validation benchmark trains the scenarios' own six).
+EPOCHS = 4
 PATHOLOGIES = [(n, fw) for n, p in PAIRS.items() if p.in_tests and not p.healthy
                for fw in FRAMEWORKS]
 HEALTHY = [(n, fw) for n, p in PAIRS.items() if p.in_tests and p.healthy for fw in FRAMEWORKS]
@@ -24,7 +27,7 @@ def pair(tmp_path_factory):
     def get(name: str, framework: str):
         if (name, framework) not in cache:
             d = tmp_path_factory.mktemp(f"{name}_{framework}")
-            cache[name, framework] = train_pair(name, framework, str(d))
+            cache[name, framework] = train_pair(name, framework, str(d), EPOCHS)
         return cache[name, framework]
 
     return get
@@ -38,7 +41,7 @@ def titles(findings):
 def test_pathology_is_caught_within_two_epochs_of_its_onset(pair, name, framework) -> None:
     r = pair(name, framework)
     p = PAIRS[name]
-    assert len(r.live) == p.epochs
+    assert len(r.live) == EPOCHS
     for kind, (severity, _) in p.expect.items():
         onset = p.onset(kind, r.run)
         first = r.first_epoch_with(kind, severity)
