@@ -57,12 +57,19 @@ def open_store(url: str) -> Store:
         return S3Store(url)
     try:
         import fsspec
-
+    except ImportError as e:  # no fsspec at all: TensorFlow's file systems, or nothing
+        fsspec, missing = None, e
+    try:
+        if fsspec is None:
+            raise missing
         fs, root = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as e:
         # A scheme fsspec does not know at all may be one of TensorFlow's; one it knows
-        # whose package is missing (gs:// without gcsfs) is the user's to install.
-        if not isinstance(e, ImportError) and _tensorflow_knows(scheme):
+        # whose package is missing (gs:// without gcsfs) is the user's to install, fsspec
+        # itself missing or not.
+        unknown_to_fsspec = (scheme not in EXTRAS if fsspec is None
+                             else not isinstance(e, ImportError))
+        if unknown_to_fsspec and _tensorflow_knows(scheme):
             return GfileStore(url)
         extra = EXTRAS.get(scheme)
         hint = (f"pip install 'tb-introspect[{extra}]'" if extra
