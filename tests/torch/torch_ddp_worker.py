@@ -4,6 +4,7 @@ each rank trains on its half of every global batch."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -29,14 +30,17 @@ def rank_main(rank: int, world: int, init: str, log_dir: str) -> None:
     # Loopback: the ranks share this machine, whatever its host name resolves to.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        _train(rank, world, log_dir)
-        # Both ranks leave together: a rank that tears gloo down while its peer still
-        # flushes can abort in gloo's threads ("terminate called without an active
-        # exception"), and by then the DDP module and its reducer are gone (_train returned).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    _train(rank, world, log_dir)
+    # Both ranks leave together, and neither runs the interpreter's finalization: gloo's
+    # worker threads can still hold work objects whose tensors need the GIL when the
+    # interpreter is torn down, and abort the rank ("terminate called without an active
+    # exception") long after the run was written. By now the DDP module and its reducer
+    # are gone (_train returned) and the Introspector has closed its event file.
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _train(rank: int, world: int, log_dir: str) -> None:
