@@ -78,7 +78,9 @@ class EventSink:
     def __init__(self, log_dir: str | os.PathLike, filename_suffix: str = "", *,
                  upload_secs: float | None = None) -> None:
         self.log_dir = os.fspath(log_dir)
-        host_part = f"{socket.gethostname()}.{os.getpid()}.{_next_uid()}"
+        # Zero-padded: TensorBoard reads a run's files in name order and skips one that
+        # appears after a later-sorting file ("…7" before "…10" would be).
+        host_part = f"{socket.gethostname()}.{os.getpid()}.{_next_uid():06d}"
         header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
         self._closed = False
         self._lock = threading.Lock()

@@ -135,3 +135,20 @@ def test_a_failed_upload_counts_the_steps_it_lost(tmp_path):
     with pytest.raises(WriteFailed, match=r"the values of 2 steps \(5 to 6\) were not"):
         sink.close()
     assert sink.closed
+
+
+def test_files_of_one_process_sort_in_the_order_they_were_made(tmp_path):
+    """TensorBoard reads a run's files in name order and skips a file that appears after one
+    sorting later: twelve sinks in one second must not name their tenth before their ninth."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(tmp_path),
+                                             size_guidance={event_accumulator.TENSORS: 0})
+    for step in range(12):
+        with EventSink(tmp_path) as sink:
+            sink.write(step, [summary_pb.metric_pb("loss", float(step))])
+        acc.Reload()  # a live TensorBoard, reloading while the files appear
+    names = [p.name for p in tmp_path.iterdir()]
+    assert len(names) == 12
+    tag = "introspect/metric/loss"
+    assert [e.step for e in acc.Tensors(tag)] == list(range(12))

@@ -27,11 +27,11 @@ from tensorboard.backend.event_processing import data_provider as mux_provider
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins import base_plugin
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 from werkzeug.test import Client
 
 from tb_introspect import metadata, summary_pb
+from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.plugin import introspect_plugin
 from tb_introspect.proto import plugin_data_pb2
 
@@ -98,7 +98,7 @@ def write_run(
     """
     views = LAYOUT if views is None else views
     written = written or Written()
-    writer = EventFileWriter(run_dir, flush_secs=1)
+    writer = EventSink(run_dir)
     collected: dict[str, list] = {}
     metric_vals: dict[str, list] = {}
     for n, step in enumerate(steps):
@@ -160,7 +160,7 @@ def _set_version(summary: summary_pb2.Summary, version: int) -> None:
 
 def write_bad_tags(run_dir: str, steps: int = 5) -> None:
     """A run with a wrong-length tag, a newer-version tag and one good tag."""
-    writer = EventFileWriter(run_dir, flush_secs=1)
+    writer = EventSink(run_dir)
     good_meta = metadata.create_tensor_stats_metadata(view="output", name="good", depth=0)
     short_meta = metadata.create_tensor_stats_metadata(view="output", name="short", depth=1)
     data = plugin_data_pb2.PluginData()
