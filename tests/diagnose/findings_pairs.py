@@ -63,8 +63,11 @@ class Pair:
     #: add to the inputs (unnormalised: 10..11 instead of 0..1)
     shift: float = 0.0
     batch: int = BATCH
-    #: False: trained by the benchmark only (the rule's synthetic tests cover it)
-    in_tests: bool = True
+    #: the frameworks the tests train it in (none: the benchmark only, the rule's synthetic
+    #: tests cover it)
+    in_tests: tuple[str, ...] = FRAMEWORKS
+    #: the epochs the tests train (None: the scenario's own)
+    test_epochs: int | None = 4
 
     @property
     def healthy(self) -> bool:
@@ -99,8 +102,10 @@ PAIRS: dict[str, Pair] = {
     "cosine_to_zero": Pair(6, schedule="cosine", lr=3e-3, note="cosine decay to 0"),
     "overfit_small": Pair(30, {"overfitting": ("warning", substantial_rise_onset)},
                           body="wide", lr=3e-3, data=noisy_few,
-                          note="192 samples, 1/3 mislabelled", in_tests=False),
-    "long_adam": Pair(12, note="MLP, Adam 1e-3, 12 epochs", in_tests=False),
+                          note="192 samples, 1/3 mislabelled",
+                          # Keras: findings_archs' overfitting_mlp, the same training
+                          in_tests=("torch",), test_epochs=None),
+    "long_adam": Pair(12, note="MLP, Adam 1e-3, 12 epochs", in_tests=()),
 }
 
 

@@ -12,12 +12,16 @@ from tests.diagnose.findings_pairs import FRAMEWORKS, PAIRS, train_pair
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
-#: Every onset here is epoch 1, shown by epoch 2: four epochs hold it and one more (the
-#: validation benchmark trains the scenarios' own six).
-EPOCHS = 4
-PATHOLOGIES = [(n, fw) for n, p in PAIRS.items() if p.in_tests and not p.healthy
-               for fw in FRAMEWORKS]
-HEALTHY = [(n, fw) for n, p in PAIRS.items() if p.in_tests and p.healthy for fw in FRAMEWORKS]
+#: Most onsets here are epoch 1, shown by epoch 2: four epochs (``Pair.test_epochs``) hold it
+#: and one more (the validation benchmark trains the scenarios' own six). The small-data
+#: overfitting trains its own thirty.
+PATHOLOGIES = [(n, fw) for n, p in PAIRS.items() if not p.healthy for fw in p.in_tests]
+HEALTHY = [(n, fw) for n, p in PAIRS.items() if p.healthy for fw in p.in_tests]
+
+
+def epochs(name: str) -> int:
+    p = PAIRS[name]
+    return p.epochs if p.test_epochs is None else p.test_epochs
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +31,7 @@ def pair(tmp_path_factory):
     def get(name: str, framework: str):
         if (name, framework) not in cache:
             d = tmp_path_factory.mktemp(f"{name}_{framework}")
-            cache[name, framework] = train_pair(name, framework, str(d), EPOCHS)
+            cache[name, framework] = train_pair(name, framework, str(d), epochs(name))
         return cache[name, framework]
 
     return get
@@ -41,7 +45,7 @@ def titles(findings):
 def test_pathology_is_caught_within_two_epochs_of_its_onset(pair, name, framework) -> None:
     r = pair(name, framework)
     p = PAIRS[name]
-    assert len(r.live) == EPOCHS
+    assert len(r.live) == epochs(name)
     for kind, (severity, _) in p.expect.items():
         onset = p.onset(kind, r.run)
         first = r.first_epoch_with(kind, severity)
@@ -81,6 +85,20 @@ def test_gradient_pileup_grows_where_accumulation_done_right_does_not(pair, fram
     assert f.evidence["growth_orders"] >= 0.5 and f.evidence["points_rising"] >= 2
     twin = pair("grad_accumulation", framework)
     assert "gradient_pileup" not in {f.kind for found in twin.live for f in found}
+
+
+def test_small_data_overfitting_names_the_best_epoch_of_the_logged_curve(pair) -> None:
+    """The re-grade on a real PyTorch training (Keras: findings_archs' overfitting_mlp): the
+    warning says which epoch had the best validation loss, the one to keep."""
+    import numpy as np
+
+    r = pair("overfit_small", "torch")
+    f = next(f for f in r.findings if f.kind == "overfitting")
+    val = r.run.metrics["val_loss"].field("value")
+    assert f.severity == "warning", titles(r.findings)
+    assert f.evidence["best_val_epoch"] == int(np.argmin(val))
+    assert f"epoch {f.evidence['best_val_epoch']}" in f.title
+    assert val[-1] >= 1.25 * val.min()
 
 
 def test_what_each_front_end_records_of_the_loss() -> None:
