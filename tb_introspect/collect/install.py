@@ -3,18 +3,34 @@
 For one ``fit()`` the callback patches three things, all as instance attributes that never
 reach a saved model: the monitored layers' ``call`` (``capture.LayerPatcher``), the
 optimizer's ``apply`` (to see the gradients), and the model's ``train_function`` (routed
-through the callback). ``Installation.remove`` undoes all of them, whatever happened, so a
-later ``fit()`` without the callback trains exactly as before.
+through the callback). It also quiets one TensorFlow warning about Keras's own functions
+while it is routed (``KerasRetracing``). ``Installation.remove`` undoes all of them, whatever
+happened, so a later ``fit()`` without the callback trains exactly as before.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 
 from tb_introspect.collect import capture, private
+
+
+class KerasRetracing(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning about Keras's own train,
+    test and predict functions. TensorFlow counts the traces of all of them, of every model,
+    together (one code object), and the callback traces two train functions where ``fit``
+    traces one, so a process that fits a few models (a notebook, a sweep) would print it for
+    traces the user did not cause and cannot avoid. The user's own functions still warn, and
+    ``fit`` without the callback is unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("triggered tf.function retracing" in text
+                    and "TensorFlowTrainer._make_function" in text)
 
 
 class Installation:
@@ -27,6 +43,7 @@ class Installation:
         self._saved_apply: tuple[bool, Any] | None = None
         self.original_fn: Callable | None = None
         self.active = False
+        self._quiet = KerasRetracing()
 
     def keep_original(self) -> None:
         """Make and keep the model's own train function (to run and to put back)."""
@@ -50,6 +67,7 @@ class Installation:
         """Make ``train_function`` the model's train function until ``remove``."""
         self.model.train_function = train_function
         self.active = True
+        logging.getLogger("tensorflow").addFilter(self._quiet)
 
     def remove(self) -> None:
         """Undo every patch; the model gets its own train function back."""
@@ -66,3 +84,4 @@ class Installation:
             # The plain Keras function (never traced with instrumentation).
             self.model.train_function = self.original_fn
         self.active = False
+        logging.getLogger("tensorflow").removeFilter(self._quiet)
