@@ -80,6 +80,8 @@ MODELS = {
     "flatten": ("CNN with Flatten -> Dense 128", lambda: cifar_cnn("flatten")),
     "mobilenetv2": ("MobileNetV2 32x32, weights=None", lambda: keras.applications.MobileNetV2(
         weights=None, input_shape=(32, 32, 3), classes=10)),
+    "resnet50": ("ResNet50 32x32, weights=None", lambda: keras.applications.ResNet50(
+        weights=None, input_shape=(32, 32, 3), classes=10)),
 }
 
 
@@ -88,7 +90,7 @@ def make(kind: str, jit: bool = False) -> keras.Model:
     model = MODELS[kind][1]()
     model.compile(
         keras.optimizers.Adam(1e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=kind != "mobilenetv2"),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=kind in ("cnn", "flatten")),
         metrics=["accuracy"], jit_compile=jit,
     )
     return model
