@@ -172,10 +172,9 @@ def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
     @tf.function(input_signature=[_state_signature(k, stacked=True)],
                  autograph=False, experimental_attributes=_NOINLINE)
     def finalize_many(stacked):
-        # One vectorised finalize instead of one per tensor (4x faster for 50 tensors).
-        return tf.vectorized_map(
-            lambda s: stats.finalize(s, view, quantiles=quantiles), stacked
-        )
+        # finalize is elementwise over leading axes: one small graph for any number of
+        # tensors (tf.vectorized_map of the one-state finalize took seconds to convert).
+        return stats.finalize(stacked, view, quantiles=quantiles)
 
     return finalize_many
 

@@ -30,7 +30,7 @@ def _units_dead(nnz: tf.Tensor, units: tf.Tensor, count: tf.Tensor) -> tf.Tensor
     """Share of the ``units`` real units (channels or positions; ``nnz`` may be zero-padded
     past them) whose non-zero count is 0; NaN when the tensor is empty or no unit is
     tracked."""
-    active = tf.reduce_sum(tf.cast(nnz > 0, F64))
+    active = tf.reduce_sum(tf.cast(nnz > 0, F64), axis=-1)
     return where((count > 0) & (units > 0), (units - active) / tf.maximum(units, 1.0), NAN)
 
 
@@ -43,7 +43,10 @@ def finalize(
 ) -> tf.Tensor:
     """The packed statistics vector of a state, laid out as ``metadata.tensor_stats_fields``.
 
-    The ``epoch`` slot and the view's extra slots are NaN (callers fill them).
+    States stacked on leading axes (one per tensor: scalars ``[n]``, counts and samples
+    ``[n, width]``) give the vectors stacked the same way, ``[n, fields]``: every formula
+    is elementwise over the leading axes, so one traced graph serves any number of
+    tensors. The ``epoch`` slot and the view's extra slots are NaN (callers fill them).
     """
     metadata.tensor_stats_fields(view, quantiles)  # validates the view
     q = check_quantiles(quantiles)
@@ -74,8 +77,9 @@ def finalize(
         activation = where(over > 0, active / tf.maximum(over, 1.0), NAN)
         sample = where(tf.math.is_finite(state["sample_keys"]), state["sample_values"], INF)
         vq, lq = sample_quantiles(sample, dict(state, min=vmin, max=vmax), q)
+        nan = tf.fill(tf.shape(count), tf.constant(NAN, F64))
         base = tf.stack([
-            tf.constant(NAN, F64),  # epoch: filled by the caller
+            nan,  # epoch: filled by the caller
             count,
             nf,
             tf.maximum(count - nf - posinf - neginf, 0.0),
@@ -93,9 +97,10 @@ def finalize(
             activation,
             _units_dead(state["channel_nnz"], state["channels"], count),
             _units_dead(state["spatial_nnz"], state["positions"], count),
-        ])
-        extras = tf.fill([len(metadata.view_extra_fields(view, q))], tf.constant(NAN, F64))
-        return tf.concat([base, vq, lq, extras], axis=0)
+        ], axis=-1)
+        extras = tf.fill(tf.concat([tf.shape(count), [len(metadata.view_extra_fields(view, q))]],
+                                   0), tf.constant(NAN, F64))
+        return tf.concat([base, vq, lq, extras], axis=-1)
 
 
 @no_autograph

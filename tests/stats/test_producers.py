@@ -295,3 +295,19 @@ def test_numpy_and_tensorflow_states_carry_the_same_keys():
     np_state = stats_np.tensor_state(CASES["relu_conv"])
     assert set(tf_state) == set(stats.STATE_MERGE)
     assert set(np_state) == set(stats_np.STATE_MERGE) == set(tf_state) | {"sample_size"}
+
+
+def test_stacked_states_finalize_as_each_alone():
+    """``stats.finalize`` of states stacked on a leading axis (the logging function's one
+    call for all of a model's variables) gives, row by row, exactly each state's own
+    vector: every edge case at once, non-finite and empty ones beside ordinary ones."""
+    import tensorflow as tf
+
+    names = sorted(CASES)
+    stacked = stats.many_states([tf.constant(CASES[n]) for n in names], 64, tf.constant([3, 4],
+                                                                                     tf.int64))
+    together = stats.finalize(stacked, VIEW, quantiles=Q).numpy()
+    assert together.shape == (len(names), len(FIELDS))
+    for i, name in enumerate(names):
+        alone = stats.finalize({k: v[i] for k, v in stacked.items()}, VIEW, quantiles=Q)
+        np.testing.assert_array_equal(together[i], alone.numpy(), err_msg=name)
