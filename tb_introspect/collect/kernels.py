@@ -52,8 +52,9 @@ def as_activation(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
     return stats.as_canonical(x, canonical)
 
 
-def _state_signature(k: int, stacked: bool = False) -> dict[str, tf.TensorSpec]:
-    """Any state with a ``k``-value sample (channel/spatial widths left open)."""
+def _state_signature(k: int | None, stacked: bool = False) -> dict[str, tf.TensorSpec]:
+    """Any state with a ``k``-value sample (channel/spatial widths left open; ``None``: any
+    sample size)."""
     lead = [None] if stacked else []
     sig = {}
     for key in stats.STATE_MERGE:
@@ -137,7 +138,7 @@ def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float
     for g, (kk, positions) in enumerate(sorted(groups.items())):
         members = [rest[p] for p in positions]
         state = stats.many_states([tensors[n] for n in members], kk, seed + [0, g])
-        rows.append(finalize_many_fn(view, quantiles, kk)(state))
+        rows.append(finalize_many_fn(view, quantiles, k)(state))
         order += members
     for g, n in enumerate(large):
         t = stats.to_float(tensors[n])
@@ -167,14 +168,16 @@ def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool, thorough: bool
 
 @functools.cache
 def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
-    """States stacked on a leading axis (counts padded) -> one stats vector per row."""
+    """States stacked on a leading axis (counts padded), with samples of at most ``k``
+    values -> one stats vector per row."""
 
-    @tf.function(input_signature=[_state_signature(k, stacked=True)],
+    # One graph per view for any number of tensors and every sample class: tracing it is
+    # most of a first point's cost (tf.vectorized_map of a one-state finalize took seconds
+    # to convert; a graph per sample class was a dozen traces on MobileNetV2).
+    @tf.function(input_signature=[_state_signature(None, stacked=True)],
                  autograph=False, experimental_attributes=_NOINLINE)
     def finalize_many(stacked):
-        # finalize is elementwise over leading axes: one small graph for any number of
-        # tensors (tf.vectorized_map of the one-state finalize took seconds to convert).
-        return stats.finalize(stacked, view, quantiles=quantiles)
+        return stats.finalize(stacked, view, quantiles=quantiles, sample_bound=k)
 
     return finalize_many
 
