@@ -27,12 +27,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    """The quick demo, a MobileNetV2 and a ResNet50, trained together (2–4 minutes on 2
-    cores)."""
+    """The quick demo and a MobileNetV2, trained together (about 2 minutes on 2 cores)."""
     if CLI is None:
         pytest.skip("console script not installed (pip install -e .)")
     d = once(tmp_path_factory, "trained", train_shared)
-    return Trained(Path(d["demo"]), d["demo_stderr"], Path(d["app"]), Path(d["resnet"]))
+    return Trained(Path(d["demo"]), d["demo_stderr"], Path(d["app"]))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """The real trainings that test modules read (trained once per session by the fixtures of
-``conftest.py``): the quick demo, by the real console script, and randomly initialised
-keras.applications models with ``Introspect``: a MobileNetV2 (two epochs, a point every two
-steps) and a ResNet50 (one epoch of two steps: its graph is what is tested, and its logged
-point alone takes a minute to compile on 2 cores)."""
+``conftest.py``): the quick demo, by the real console script, and a randomly initialised
+keras.applications MobileNetV2 with ``Introspect`` (two epochs, a point every two steps)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ APP_EPOCHS = 2
 APP_SAMPLES = 64
 APP_BATCH = 16
 APP_EVERY = 2
-#: The ResNet50 run: one epoch of two steps of RESNET_BATCH samples, one point at its end.
-RESNET_BATCH = 4
 
 APP_CODE = """
 import sys
@@ -68,33 +64,29 @@ class Trained:
     demo: Path  #: the quick demo's logdir: its four runs and nothing else
     demo_stderr: str  #: what the demo printed (its progress bars)
     app: Path  #: the MobileNetV2 run's directory
-    resnet: Path  #: the ResNet50 run's directory
 
 
 def train_shared(root: Path) -> dict[str, str]:
-    """The three trainings at once, each in its own process (TensorFlow only there: the test
-    process stays light). The demo computes; the two applications mostly build and compile
+    """The two trainings at once, each in its own process (TensorFlow only there: the test
+    process stays light). The demo computes; the MobileNetV2 mostly builds and compiles
     graphs, single-threaded: together they keep two cores busy."""
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    demo, app, resnet = root / "demo", root / "app" / APP_RUN, root / "resnet50"
+    demo, app = root / "demo", root / "app" / APP_RUN
     mobilenet = APP_CODE.format(name="MobileNetV2", samples=APP_SAMPLES, batch=APP_BATCH,
                                 epochs=APP_EPOCHS, every=APP_EVERY)
-    resnet50 = APP_CODE.format(name="ResNet50", samples=2 * RESNET_BATCH, batch=RESNET_BATCH,
-                               epochs=1, every='"epoch"')
     jobs = [
         subprocess.Popen([CLI, "demo", "--quick", "--logdir", str(demo)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env),
-        *(subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env)
-          for code, out in ((mobilenet, app), (resnet50, resnet))),
+        subprocess.Popen([sys.executable, "-c", mobilenet, str(app)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env),
     ]
     errs = []
     for job in jobs:
         _, err = job.communicate(timeout=1800)
         assert job.returncode == 0, err[-3000:]
         errs.append(err)
-    return {"demo": str(demo), "demo_stderr": errs[0], "app": str(app), "resnet": str(resnet)}
+    return {"demo": str(demo), "demo_stderr": errs[0], "app": str(app)}
 
 
 def link_runs(runs: dict[str, Path], root: Path) -> Path:

@@ -21,7 +21,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMALL = [
     ("align_bench.py", ["--tensors", "20", "--steps", "200", "--repeats", "2"], 3),
     ("stats_bench.py", ["--sizes", "1000", "--kinds", "relu", "--repeats", "1"], 5),
-    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "4", "--log-model", "cnn"], 8),
+    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "1", "--log-model", "cnn"], 8),
     # one loader each: load_test below runs both
     ("plugin_bench.py", ["--tensors", "10", "--steps", "60", "--repeats", "2", "--isolated",
                          "1", "--cold", "1", "--loaders", "true"], 5),

@@ -7,6 +7,8 @@ newest and the oldest pins). Where one is missing, the fallback keeps training c
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -63,3 +65,28 @@ def del_instance_attr(obj: Any, name: str) -> None:
         object.__delattr__(obj, name)
     except AttributeError:
         pass
+
+
+@contextlib.contextmanager
+def without_graph_optimization() -> Iterator[None]:
+    """Functions first called in this block (on this thread) skip Grappler's graph
+    optimization: for a function that runs rarely, optimizing its graph costs more than it
+    saves. Where the eager context's options have moved, the block changes nothing."""
+    try:
+        from tensorflow.core.protobuf import config_pb2
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+        saved = ctx.function_call_options
+        config = config_pb2.ConfigProto.FromString(saved.config_proto_serialized)
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+        options = context.FunctionCallOptions(executor_type=saved.executor_type,
+                                              config_proto=config)
+    except (ImportError, AttributeError, TypeError):
+        yield
+        return
+    ctx.function_call_options = options
+    try:
+        yield
+    finally:
+        ctx.function_call_options = saved

@@ -64,3 +64,21 @@ def test_instance_attributes_bypass_tracking():
     private.del_instance_attr(layer, "call")
     private.del_instance_attr(layer, "call")  # twice: no error
     assert "call" not in layer.__dict__
+
+
+def test_functions_called_without_graph_optimization_on_this_thread_only():
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    def meta_optimizer_off() -> bool:
+        config = config_pb2.ConfigProto.FromString(
+            context.context().function_call_options.config_proto_serialized)
+        return config.graph_options.rewrite_options.disable_meta_optimizer
+
+    before = context.context().function_call_options
+    with private.without_graph_optimization():
+        assert meta_optimizer_off()
+        got = tf.function(lambda x: tf.reduce_sum(x * 2.0))(tf.ones(3))
+    assert float(got) == 6.0
+    assert context.context().function_call_options is before
+    assert not meta_optimizer_off()
