@@ -21,7 +21,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMALL = [
     ("align_bench.py", ["--tensors", "20", "--steps", "200", "--repeats", "2"], 3),
     ("stats_bench.py", ["--sizes", "1000", "--kinds", "relu", "--repeats", "1"], 5),
-    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "1", "--log-model", "cnn"], 8),
+    ("engine_bench.py", ["--repeats", "1", "--xla-sizes", "1", "--log-model", "flatten"], 8),
     # one loader each: load_test below runs both
     ("plugin_bench.py", ["--tensors", "10", "--steps", "60", "--repeats", "2", "--isolated",
                          "1", "--cold", "1", "--loaders", "true"], 5),
@@ -29,8 +29,9 @@ SMALL = [
                            "1"], 5),
     ("load_test.py", ["--tensors", "200", "--steps", "20", "--clients", "32", "--requests",
                       "5"], 5),
-    ("overhead.py", ["--models", "cnn", "--every", "epoch", "--quick"], 8),
-    ("overhead.py", ["--models", "cnn", "--step-functions", "--op-profile", "5", "--quick"], 5),
+    ("overhead.py", ["--models", "flatten", "--every", "epoch", "--quick"], 8),
+    ("overhead.py", ["--models", "flatten", "--step-functions", "--op-profile", "5",
+                     "--quick"], 5),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
     ("trainers_overhead.py", ["--quick", "--no-wandb"], 6),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
