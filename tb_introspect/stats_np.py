@@ -331,12 +331,18 @@ def finalize(
     return np.array([out[f] for f in fields], dtype=np.float64)
 
 
-def _order_value(sorted_vals: np.ndarray, s: np.ndarray) -> np.ndarray:
-    lo = np.floor(s)
-    hi = np.ceil(s)
-    a = sorted_vals[lo.astype(np.int64)]
-    b = sorted_vals[hi.astype(np.int64)]
-    return np.where(hi > lo, a + (b - a) * (s - lo), a)
+def _select(values: np.ndarray, positions: np.ndarray, scale=None) -> np.ndarray:
+    """The order statistics of ``values`` at fractional sorted ``positions``, linearly
+    interpolated (after ``scale``, e.g. ``np.log10``): one ``np.partition`` at the
+    positions' floors and ceilings, not a sort (a logged point takes this for every weight
+    and gradient)."""
+    lo = np.floor(positions).astype(np.int64)
+    hi = np.ceil(positions).astype(np.int64)
+    part = np.partition(values, np.unique(np.concatenate([lo, hi])))
+    a, b = part[lo], part[hi]
+    if scale is not None:
+        a, b = scale(a), scale(b)
+    return np.where(hi > lo, a + (b - a) * (positions - lo), a)
 
 
 def sample_quantiles(
@@ -361,40 +367,35 @@ def sample_quantiles(
     if n_fin == 0:
         nan = np.full(p.shape, np.nan)
         return nan, nan.copy()
-    srt = np.sort(np.asarray(sample, dtype=np.float64))
-    m = srt.size
-    m_neg = int(np.searchsorted(srt, 0.0, side="left"))
+    vals = np.asarray(sample, dtype=np.float64)
+    m = vals.size
+    m_neg = int(np.count_nonzero(vals < 0))
     m_pos = m - m_neg
 
-    def stratum(j, n_pop, m_samp, offset, fallback):
-        if m_samp == 0:
-            return np.full(j.shape, fallback)
+    def stratum(j, n_pop, m_samp, offset):
+        # Population rank j (0-based within the stratum) -> sorted sample position.
         s = j if n_pop == m_samp else j * (m_samp - 1.0) / max(n_pop - 1.0, 1.0)
-        s = np.clip(s, 0, m_samp - 1)
-        return _order_value(srt, offset + s)
-
-    def value_at_rank(i):
-        neg_v = stratum(np.minimum(i, max(n_neg - 1, 0)), n_neg, m_neg, 0, vmin)
-        pos_j = np.maximum(i - n_neg - n_zero, 0)
-        pos_v = stratum(pos_j, n_pos, m_pos, m_neg, vmax)
-        return np.where(i < n_neg, neg_v, np.where(i < n_neg + n_zero, 0.0, pos_v))
+        return offset + np.clip(s, 0, max(m_samp - 1, 0))
 
     r = p * (n_fin - 1)
     lo = np.floor(r)
     hi = np.minimum(lo + 1, n_fin - 1)
-    a, b = value_at_rank(lo), value_at_rank(hi)
+    i = np.concatenate([lo, hi])  # population ranks
+    neg = i < n_neg
+    zero = ~neg & (i < n_neg + n_zero)
+    at = np.where(neg, stratum(np.minimum(i, max(n_neg - 1, 0)), n_neg, m_neg, 0),
+                  stratum(np.maximum(i - n_neg - n_zero, 0), n_pos, m_pos, m_neg))
+    v = _select(vals, np.clip(at, 0, m - 1)) if m else np.zeros(i.shape)
+    v = np.where(neg, v if m_neg else vmin, np.where(zero, 0.0, v if m_pos else vmax))
+    a, b = np.split(v, 2)
     vq = np.where(hi > lo, a + (b - a) * (r - lo), a)
     vq = np.where(p == 0, vmin, np.where(p == 1, vmax, vq))
     vq = np.clip(vq, vmin, vmax)
 
     if m == 0:
         return vq, np.full(p.shape, np.nan)
-    mags = np.sort(np.abs(srt))
     rm = p * (m - 1)
-    lo = np.floor(rm).astype(np.int64)
-    hi = np.ceil(rm).astype(np.int64)
-    la, lb = np.log10(mags[lo]), np.log10(mags[hi])
-    lq = np.where(hi > lo, la + (lb - la) * (rm - lo), la)
+    lq = _select(np.abs(vals), rm, np.log10)
     max_abs = max(abs(vmin), abs(vmax))
     lq = np.where(p == 0, np.log10(min_abs), np.where(p == 1, np.log10(max_abs), lq))
     return vq, lq
