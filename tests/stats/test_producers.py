@@ -311,3 +311,17 @@ def test_stacked_states_finalize_as_each_alone():
     for i, name in enumerate(names):
         alone = stats.finalize({k: v[i] for k, v in stacked.items()}, VIEW, quantiles=Q)
         np.testing.assert_array_equal(together[i], alone.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("n", [stats_np.PARTITION_FROM - 1, stats_np.PARTITION_FROM * 2])
+def test_numpy_percentiles_are_numpys_on_either_side_of_the_partition_threshold(n):
+    """Below ``PARTITION_FROM`` values the numpy producer sorts its sample, from it on it
+    partitions at the order statistics it reads: both give numpy's own percentiles."""
+    x = RNG.standard_cauchy(n)
+    x[::7] = 0.0
+    got = as_dict(stats_np.tensor_stats(x, VIEW, quantiles=Q, sample_size=None))
+    nz = np.abs(x[x != 0])
+    for q in Q:
+        assert got[metadata.quantile_field(q)] == pytest.approx(np.percentile(x, q), rel=1e-12)
+        assert got[metadata.quantile_field(q, log=True)] == pytest.approx(
+            np.percentile(np.log10(nz), q), rel=1e-9, abs=1e-12)
