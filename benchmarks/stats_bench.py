@@ -19,6 +19,11 @@ sample sizes:
   ``sample_size`` sample);
 * **tensor_stats**: the summary op, one tensor's state finalized with a 2^18 sample.
 
+A second table times the numpy twin's exact statistics of one tensor
+(``stats_np.tensor_stats``, what a PyTorch point computes for each weight and gradient sum)
+with its percentiles from sorts and from ``np.partition``: where the two cross is
+``stats_np.PARTITION_FROM``.
+
 The baseline computes only the same percentiles (9 value percentiles of the finite
 values and 9 percentiles of log10|x| of the finite non-zero values) with
 ``tfp.stats.percentile``, i.e. full sorts; every variant computes every statistic of
@@ -165,6 +170,32 @@ def main(argv=None) -> None:
             for name, ms in med.items():
                 speed = f"{med[base] / ms:.1f}x" if base else "-"
                 print(f"| {n:,} | {kind} | {name} | {ms:.2f} | {speed} |", flush=True)
+    numpy_rows(args.repeats, rng)
+
+
+def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
+    """``stats_np.tensor_stats`` of one tensor, percentiles by sort or by partition."""
+    from tb_introspect import stats_np
+
+    threshold = stats_np.PARTITION_FROM
+    ways = {"sort": float("inf"), "partition": 0}
+    print("\n| elements | numpy twin, exact | sort ms | partition ms |")
+    print("|---:|---|---:|---:|")
+    try:
+        for n in (10**4, 2**16, 2**18):
+            x = rng.normal(size=n).astype(np.float32)
+            times: dict[str, list[float]] = {w: [] for w in ways}
+            for _ in range(max(repeats, 3)):
+                for way, cut in ways.items():
+                    stats_np.PARTITION_FROM = cut
+                    t0 = time.perf_counter()
+                    stats_np.tensor_stats(x, "gradient", sample_size=None)
+                    times[way].append(time.perf_counter() - t0)
+            med = {w: float(np.median(v)) * 1e3 for w, v in times.items()}
+            print(f"| {n:,} | `tensor_stats` | {med['sort']:.2f} | {med['partition']:.2f} |",
+                  flush=True)
+    finally:
+        stats_np.PARTITION_FROM = threshold
 
 
 if __name__ == "__main__":

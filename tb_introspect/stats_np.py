@@ -332,8 +332,7 @@ def finalize(
 
 
 #: From this many values a partition at the wanted order statistics beats a sort (numpy 2's
-#: vectorised sort is faster below: 0.6 against 0.8 ms at 10^4 values, 35 against 22 ms at
-#: 2^18, two passes each).
+#: vectorised sort is the faster below; ``benchmarks/stats_bench.py`` times both).
 PARTITION_FROM = 2**16
 
 
