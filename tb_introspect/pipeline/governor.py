@@ -8,8 +8,11 @@ statistics function on the first execution of each window (epoch), never more of
 one execution in ``spacing`` (``stats_every``), and otherwise only when the time it has saved
 covers one more: a budget of ``overhead`` times the plain step time accrues with every step,
 and each statistics execution's extra time and each logged point's time are paid from it.
-The plain step time is what the lean steps take (the closest to a plain ``fit`` the callback
-can observe). First calls of each function compile and are not counted.
+The plain step time is what the lean steps take, less the host time a front-end measured in
+its own instrumentation of them (the PyTorch hooks run on the host, so it can: their time is
+paid from the same budget, and a lean step that already costs the whole budget leaves only
+each window's first statistics step; Keras compiles its lean work into the step and reports
+none). First calls of each function compile and are not counted.
 
 Deterministic given its clock, so tests inject one.
 """
@@ -42,6 +45,7 @@ class Governor:
         self.spacing = max(int(spacing), 1)
         self.clock = clock
         self.lean: deque[float] = deque(maxlen=HISTORY)  # seconds per step
+        self.lean_added: deque[float] = deque(maxlen=HISTORY)  # of which instrumentation
         self.full: deque[float] = deque(maxlen=HISTORY)
         self.compile_seconds: dict[bool, float] = {}
         self.credit = 0.0
@@ -77,14 +81,20 @@ class Governor:
         return self.credit >= extra
 
     def extra_per_stats_step(self) -> float | None:
-        """Seconds a statistics step takes beyond a lean one (median estimates)."""
-        if not self.lean or not self.full:
+        """Seconds a statistics step takes beyond a plain one (median estimates): what it
+        is charged."""
+        plain = self.plain_step()
+        if plain is None or not self.full:
             return None
-        return max(statistics.median(self.full) - statistics.median(self.lean), 0.0)
+        return max(statistics.median(self.full) - plain, 0.0)
 
     def plain_step(self) -> float | None:
-        """The plain step time it can observe: the lean steps' median."""
-        return statistics.median(self.lean) if self.lean else None
+        """The plain step time it can observe: the lean steps' median, less the median
+        instrumentation time reported in them."""
+        if not self.lean:
+            return None
+        added = statistics.median(self.lean_added) if self.lean_added else 0.0
+        return max(statistics.median(self.lean) - added, 0.0)
 
     # -------------------------------------------------------------- accounting
 
@@ -98,9 +108,11 @@ class Governor:
         self.ran(full, self.clock() - start, steps)
         return out
 
-    def ran(self, full: bool, seconds: float | None, steps: int = 1) -> None:
+    def ran(self, full: bool, seconds: float | None, steps: int = 1,
+            instrumented: float = 0.0) -> None:
         """Account one execution that took ``seconds`` wall time for ``steps`` steps
-        (None: not timed, e.g. across an epoch end; it still counts for the cadence)."""
+        (None: not timed, e.g. across an epoch end; it still counts for the cadence), of
+        which ``instrumented`` seconds were the front-end's own instrumentation."""
         steps = max(int(steps), 1)
         self.window_start = self.forced = False
         self.window_runs += 1
@@ -112,12 +124,13 @@ class Governor:
             self.compile_seconds[full] = seconds
             return
         (self.full if full else self.lean).append(seconds / steps)
+        if not full:
+            self.lean_added.append(min(instrumented, seconds) / steps)
         plain = self.plain_step()
         if self.overhead is None or plain is None:
             return
         self.credit += self.overhead * plain * steps
-        if full:
-            self.credit -= max(seconds - plain * steps, 0.0)
+        self.credit -= max(seconds - plain * steps, 0.0) if full else instrumented
 
     def logged(self, seconds: float) -> None:
         """A logged point (statistics at logging time and writing) took ``seconds``."""

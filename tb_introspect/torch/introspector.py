@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +71,9 @@ class Introspector:
 
     With ``every="epoch"``, layer outputs and output gradients get their statistics on each
     epoch's first step and then at most every ``stats_every``-th step, as rarely as keeps
-    the time they add within ``overhead`` (a share of the plain step time, measured on the
-    host; None: exactly every ``stats_every``-th step). The rectifier outputs' activity
+    the time they add, with what the hooks of every other step cost, within ``overhead`` (a
+    share of the plain step time, measured on the host; None: exactly every
+    ``stats_every``-th step). The rectifier outputs' activity
     (dead rates, activity maps) counts every step.
 
     Example:
@@ -136,6 +138,7 @@ class Introspector:
         self.governor = Governor(options.overhead if self.plan.per_epoch else None,
                                  self.plan.stats_every)
         self._t_last: float | None = None
+        self._instrumented = 0.0  # host seconds in the hooks and step() since the last step
         self._handles: list[Any] = []
         self._closed = False
 
@@ -207,13 +210,15 @@ class Introspector:
         return "stats" if step % int(self.every) == 0 else "off"
 
     def _time_step(self) -> None:
-        """The host time of the step that just ended, for the governor (not timed across
-        an epoch end: evaluation and logging run there)."""
+        """The host time of the step that just ended and of the instrumentation in it, for
+        the governor (not timed across an epoch end: evaluation and logging run there)."""
         now = self.governor.clock()
         if self.every == "epoch":
             seconds = None if self._t_last is None else now - self._t_last
-            self.governor.ran(self._phase == "stats", seconds)
+            self.governor.ran(self._phase == "stats", seconds,
+                              instrumented=self._instrumented)
         self._t_last = now
+        self._instrumented = 0.0
 
     def _counted(self) -> bool:
         """Training forward passes only: evaluation (``no_grad``, ``eval()``) is not."""
@@ -223,6 +228,8 @@ class Introspector:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             if self._phase == "off" or not self._counted():
                 return
+            # Under torch.compile the hook is traced into the graph: no host time to take.
+            start = None if torch.compiler.is_compiling() else time.perf_counter()
             x = modules.first_tensor(output)
             if x is None or not (x.is_floating_point() and x.dim() >= 1):
                 # Said once per module: which layer is missing from the views, and why.
@@ -235,6 +242,8 @@ class Introspector:
                 self._on_output(spec, x)
             except Exception as e:  # never break training
                 self._fail(Part("output", spec.name), e)
+            if start is not None:
+                self._instrumented += time.perf_counter() - start
         return hook
 
     def _on_output(self, spec: modules.OutputSpec, x: torch.Tensor) -> None:
@@ -289,10 +298,12 @@ class Introspector:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._grad_seen = True
         if self._phase != "off" and not self.failures.is_off("gradient"):
+            start = time.perf_counter()
             try:
                 self._add_gradients()
             except Exception as e:
                 self._fail(Part("gradient"), e)
+            self._instrumented += time.perf_counter() - start
 
     def _add_gradients(self) -> None:
         accs, grads = [], []
@@ -327,6 +338,7 @@ class Introspector:
         ``metrics`` (tensors stay on the device), writes a point when one is due."""
         if self._closed:
             return
+        start = time.perf_counter()
         if not self.pipeline.is_off(STATISTICS) and not self.failures.is_off("gradient"):
             try:
                 self._gradients_of_step()
@@ -336,6 +348,7 @@ class Introspector:
         if loss is not None:
             values = {"loss": loss, **values}
         self.pipeline.guard(METRICS, self._record_metrics, values)
+        self._instrumented += time.perf_counter() - start
         self._time_step()
         if self._phase == "stats":
             self._stat_steps += 1
@@ -393,6 +406,7 @@ class Introspector:
         self.epoch += 1
         self.pipeline.begin_epoch(self.epoch)
         self._t_last = None
+        self._instrumented = 0.0
         self.governor.begin_window()
         self._phase = self._phase_of(self.step_count + 1)
         self.pipeline.raise_stop()

@@ -18,8 +18,9 @@ class FakeClock:
 
 
 def train(gov: Governor, clock: FakeClock, epochs: int, steps: int, lean: float, full: float,
-          log: float, compile_s: float = 5.0) -> list[list[bool]]:
-    """Run ``epochs`` windows of ``steps`` executions; which were statistics executions."""
+          log: float, compile_s: float = 5.0, lean_added: float = 0.0) -> list[list[bool]]:
+    """Run ``epochs`` windows of ``steps`` executions; which were statistics executions.
+    ``lean_added``: the part of ``lean`` a front-end reports as its own instrumentation."""
     seen = {"stats": False, "lean": False}
 
     def fn(kind: str, cost: float):
@@ -29,10 +30,18 @@ def train(gov: Governor, clock: FakeClock, epochs: int, steps: int, lean: float,
             return kind == "stats"
         return run
 
+    def step() -> bool:
+        full_step = gov.choose()
+        start = clock()
+        (fn("stats", full) if full_step else fn("lean", lean))()
+        gov.ran(full_step, clock() - start, instrumented=0.0 if full_step else lean_added)
+        return full_step
+
     taken = []
     for _ in range(epochs):
         gov.begin_window()
-        taken.append([gov.run(fn("stats", full), fn("lean", lean)) for _ in range(steps)])
+        taken.append([step() if lean_added else gov.run(fn("stats", full), fn("lean", lean))
+                      for _ in range(steps)])
         gov.timed_log(lambda: setattr(clock, "now", clock.now + log))
     return taken
 
@@ -100,3 +109,36 @@ def test_a_forced_step_and_the_every_step_line():
     train(every, clock, epochs=2, steps=4, lean=0.1, full=0.2, log=0.05)
     line = every.every_step_cost(0.05)
     assert "50 ms" in line and "200 ms" in line and "every=5" in line
+
+
+@pytest.mark.parametrize("lean_added", [0.002, 0.004, 0.008])
+def test_reported_lean_instrumentation_is_paid_from_the_same_budget(lean_added):
+    """A front-end whose lean steps' own work it can time (PyTorch's hooks) reports it: the
+    plain step is the lean one less that, and the lean steps' share comes off the budget."""
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    plain, full, log, steps = 0.1, 0.2, 0.1, 400
+    taken = train(gov, clock, epochs=5, steps=steps, lean=plain + lean_added, full=full,
+                  log=log, lean_added=lean_added)
+    assert gov.plain_step() == pytest.approx(plain)
+    budget = 0.05 * plain * steps
+    for epoch in taken[1:]:
+        stats = sum(epoch)
+        assert epoch[0]
+        if (steps - 1) * lean_added + log >= budget:
+            assert stats == 1  # the lean steps spend the budget: each window's first step
+        else:  # all that was added fits, within one statistics step of carry-over
+            added = stats * (full - plain) + (steps - stats) * lean_added + log
+            assert added <= budget + (full - plain) + 1e-9
+            assert added >= budget - 2 * (full - plain)  # ... and the budget is used
+
+
+def test_the_more_lean_instrumentation_the_fewer_statistics_steps():
+    counts = []
+    for lean_added in (0.0, 0.002, 0.004):
+        clock = FakeClock()
+        gov = Governor(0.05, spacing=4, clock=clock)
+        taken = train(gov, clock, epochs=3, steps=400, lean=0.1 + lean_added, full=0.2,
+                      log=0.0, lean_added=lean_added)
+        counts.append(sum(taken[-1]))
+    assert counts[0] > counts[1] > counts[2] >= 1

@@ -3,6 +3,7 @@ hooks removed on close, failures that never stop training, clear errors for bad 
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -213,6 +214,26 @@ def test_governor_spaces_statistics_steps_by_their_cost(tmp_path):
     assert stats_steps(None) == [steps // 8] * 3
     with pytest.raises(ValueError, match="overhead"):
         Introspector(str(tmp_path), ts.small_cnn(), None, overhead=2.0)
+
+
+def test_the_lean_steps_hooks_are_timed_into_the_budget(tmp_path):
+    """Every lean step reports the host time of its own hooks (the rectifier counts, the
+    gradient sum, the metrics): the governor takes the plain step as the lean one less that,
+    and pays it from the budget."""
+    torch.manual_seed(0)
+    model = ts.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Introspector(str(tmp_path), model, opt) as intro:
+        for x, y in ts.batches(24):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            intro.step(loss=loss)
+        gov = intro.governor
+        assert len(gov.lean_added) == len(gov.lean) > 10
+        assert all(0 < a < t for a, t in zip(gov.lean_added, gov.lean, strict=True))
+        assert 0 < gov.plain_step() < statistics.median(gov.lean)
 
 
 def test_viewing_side_imports_no_torch():
