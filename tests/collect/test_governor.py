@@ -40,8 +40,7 @@ def train(gov: Governor, clock: FakeClock, epochs: int, steps: int, lean: float,
     taken = []
     for _ in range(epochs):
         gov.begin_window()
-        taken.append([step() if lean_added else gov.run(fn("stats", full), fn("lean", lean))
-                      for _ in range(steps)])
+        taken.append([step() for _ in range(steps)])
         gov.timed_log(lambda: setattr(clock, "now", clock.now + log))
     return taken
 
