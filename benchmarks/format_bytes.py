@@ -9,7 +9,7 @@ are the same either way); the generated run is written at format versions 2 and 
 a Markdown table; the target is at most 10 % more bytes per point.
 
     python benchmarks/format_bytes.py
-    python benchmarks/format_bytes.py --steps 16 --bench-steps 5   # a fast smoke run
+    python benchmarks/format_bytes.py --steps 16 --bench-steps 5 --keras-model flatten  # smoke
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ def event_bytes(run_dir: str) -> tuple[int, int, int]:
     return total, without, len(steps)
 
 
-def keras_run(root: str, steps: int, every: int) -> str:
+def keras_run(root: str, steps: int, every: int, kind: str = "cnn") -> str:
     import overhead
 
     from tb_introspect.keras import Introspect
 
-    model = overhead.make("cnn")
+    model = overhead.make(kind)
     log_dir = os.path.join(root, "keras")
     model.fit(overhead.dataset(steps, 32), epochs=1, verbose=0,
               callbacks=[Introspect(log_dir, every=every)])
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=4, help="a logged point every N steps")
     parser.add_argument("--bench-tensors", type=int, default=195)
     parser.add_argument("--bench-steps", type=int, default=20)
+    parser.add_argument("--keras-model", default="cnn",
+                        help="overhead.py's model for the Keras row (flatten: a quicker trace)")
     args = parser.parse_args(argv)
 
     import plugin_bench
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="introspect-bytes-")
     rows = []
     try:
-        for label, run in (("Keras CNN, Introspect", keras_run),
+        for label, run in ((f"Keras {args.keras_model}, Introspect",
+                            lambda *a: keras_run(*a, kind=args.keras_model)),
                            ("PyTorch CNN, Introspector", torch_run)):
             total, without, points = event_bytes(run(root, args.steps, args.every))
             rows.append((f"{label} (every={args.every})", points, without / points,

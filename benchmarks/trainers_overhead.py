@@ -22,7 +22,7 @@ state, without the one-time start (model hooks, writers, wandb's run). Each figu
 median over rounds of the per-round ratio to the plain setup.
 
     python benchmarks/trainers_overhead.py --rounds 5          # the README tables
-    python benchmarks/trainers_overhead.py --quick --no-wandb  # a smoke run
+    python benchmarks/trainers_overhead.py --quick --no-wandb  # a smoke run (16 steps)
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Clock:
 CLOCK = Clock()
 
 
-def hf_setups(root: Path) -> dict[str, Callable[[], None]]:
+def hf_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class Timer(TrainerCallback):  # last in the list: after the others' events
@@ -80,7 +80,7 @@ def hf_setups(root: Path) -> dict[str, Callable[[], None]]:
     from tb_introspect.transformers import IntrospectCallback
     from tests.trainers import hf_support as hs
 
-    data = hs.lm_data(STEPS * hs.BATCH, 0)
+    data = hs.lm_data(steps * hs.BATCH, 0)
 
     def run(name: str, report_to: str, callbacks: list) -> Callable[[], None]:
         def go() -> None:
@@ -108,7 +108,7 @@ def hf_setups(root: Path) -> dict[str, Callable[[], None]]:
             "report_to='wandb', WANDB_WATCH=all": run("wandb", "wandb", [])}
 
 
-def lightning_setups(root: Path) -> dict[str, Callable[[], None]]:
+def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
@@ -124,8 +124,8 @@ def lightning_setups(root: Path) -> dict[str, Callable[[], None]]:
     from tests.trainers import lightning_support as ls
 
     d = __import__("sklearn.datasets", fromlist=["load_digits"]).load_digits()
-    x = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None][:STEPS * 16]
-    y = torch.tensor(d.target)[:STEPS * 16]
+    x = torch.tensor(d.images / 16.0, dtype=torch.float32)[:, None][:steps * 16]
+    y = torch.tensor(d.target)[:steps * 16]
 
     def run(name: str) -> Callable[[], None]:
         def go() -> None:
@@ -135,7 +135,7 @@ def lightning_setups(root: Path) -> dict[str, Callable[[], None]]:
             callbacks = [Introspect(), Timer()] if name == "intro" else [Timer()]
             if name == "wandb":
                 logger = WandbLogger(save_dir=out, offline=True)
-                logger.watch(model, log="all", log_freq=STEPS)
+                logger.watch(model, log="all", log_freq=steps)
             else:
                 logger = TensorBoardLogger(out)
             g = torch.Generator().manual_seed(0)
@@ -152,7 +152,8 @@ def lightning_setups(root: Path) -> dict[str, Callable[[], None]]:
             "WandbLogger.watch(log='all')": run("wandb")}
 
 
-def measure(setups: dict[str, Callable[[], None]], rounds: int) -> dict[str, dict]:
+def measure(setups: dict[str, Callable[[], None]], rounds: int, steps: int
+            ) -> dict[str, dict]:
     names = list(setups)
     times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for r in range(rounds + 1):  # round 0 warms up
@@ -170,10 +171,10 @@ def measure(setups: dict[str, Callable[[], None]], rounds: int) -> dict[str, dic
                                                               strict=True))
         cpu = statistics.median(a[1] / b[1] for a, b in zip(times[n], times[plain],
                                                             strict=True))
-        ms = statistics.median((a[1] - b[1]) / STEPS * 1e3
+        ms = statistics.median((a[1] - b[1]) / steps * 1e3
                                for a, b in zip(times[n], times[plain], strict=True))
         out[n] = {"wall": wall, "cpu": cpu, "cpu_ms_step": ms,
-                  "plain_ms_step": statistics.median(b[0] for b in times[plain]) / STEPS * 1e3}
+                  "plain_ms_step": statistics.median(b[0] for b in times[plain]) / steps * 1e3}
     return out
 
 
@@ -195,19 +196,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", choices=("hf", "lightning"), default=None)
-    p.add_argument("--quick", action="store_true", help="smoke run: one round")
+    p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per epoch")
+    p.add_argument("--quick", action="store_true", help="smoke run: one round of 16 steps")
     p.add_argument("--no-wandb", action="store_true", help="leave the wandb setups out")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    rounds = 1 if a.quick else a.rounds
+    rounds, steps = (1, 16) if a.quick else (a.rounds, a.steps)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if a.only in (None, "hf"):
-            setups = hf_setups(root)
-            print(table("tiny GPT-2, transformers.Trainer", measure(pick(setups, a), rounds)))
+            setups = hf_setups(root, steps)
+            print(table("tiny GPT-2, transformers.Trainer",
+                        measure(pick(setups, a), rounds, steps)))
         if a.only in (None, "lightning"):
-            setups = lightning_setups(root)
-            print(table("digits CNN, Lightning", measure(pick(setups, a), rounds)))
+            setups = lightning_setups(root, steps)
+            print(table("digits CNN, Lightning", measure(pick(setups, a), rounds, steps)))
     print(f"target for the Introspect rows: <= {TARGET[0]}x wall, <= {TARGET[1]}x CPU")
 
 

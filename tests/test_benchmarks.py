@@ -35,7 +35,8 @@ SMALL = [
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
     ("trainers_overhead.py", ["--quick", "--no-wandb"], 6),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
-    ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3"], 5),
+    ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3",
+                         "--keras-model", "flatten"], 5),
     ("bucket_bench.py", ["--quick"], 5),
 ]
 

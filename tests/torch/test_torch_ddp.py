@@ -52,11 +52,18 @@ def test_ddp_equals_single_process_on_the_global_batch(runs):
         sampled = view in ("output", "output_gradient")
         cols = ([fields.index(f) for f in (*ts.EXACT, "q0", "q100", "logq100")]
                 if sampled else list(range(len(fields))))
+        # The implicit learning rate's extremes divide an update by a gradient sum near
+        # zero: the all-reduce's rounding (it sums in another order than one process does)
+        # is amplified there, by 7e-4 relative on one CPU seen; its other slots are not.
+        loose = [cols.index(fields.index(f)) for f in ("ilr_q0", "ilr_q100") if f in fields]
+        rtol = np.full(len(cols), 2e-4)
+        rtol[loose] = 5e-3
         for name in a:
             assert list(b[name].steps) == list(a[name].steps)
-            np.testing.assert_allclose(b[name].values[:, cols], a[name].values[:, cols],
-                                       rtol=2e-4, atol=1e-6, equal_nan=True,
-                                       err_msg=f"{view} {name}")
+            got, want = b[name].values[:, cols], a[name].values[:, cols]
+            close = np.isclose(got, want, rtol=rtol, atol=1e-6, equal_nan=True)
+            assert close.all(), (f"{view} {name}: {np.argwhere(~close).tolist()}",
+                                 got[~close], want[~close])
     # the merged percentiles: within the sample's rank error of the global batch's values
     per_step = {"output": rec.outputs, "output_gradient": rec.out_grads}
     for view, steps in per_step.items():
