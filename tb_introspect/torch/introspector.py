@@ -192,6 +192,7 @@ class Introspector:
         self._bufs = {v: torch.zeros(0, dtype=torch.float64, device=self.device)
                       for v in self._out_views}
         self._empty = {v: b.clone() for v, b in self._bufs.items()}
+        self._tallies: dict[str, state.ActivityTally] = {}  # lean steps' rectifier counts
         self._compile_skipped = False
         self._uncaptured: set[str] = set()  # leaves whose output is no float tensor
         for spec in self.outputs:
@@ -260,7 +261,7 @@ class Introspector:
             return
         if "output" in self._bufs and not self.failures.is_off("output", spec.name):
             state.fold(self._bufs["output"], spec.segments["output"], x,
-                       self._salt.add_(1), full, self._arange)
+                       self._salt.add_(1), full, self._arange, self._tallies.get(spec.name))
         if (full and "output_gradient" in self._bufs and x.requires_grad
                 and not self.failures.is_off("output_gradient", spec.name)):
             if torch.compiler.is_compiling():
@@ -294,6 +295,8 @@ class Introspector:
             self._bufs[view] = torch.cat([self._bufs[view], empty])
             self._empty[view] = torch.cat([self._empty[view], empty])
             spec.segments[view] = seg
+        if spec.exact and "output" in spec.segments:
+            self._tallies[spec.name] = state.ActivityTally()
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._grad_seen = True
@@ -470,6 +473,10 @@ class Introspector:
         return _host(buf)[None]
 
     def _output_blocks(self, out: Point) -> None:
+        for spec in self.outputs:
+            tally = self._tallies.get(spec.name)
+            if tally is not None:
+                tally.settle(self._bufs["output"], spec.segments["output"])
         for view in self._out_views:
             buf = self._bufs[view]
             host = self._gathered(buf) if buf.numel() else None

@@ -173,7 +173,12 @@ def _columns(active: torch.Tensor, seg: Segment) -> torch.Tensor:
     else:
         ones = torch.ones(batch, dtype=active.dtype, device=active.device)
         cols = (ones @ active.reshape(batch, -1)).reshape(active.shape[1:])
-    cols = cols.to(torch.float64)
+    return _channels_and_positions(cols.to(torch.float64), seg)
+
+
+def _channels_and_positions(cols: torch.Tensor, seg: Segment) -> torch.Tensor:
+    """The per-channel, then per-position sums of ``cols``, a count per column (the
+    batch summed)."""
     if seg.rank <= 2:
         return cols.reshape(-1)
     channel = cols.sum(dim=seg.channel_dims).reshape(-1)
@@ -181,11 +186,68 @@ def _columns(active: torch.Tensor, seg: Segment) -> torch.Tensor:
     return torch.cat([channel, position])
 
 
+class ActivityTally:
+    """The lean steps' exact activity counts of one layer output, kept per column and
+    added to its segment once per logged point (``settle``).
+
+    A lean call is three kernels (zero the non-finite values, mark the non-zero ones, add
+    the batch's column counts with a matrix-vector product) where ``fold`` runs about ten:
+    on the small outputs of a small model their fixed cost is most of a fold (about 40
+    against 130 us on a 16x16x8x8 ReLU output, one CPU thread). The columns are counted in
+    the output's float type, exact below 2**24 rows: it settles before that."""
+
+    LIMIT = 2**24
+
+    def __init__(self) -> None:
+        self.cols: torch.Tensor | None = None
+        self.ones: torch.Tensor | None = None
+        self.shape: tuple[int, ...] = ()
+        self.rows = 0
+        self.count = 0
+
+    def accepts(self, x: torch.Tensor, seg: Segment) -> bool:
+        """Whether ``add`` takes ``x`` (else ``fold`` does): eager, batched, not huge."""
+        return (seg.rank >= 2 and x.shape[0] < self.LIMIT
+                and not torch.compiler.is_compiling())
+
+    def add(self, buf: torch.Tensor, seg: Segment, xf: torch.Tensor) -> None:
+        """Count the finite non-zero values of float tensor ``xf`` per column."""
+        batch, n = xf.shape[0], xf.numel()
+        if self.cols is not None and (self.rows + batch > self.LIMIT
+                                      or self.cols.dtype != xf.dtype
+                                      or self.cols.numel() * batch != n):
+            self.settle(buf, seg)
+            self.cols = None
+        (act,) = _scratch(xf, n, 1)
+        torch.nan_to_num(xf.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0, out=act)
+        if self.cols is None:
+            self.cols = torch.zeros(n // batch, dtype=xf.dtype, device=xf.device)
+            self.shape = tuple(xf.shape[1:])
+        if self.ones is None or self.ones.numel() != batch or self.ones.dtype != xf.dtype:
+            self.ones = torch.ones(batch, dtype=xf.dtype, device=xf.device)
+        self.cols.addmv_(act.ne_(0).view(batch, -1).t(), self.ones)
+        self.rows += batch
+        self.count += n
+
+    def settle(self, buf: torch.Tensor, seg: Segment) -> None:
+        """Add the counts so far to the segment's ``act_count`` and column counts (the same
+        column order for any shape of the same widths: the channel axis does not move)."""
+        if not self.count or self.cols is None:
+            return
+        a = seg.offset + len(ADD)
+        cols = self.cols.to(torch.float64).view(self.shape)
+        buf[a:a + seg.channels + seg.positions].add_(_channels_and_positions(cols, seg))
+        buf[a - 1].add_(float(self.count))
+        self.cols.zero_()
+        self.rows = self.count = 0
+
+
 def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
-         full: bool, arange: torch.Tensor) -> None:
+         full: bool, arange: torch.Tensor, tally: ActivityTally | None = None) -> None:
     """Add tensor ``x`` to its segment of ``buf``. ``full``: every part (a statistics step);
     otherwise only the activity counts (``act_count`` and the channel/position counts of
-    finite non-zero values): two elementwise passes and a column sum.
+    finite non-zero values): two elementwise passes and a column sum, into ``tally`` when
+    given (the caller settles it before reading ``buf``).
 
     Every part is an elementwise float op or a float reduction (boolean reductions are
     several times slower), written into two work tensors of ``x``'s size (``_scratch``):
@@ -205,6 +267,9 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     big = n >= 2**24
     flat = xf.reshape(-1)
     if not full:
+        if tally is not None and tally.accepts(xf, seg):
+            tally.add(buf, seg, xf)
+            return
         (act,) = _scratch(flat, n, 1)
         torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=act)
         buf[a:a + c + p].add_(_columns(act.ne_(0).view(xf.shape), seg))

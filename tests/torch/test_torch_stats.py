@@ -150,3 +150,33 @@ def test_every_n_takes_the_sampled_steps(tmp_path):
         want = stats_np.tensor_stats(channels_last(rec.grads[s]["7.weight"]), "gradient",
                                      sample_size=2**14)
         np.testing.assert_allclose(g["l2"], want[metadata.BASE_FIELDS.index("l2")], rtol=1e-6)
+
+
+@pytest.mark.parametrize(("shape", "channels_first"), [((5, 3, 4, 6), True), ((5, 7, 3), False),
+                                                       ((5, 9), False)])
+def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
+    """The lean steps' activity counts through ``ActivityTally`` (settled once, or several
+    times when the exact-count limit is reached) equal ``fold``'s own, NaN, Inf and exact
+    zeros included, across batch sizes and a float64 call."""
+    from tb_introspect.torch import state
+
+    g = torch.Generator().manual_seed(0)
+    calls = []
+    for i, batch in enumerate((5, 2, 5, 1)):
+        x = torch.relu(torch.randn((batch, *shape[1:]), generator=g))
+        x.view(-1)[::7] = float("nan")
+        x.view(-1)[::11] = float("inf")
+        calls.append(x.double() if i == 2 else x)
+    seg = state.layout(shape, channels_first, 4)
+    arange, seed = torch.arange(4), torch.zeros((), dtype=torch.int64)
+    for limit in (state.ActivityTally.LIMIT, 6):  # 6 rows: settles inside the calls
+        monkeypatch.setattr(state.ActivityTally, "LIMIT", limit)
+        plain, tallied, tally = seg.empty(), seg.empty(), state.ActivityTally()
+        for x in calls:
+            state.fold(plain, seg, x, seed, False, arange)
+            state.fold(tallied, seg, x, seed, False, arange, tally)
+        assert tally.count > 0 or limit == 6
+        tally.settle(tallied, seg)
+        assert tally.count == 0
+        np.testing.assert_array_equal(tallied.numpy(), plain.numpy())
+        assert tallied[len(state.ADD) - 1] == sum(x.numel() for x in calls)
