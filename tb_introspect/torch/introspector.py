@@ -227,7 +227,9 @@ class Introspector:
 
     def _forward_hook(self, spec: modules.OutputSpec) -> Callable:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            if self._phase == "off" or not self._counted():
+            # A lean step counts the rectifiers only: every other hook returns first thing.
+            phase = self._phase
+            if phase == "off" or (phase == "activity" and not spec.exact) or not self._counted():
                 return
             # Under torch.compile the hook is traced into the graph: no host time to take.
             start = None if torch.compiler.is_compiling() else time.perf_counter()
