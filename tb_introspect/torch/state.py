@@ -159,6 +159,17 @@ def _sum(t: torch.Tensor, big: bool) -> torch.Tensor:
     return t.sum(dtype=torch.float64) if big else t.sum().to(torch.float64)
 
 
+def _finite_sum(flat: torch.Tensor, big: bool) -> torch.Tensor | None:
+    """The float64 sum of ``flat`` when it is finite, on a CPU: then every value is (barring
+    a sum that overflows, which takes the general path), and a fold skips the five passes
+    that zero and count non-finite values. A GPU would have to wait for the device to
+    know: there (and in a compiled graph) every fold takes the general path (None)."""
+    if flat.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    total = flat.sum(dtype=torch.float64 if big else None).to(torch.float64)
+    return total if math.isfinite(float(total)) else None
+
+
 def _columns(active: torch.Tensor, seg: Segment) -> torch.Tensor:
     """The non-zero counts of every channel, then of every position, from the 0/1 float
     tensor ``active`` (summed over the batch first, in one pass: a vector-matrix product
@@ -255,7 +266,9 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     (0, NaN or +-Inf); the finite values' moments are two-pass (a sum, then the dot product
     of the deviations) over ``xz``, corrected for the zeros put in (exact algebra, no
     masking pass); with NaN or Inf present and no finite zero, ``min`` / ``max`` may read 0
-    for a tensor of one sign."""
+    for a tensor of one sign. On a CPU a tensor whose sum is finite skips the zeroing and the
+    counting by kind (``_finite_sum``): the same state, bit for bit, in about half the
+    passes."""
     o, c, p = seg.offset, seg.channels, seg.positions
     xf = x.detach()
     if xf.dtype != torch.float64:
@@ -276,7 +289,13 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         buf[a - 1].add_(float(n))
         return
     xz, work = _scratch(flat, n, 2)
-    torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=xz)
+    total = _finite_sum(flat, big)
+    finite = total is not None
+    if finite:  # nothing to zero: the passes below read the tensor itself
+        xz = flat
+    else:
+        torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=xz)
+        total = xz.sum(dtype=torch.float64 if big else None).to(torch.float64)
     sign = torch.sign(xz, out=work)
     balance = _sum(sign, big)  # positives - negatives
     cols = _columns(sign.abs_().view(xf.shape), seg)
@@ -284,23 +303,29 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     mn, mx = torch.aminmax(xz)
     ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64)])
     _merge_sample(buf, seg, xz, seed, arange)
-    total = xz.sum(dtype=torch.float64 if big else None).to(torch.float64)
     mean_z = total / n
-    # x - xz: 0 where x is finite, NaN, +Inf or -Inf where it is not
-    kinds = torch.sub(flat, xz, out=work)
-    dev = xz.sub_(mean_z.to(xz.dtype))
-    m2_z = torch.dot(dev, dev).to(torch.float64)  # sum over all n of (xz - mean_z)^2
-    inf = torch.nan_to_num(kinds, nan=0.0, posinf=1.0, neginf=-1.0, out=dev)
-    inf_balance = _sum(inf, big)  # +Inf count - -Inf count
-    # +Inf count + -Inf count: a dot product of +-1/0 values is an exact integer below 2**24
-    infs = _sum(inf.abs_(), big) if big else torch.dot(inf, inf).to(torch.float64)
-    nan = _sum(kinds.nan_to_num_(nan=1.0, posinf=0.0, neginf=0.0), big)
-    posinf, neginf = (infs + inf_balance) / 2, (infs - inf_balance) / 2
-    bad = nan + infs
-    nfin = n - bad
-    mean = total / nfin.clamp(min=1)
-    # sum over the finite values of (x - mean)^2, from the zeroed tensor's moments
-    m2 = (m2_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
+    if finite:
+        dev = torch.sub(xz, mean_z.to(xz.dtype), out=work)
+        m2 = torch.dot(dev, dev).to(torch.float64)
+        nan = posinf = neginf = torch.zeros((), dtype=torch.float64, device=xf.device)
+        mean, nfin = mean_z, float(n)
+    else:
+        # x - xz: 0 where x is finite, NaN, +Inf or -Inf where it is not
+        kinds = torch.sub(flat, xz, out=work)
+        dev = xz.sub_(mean_z.to(xz.dtype))
+        m2_z = torch.dot(dev, dev).to(torch.float64)  # sum over all n of (xz - mean_z)^2
+        inf = torch.nan_to_num(kinds, nan=0.0, posinf=1.0, neginf=-1.0, out=dev)
+        inf_balance = _sum(inf, big)  # +Inf count - -Inf count
+        # +Inf count + -Inf count: a dot product of +-1/0 values is an exact integer below
+        # 2**24
+        infs = _sum(inf.abs_(), big) if big else torch.dot(inf, inf).to(torch.float64)
+        nan = _sum(kinds.nan_to_num_(nan=1.0, posinf=0.0, neginf=0.0), big)
+        posinf, neginf = (infs + inf_balance) / 2, (infs - inf_balance) / 2
+        bad = nan + infs
+        nfin = n - bad
+        mean = total / nfin.clamp(min=1)
+        # sum over the finite values of (x - mean)^2, from the zeroed tensor's moments
+        m2 = (m2_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
     full_n = torch.full((), float(n), dtype=torch.float64, device=xf.device)
     parts = torch.stack([
         full_n, nan, posinf, neginf,

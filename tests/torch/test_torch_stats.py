@@ -180,3 +180,35 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
         assert tally.count == 0
         np.testing.assert_array_equal(tallied.numpy(), plain.numpy())
         assert tallied[len(state.ADD) - 1] == sum(x.numel() for x in calls)
+
+
+def test_finite_fold_equals_the_general_fold(monkeypatch):
+    """On a CPU a tensor whose sum is finite skips the zeroing and the counting by kind: the
+    state it folds is the general path's, bit for bit (zeros, both signs, subnormals, huge
+    values, one element, float64); a sum that overflows takes the general path."""
+    from tb_introspect.torch import state
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn((6, 3, 4, 5), generator=g)
+    x[0] = 0.0
+    x[1, 0] = 1e-41  # subnormal
+    calls = [x, torch.relu(x), x.double() * 1e200, torch.tensor([[2.5]]),
+             torch.full((4, 8), 3e38)]  # the last one's float32 sum overflows
+    arange, seed = torch.arange(8), torch.zeros((), dtype=torch.int64)
+    folded = {}
+    for general in (False, True):
+        if general:
+            monkeypatch.setattr(state, "_finite_sum", lambda flat, big: None)
+        out = []
+        for t in calls:
+            seg = state.layout(t.shape, True, 8)
+            buf = seg.empty()
+            state.fold(buf, seg, t, seed, True, arange)
+            state.fold(buf, seg, t * 0.5, seed + 1, True, arange)
+            out.append(buf)
+        folded[general] = out
+    for fast, general in zip(folded[False], folded[True], strict=True):
+        np.testing.assert_array_equal(fast.numpy(), general.numpy())
+    monkeypatch.undo()
+    assert state._finite_sum(calls[-1].reshape(-1), False) is None
+    assert state._finite_sum(x.reshape(-1), False) is not None
