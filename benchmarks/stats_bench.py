@@ -21,8 +21,8 @@ sample sizes:
 
 A second table times the numpy twin's exact statistics of one tensor
 (``stats_np.tensor_stats``, what a PyTorch point computes for each weight and gradient sum)
-with its percentiles from sorts and from ``np.partition``: where the two cross is
-``stats_np.PARTITION_FROM``.
+with its percentiles from sorts and from ``np.partition``: which is the faster depends on the
+CPU, and ``stats_np`` times both once per process to choose (``stats_np.PARTITION``).
 
 The baseline computes only the same percentiles (9 value percentiles of the finite
 values and 9 percentiles of log10|x| of the finite non-zero values) with
@@ -178,16 +178,19 @@ def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
     from tb_introspect import stats_np
 
     threshold = stats_np.PARTITION_FROM
-    ways = {"sort": float("inf"), "partition": 0}
+    chosen = stats_np._partition_wins()
+    print(f"\n(this CPU: arrays of {stats_np.PARTITION_FROM:,} values or more are"
+          f" {'partitioned' if chosen else 'sorted'})")
     print("\n| elements | numpy twin, exact | sort ms | partition ms |")
     print("|---:|---|---:|---:|")
     try:
         for n in (10**4, 2**16, 2**18):
             x = rng.normal(size=n).astype(np.float32)
-            times: dict[str, list[float]] = {w: [] for w in ways}
+            times: dict[str, list[float]] = {"sort": [], "partition": []}
             for _ in range(max(repeats, 3)):
-                for way, cut in ways.items():
-                    stats_np.PARTITION_FROM = cut
+                for way in times:
+                    stats_np.PARTITION = way == "partition"
+                    stats_np.PARTITION_FROM = 0
                     t0 = time.perf_counter()
                     stats_np.tensor_stats(x, "gradient", sample_size=None)
                     times[way].append(time.perf_counter() - t0)
@@ -195,7 +198,7 @@ def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
             print(f"| {n:,} | `tensor_stats` | {med['sort']:.2f} | {med['partition']:.2f} |",
                   flush=True)
     finally:
-        stats_np.PARTITION_FROM = threshold
+        stats_np.PARTITION, stats_np.PARTITION_FROM = chosen, threshold
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ uniform sample of that many finite non-zero values combined with the exact sign/
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -339,19 +340,41 @@ def finalize(
     return np.array([out[f] for f in fields], dtype=np.float64)
 
 
-#: From this many values a partition at the wanted order statistics beats a sort (numpy 2's
-#: vectorised sort is the faster below; ``benchmarks/stats_bench.py`` times both).
+#: From this many values a partition at the wanted order statistics may beat a sort; below
+#: it numpy 2's vectorised sort always wins (``benchmarks/stats_bench.py`` times both).
 PARTITION_FROM = 2**16
+#: Whether arrays of ``PARTITION_FROM`` values or more are partitioned instead of sorted:
+#: None until the first such array, then what timing both once on this CPU chose. It
+#: depends on the CPU: with AVX-512 numpy's sort was 3-4 times faster than the partition at
+#: every size up to 2**20, on an AVX2 machine the partition won from 2**16 on.
+PARTITION: bool | None = None
+
+
+def _partition_wins() -> bool:
+    global PARTITION
+    if PARTITION is None:
+        x = np.random.default_rng(0).standard_normal(PARTITION_FROM)
+        kth = np.linspace(0, x.size - 1, 40).astype(np.int64)
+
+        def best(fn: Callable[[], object]) -> float:
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return min(times)
+        PARTITION = best(lambda: np.partition(x, kth)) < best(lambda: np.sort(x))
+    return PARTITION
 
 
 def _select(values: np.ndarray, positions: np.ndarray, scale=None) -> np.ndarray:
     """The order statistics of ``values`` at fractional sorted ``positions``, linearly
     interpolated (after ``scale``, e.g. ``np.log10``). A large array is partitioned at the
-    positions' floors and ceilings instead of sorted (a logged point takes this for every
-    weight and gradient)."""
+    positions' floors and ceilings instead of sorted where that is the faster on this CPU
+    (a logged point takes this for every large weight and gradient)."""
     lo = np.floor(positions).astype(np.int64)
     hi = np.ceil(positions).astype(np.int64)
-    if values.size < PARTITION_FROM:
+    if values.size < PARTITION_FROM or not _partition_wins():
         part = np.sort(values)
     else:
         part = np.partition(values, np.unique(np.concatenate([lo, hi])))
@@ -467,11 +490,12 @@ def implicit_lr(dw: np.ndarray, gsum: np.ndarray,
     ``G`` (``gsum`` times ``steps_per_sample`` with ``every=N``) is not zero, over every
     element of up to ``ILR_SAMPLE`` and ``ILR_SAMPLE`` uniform draws (``rng``) of larger
     variables; NaN when no gradient sum is non-zero."""
-    d = np.abs(np.asarray(dw).reshape(-1).astype(np.float64))
-    g = np.abs(np.asarray(gsum).reshape(-1).astype(np.float64)) * steps_per_sample
-    if d.size > ILR_SAMPLE:
+    d, g = np.asarray(dw).reshape(-1), np.asarray(gsum).reshape(-1)
+    if d.size > ILR_SAMPLE:  # drawn first: the rest of a large variable is never read
         pick = (rng or np.random.default_rng(0)).integers(0, d.size, ILR_SAMPLE)
         d, g = d[pick], g[pick]
+    d = np.abs(d.astype(np.float64))
+    g = np.abs(g.astype(np.float64)) * steps_per_sample
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = d / g
     rate = rate[(g > 0) & np.isfinite(rate)]
