@@ -262,8 +262,10 @@ class Introspector:
                             " calls of that shape are left out")
             return
         if "output" in self._bufs and not self.failures.is_off("output", spec.name):
+            # Only a statistics step draws a sample: a lean one leaves the salt alone.
             state.fold(self._bufs["output"], spec.segments["output"], x,
-                       self._salt.add_(1), full, self._arange, self._tallies.get(spec.name))
+                       self._salt.add_(1) if full else self._salt, full, self._arange,
+                       self._tallies.get(spec.name))
         if (full and "output_gradient" in self._bufs and x.requires_grad
                 and not self.failures.is_off("output_gradient", spec.name)):
             if torch.compiler.is_compiling():

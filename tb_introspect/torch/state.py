@@ -208,9 +208,12 @@ class ActivityTally:
     the output's float type, exact below 2**24 rows: it settles before that."""
 
     LIMIT = 2**24
+    #: Up to this many values an output keeps its own work tensor (256 KiB in float32).
+    OWN_WORK = 2**16
 
     def __init__(self) -> None:
         self.cols: torch.Tensor | None = None
+        self.work: torch.Tensor | None = None
         self.ones: torch.Tensor | None = None
         self.shape: tuple[int, ...] = ()
         self.rows = 0
@@ -229,7 +232,12 @@ class ActivityTally:
                                       or self.cols.numel() * batch != n):
             self.settle(buf, seg)
             self.cols = None
-        (act,) = _scratch(xf, n, 1)
+        if n <= self.OWN_WORK:  # a small output's own work tensor: no lookup per call
+            if self.work is None or self.work.numel() != n or self.work.dtype != xf.dtype:
+                self.work = torch.empty(n, dtype=xf.dtype, device=xf.device)
+            act = self.work
+        else:
+            (act,) = _scratch(xf, n, 1)
         torch.nan_to_num(xf.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0, out=act)
         if self.cols is None:
             self.cols = torch.zeros(n // batch, dtype=xf.dtype, device=xf.device)
