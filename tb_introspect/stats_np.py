@@ -14,6 +14,7 @@ uniform sample of that many finite non-zero values combined with the exact sign/
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -80,9 +81,20 @@ def _to_float(x, name: str | None) -> np.ndarray:
 
 
 def _check_quantiles(quantiles: Sequence[float]) -> np.ndarray:
+    """The quantiles as a read-only float64 vector (cached per tuple: every finalize of a
+    logged point asks for the same few)."""
+    try:
+        return _checked_quantiles(tuple(quantiles))
+    except TypeError:  # unhashable items: checked without the cache
+        return _checked_quantiles.__wrapped__(quantiles)
+
+
+@functools.lru_cache(maxsize=16)
+def _checked_quantiles(quantiles: Sequence[float]) -> np.ndarray:
     q = np.asarray(quantiles, dtype=np.float64).reshape(-1)
     if q.size == 0 or not np.all((q >= 0) & (q <= 100)):
         raise ValueError(f"quantiles must be percentile points in [0, 100], got {quantiles!r}")
+    q.flags.writeable = False
     return q
 
 
@@ -101,7 +113,7 @@ def scale_exponent(vmin: float, vmax: float) -> float:
     m = max(abs(vmin), abs(vmax))
     if not (np.isfinite(m) and m > 0):
         return 0.0
-    return float(np.clip(np.floor(np.log2(m)), -_MAX_EXP, _MAX_EXP))
+    return min(max(float(np.floor(np.log2(m))), -_MAX_EXP), _MAX_EXP)
 
 
 def state_exp(st: Mapping[str, np.ndarray]) -> float:
@@ -430,7 +442,7 @@ def sample_quantiles(
                   stratum(np.maximum(i - n_neg - n_zero, 0), n_pos, m_pos, m_neg))
     v = _select(vals, np.clip(at, 0, m - 1)) if m else np.zeros(i.shape)
     v = np.where(neg, v if m_neg else vmin, np.where(zero, 0.0, v if m_pos else vmax))
-    a, b = np.split(v, 2)
+    a, b = v[:i.size // 2], v[i.size // 2:]
     vq = np.where(hi > lo, a + (b - a) * (r - lo), a)
     vq = np.where(p == 0, vmin, np.where(p == 1, vmax, vq))
     vq = np.clip(vq, vmin, vmax)
