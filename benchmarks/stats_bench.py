@@ -1,6 +1,7 @@
 """Time the statistics the training path computes against tfp.stats.percentile.
 
 Usage: python benchmarks/stats_bench.py [--sizes 1000 100000 4000000] [--repeats 15]
+       python benchmarks/stats_bench.py --numpy-only  # the numpy twin's table alone
 
 For each tensor size and data kind, the variants run interleaved in one process
 (one call of each per round, after a warm-up call) and the table shows median
@@ -141,9 +142,14 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 4_000_000])
     ap.add_argument("--kinds", nargs="+", default=["normal", "relu"])
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--numpy-only", action="store_true",
+                    help="only the numpy twin's table (sort against partition)")
     args = ap.parse_args(argv)
 
     rng = np.random.default_rng(0)
+    if args.numpy_only:
+        numpy_rows(args.repeats, rng)
+        return
     print(
         f"# tb_introspect stats benchmark: TF {tf.__version__},"
         f" {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs,"

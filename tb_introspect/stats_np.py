@@ -359,8 +359,9 @@ def finalize(
 PARTITION_FROM = 2**16
 #: Whether arrays of ``PARTITION_FROM`` values or more are partitioned instead of sorted:
 #: None until the first such array, then what timing both once on this CPU chose. It
-#: depends on the CPU: with AVX-512 numpy's sort was 3-4 times faster than the partition at
-#: every size up to 2**20, on an AVX2 machine the partition won from 2**16 on.
+#: depends on the CPU: with AVX-512 the sort made one tensor's statistics 2-2.5 times faster
+#: than the partition from 10**4 to 2**18 values, on an AVX2 machine the partition won from
+#: 2**16 on (``benchmarks/stats_bench.py --numpy-only``).
 PARTITION: bool | None = None
 
 

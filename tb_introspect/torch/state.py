@@ -154,8 +154,8 @@ def release_scratch() -> None:
 
 
 def _sum(t: torch.Tensor, big: bool) -> torch.Tensor:
-    """The float64 sum of ``t``; exact for 0/1 (and +-1) tensors: float32 holds integers up
-    to 2**24."""
+    """The float64 sum of ``t`` (accumulated in float64 from 2**24 elements on: exact there
+    for 0/1 and +-1 tensors, which float32 holds exactly up to 2**24)."""
     return t.sum(dtype=torch.float64) if big else t.sum().to(torch.float64)
 
 
@@ -166,7 +166,7 @@ def _finite_sum(flat: torch.Tensor, big: bool) -> torch.Tensor | None:
     know: there (and in a compiled graph) every fold takes the general path (None)."""
     if flat.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    total = flat.sum(dtype=torch.float64 if big else None).to(torch.float64)
+    total = _sum(flat, big)
     return total if math.isfinite(float(total)) else None
 
 
@@ -208,12 +208,9 @@ class ActivityTally:
     the output's float type, exact below 2**24 rows: it settles before that."""
 
     LIMIT = 2**24
-    #: Up to this many values an output keeps its own work tensor (256 KiB in float32).
-    OWN_WORK = 2**16
 
     def __init__(self) -> None:
         self.cols: torch.Tensor | None = None
-        self.work: torch.Tensor | None = None
         self.ones: torch.Tensor | None = None
         self.shape: tuple[int, ...] = ()
         self.rows = 0
@@ -232,12 +229,7 @@ class ActivityTally:
                                       or self.cols.numel() * batch != n):
             self.settle(buf, seg)
             self.cols = None
-        if n <= self.OWN_WORK:  # a small output's own work tensor: no lookup per call
-            if self.work is None or self.work.numel() != n or self.work.dtype != xf.dtype:
-                self.work = torch.empty(n, dtype=xf.dtype, device=xf.device)
-            act = self.work
-        else:
-            (act,) = _scratch(xf, n, 1)
+        (act,) = _scratch(xf, n, 1)
         torch.nan_to_num(xf.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0, out=act)
         if self.cols is None:
             self.cols = torch.zeros(n // batch, dtype=xf.dtype, device=xf.device)
@@ -303,7 +295,7 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         xz = flat
     else:
         torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=xz)
-        total = xz.sum(dtype=torch.float64 if big else None).to(torch.float64)
+        total = _sum(xz, big)
     sign = torch.sign(xz, out=work)
     balance = _sum(sign, big)  # positives - negatives
     cols = _columns(sign.abs_().view(xf.shape), seg)
