@@ -136,7 +136,9 @@ def test_lr_too_high_cnn_learns_then_oscillates(quick_demo) -> None:
     e = quick_demo[2]["2_lr_too_high_cnn"]
     med = e.loss_median
     assert med[1] < 0.6, med  # the first epochs look fine...
-    assert np.nanmin(med) < 0.2, med  # ...it gets to a low loss...
+    # ...it gets to a low loss (chance is ln 10 = 2.3; the minimum differs by CPU: 0.23 on
+    # an AVX2 EPYC)...
+    assert np.nanmin(med) < 0.3, med
     # ...then steps throw it back: per-step losses above 1 in the last epochs.
     assert np.nanmax(e.loss_max[-3:]) > 1.0, e.loss_max
     assert np.nanmax(e.loss_max[-3:]) > 5 * np.nanmin(med)
