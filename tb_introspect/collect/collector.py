@@ -70,7 +70,6 @@ class Collector:
         self._point_fns: dict[frozenset, Callable] = {}
         self._read_metrics_fn: Callable | None = None
         self.output_grad_seen: set[int] = set()
-        self.output_seen: set[int] = set()
 
     # ------------------------------------------------------------------ registration
 

@@ -178,11 +178,9 @@ class StepRecorder:
             return x  # nothing between sampled steps
         if "output" in c.out_vars and not c.is_off("output", spec.name):
             self.output_value(j, x)
-            c.output_seen.add(j)
         if (
             "output_gradient" in c.out_vars
             and self.mode is not StepMode.LEAN
-            and spec.has_grad
             and capture.is_float(x.dtype)
             and not c.is_off("output_gradient", spec.name)
         ):
