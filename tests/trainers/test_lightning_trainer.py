@@ -73,9 +73,9 @@ def test_gradients_are_read_after_clipping(lightning_runs):
 def test_findings_healthy_and_lr_100x(lightning_runs):
     assert serious(ts.read_run(str(lightning_runs["cnn"]))) == set()
     assert serious(ts.read_run(str(lightning_runs["cnn_ddp"]))) == set()
-    # The dead head is a warning; whether its dead share (counted on the statistics steps
-    # of a layer after the ReLU) is a warning or an info is the CPU's rounding on this short
-    # run: it is reported either way.
+    # Its zero gradients are a warning; whether the dead share (counted on the statistics
+    # steps of a layer after the ReLU) is a warning or an info is the CPU's rounding on this
+    # short run: it is reported either way.
     sick = find_issues(ts.read_run(str(lightning_runs["cnn_lr_x100"])))
     kinds = {f.kind for f in sick}
     warned = {f.kind for f in sick if f.severity in ("warning", "critical")}
