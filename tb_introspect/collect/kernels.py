@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import stats
+from tb_introspect import metadata, stats
 
 _SEED = tf.TensorSpec([2], tf.int64)
 # Outside XLA, nested function calls are inlined into the caller before graph
@@ -122,9 +122,11 @@ def sample_groups(sizes: Sequence[int | None], k: int) -> dict[int, list[int]]:
 LARGE_TENSOR = 2**18
 
 
-def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float, ...],
-                 k: int, seed: tf.Tensor) -> tf.Tensor:
-    """Statistics vectors ``[len(tensors), fields]`` of variables or gradients.
+def matrix_stats(tensors: Sequence[tf.Tensor], view: str | None, quantiles: tuple[float, ...],
+                 k: int, seed: tf.Tensor, bound: int | None = None) -> tf.Tensor:
+    """Statistics vectors ``[len(tensors), fields]`` of variables or gradients (``view``
+    None: the slots every view shares, so that one call serves both views); ``bound``: the
+    finalize's sample bound, ``k`` or more (one traced finalize for every sample size).
 
     Tensors are batched by sample size (``sample_groups``), each batch in one
     ``stats.many_states`` computation and one stacked finalize; each tensor of at least
@@ -134,21 +136,29 @@ def matrix_stats(tensors: Sequence[tf.Tensor], view: str, quantiles: tuple[float
     large = [n for n, size in enumerate(sizes) if size >= LARGE_TENSOR]
     rest = [n for n, size in enumerate(sizes) if size < LARGE_TENSOR]
     groups = sample_groups([sizes[n] for n in rest], k)
+    finalize = finalize_many_fn(None, quantiles, max(k, bound or k))
     rows, order = [], []
     for g, (kk, positions) in enumerate(sorted(groups.items())):
         members = [rest[p] for p in positions]
         state = stats.many_states([tensors[n] for n in members], kk, seed + [0, g])
-        rows.append(finalize_many_fn(view, quantiles, k)(state))
+        rows.append(finalize(state))
         order += members
     for g, n in enumerate(large):
         t = stats.to_float(tensors[n])
         matrix = stats.as_canonical(t, stats.canonical_shape(t.shape.as_list(), spatial=False))
         state = activation_parts_fn(2, t.dtype.name, k, False, thorough=True)(matrix, seed + [1, g])
-        rows.append(finalize_many_fn(view, quantiles, k)({key: v[tf.newaxis]
-                                                          for key, v in state.items()}))
+        rows.append(finalize({key: v[tf.newaxis] for key, v in state.items()}))
         order.append(n)
-    block = tf.concat(rows, 0)
-    return tf.gather(block, np.argsort(order))
+    block = tf.gather(tf.concat(rows, 0), np.argsort(order))
+    return block if view is None else with_extra_slots(block, view, quantiles)
+
+
+def with_extra_slots(block: tf.Tensor, view: str, quantiles: Sequence[float]) -> tf.Tensor:
+    """``block`` (the slots every view shares, ``[n, ...]``) with ``view``'s extra slots
+    appended, NaN."""
+    extra = len(metadata.view_extra_fields(view, quantiles))
+    return tf.concat([block, tf.fill([tf.shape(block)[0], extra], tf.constant(np.nan, tf.float64))],
+                     1)
 
 
 @functools.cache
@@ -166,18 +176,27 @@ def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool, thorough: bool
     return activation_parts
 
 
-@functools.cache
-def finalize_many_fn(view: str, quantiles: tuple[float, ...], k: int):
+def finalize_many_fn(view: str | None, quantiles: tuple[float, ...], k: int):
     """States stacked on a leading axis (counts padded), with samples of at most ``k``
-    values -> one stats vector per row."""
+    values -> one stats vector per row (``view`` None: the slots every view shares). A
+    larger ``k`` costs a few more rounds of the percentile search, not another trace:
+    callers with several sample sizes pass the largest."""
+    shared = _finalize_shared_fn(tuple(quantiles), k)
+    if view is None:
+        return shared
+    return lambda stacked: with_extra_slots(shared(stacked), view, quantiles)
 
-    # One graph per view for any number of tensors and every sample class: tracing it is
+
+@functools.cache
+def _finalize_shared_fn(quantiles: tuple[float, ...], k: int):
+    # One graph for every view, any number of tensors and every sample class: tracing it is
     # most of a first point's cost (tf.vectorized_map of a one-state finalize took seconds
-    # to convert; a graph per sample class was a dozen traces on MobileNetV2).
+    # to convert; a graph per sample class was a dozen traces on MobileNetV2, one per view
+    # four).
     @tf.function(input_signature=[_state_signature(None, stacked=True)],
                  autograph=False, experimental_attributes=_NOINLINE)
     def finalize_many(stacked):
-        return stats.finalize(stacked, view, quantiles=quantiles, sample_bound=k)
+        return stats.finalize(stacked, None, quantiles=quantiles, sample_bound=k)
 
     return finalize_many
 

@@ -34,30 +34,31 @@ def compute(c: Collector, step: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Ten
     index = {s.name: i for i, s in enumerate(c.var_specs)}
     plan = dict(c.blocks())
     skipped = tf.zeros([0, 3], tf.float64)
-    if "variable" in plan:
-        rows = [index[s.name] for s in plan["variable"]]
-        ws = [tf.convert_to_tensor(value_of(c.variables[i])) for i in rows]
-        prevs = [c.w_prev[i].read_value() for i in rows]
-        block = kernels.matrix_stats(ws, "variable", q, k, seed)
+    var_rows = [index[s.name] for s in plan.get("variable", [])]
+    grad_rows = [index[s.name] for s in plan.get("gradient", [])]
+    ws = [tf.convert_to_tensor(value_of(c.variables[i])) for i in var_rows]
+    gs = [c.grad_acc[i].read_value() for i in grad_rows]  # SUM over replicas
+    # One call for both views: the same shapes, so the same groups, traced once.
+    shared = (kernels.matrix_stats(ws + gs, None, q, k, seed, bound=finalize_bound(c))
+              if ws or gs else None)
+    if ws:
+        prevs = [c.w_prev[i].read_value() for i in var_rows]
         diff = stats.segment_dots([w - p for w, p in zip(ws, prevs, strict=True)])
         ratio = tf.sqrt(diff) / tf.sqrt(stats.segment_dots(ws))
         ilr = {}
         if c.grad_acc:
-            ilr = implicit_lr(c, ws, prevs, [c.grad_acc[i].read_value() for i in rows],
+            ilr = implicit_lr(c, ws, prevs, [c.grad_acc[i].read_value() for i in var_rows],
                               seed + 2)
-        blocks.append(_fill(block, "variable", q, update_ratio=ratio, **ilr))
+        blocks.append(_fill(shared[:len(ws)], "variable", q, update_ratio=ratio, **ilr))
         updates += [lambda i=i, w=w: c.w_prev[i].assign(w)
-                    for i, w in zip(rows, ws, strict=True)]
-    if "gradient" in plan:
-        rows = [index[s.name] for s in plan["gradient"]]
-        gs = [c.grad_acc[i].read_value() for i in rows]  # SUM over replicas
-        prevs = [c.grad_prev[i].read_value() for i in rows]
-        block = kernels.matrix_stats(gs, "gradient", q, k, seed + 1)
+                    for i, w in zip(var_rows, ws, strict=True)]
+    if gs:
+        prevs = [c.grad_prev[i].read_value() for i in grad_rows]
         dots = stats.segment_dots
         cos = dots(gs, prevs) / tf.sqrt(dots(gs) * dots(prevs))
         cos = tf.where(c.has_grad_prev.read_value(), cos, np.nan)
-        blocks.append(_fill(block, "gradient", q, cos_prev=cos))
-        for i, g in zip(rows, gs, strict=True):
+        blocks.append(_fill(shared[len(ws):], "gradient", q, cos_prev=cos))
+        for i, g in zip(grad_rows, gs, strict=True):
             updates.append(lambda i=i, g=g: c.grad_prev[i].assign(g))
             updates.append(lambda i=i, g=g: c.grad_acc[i].assign(tf.zeros_like(g)))
         updates.append(lambda: c.has_grad_prev.assign(True))
@@ -158,7 +159,7 @@ def finalize_outputs(c: Collector) -> list[tf.Tensor]:
             state = dict(state, activity_count=activity[:, 0],
                          channel_nnz=activity[:, 1:1 + cmax],
                          spatial_nnz=activity[:, 1 + cmax:])
-        blocks.append(kernels.finalize_many_fn(view, c.quantiles, layout.k)(state))
+        blocks.append(kernels.finalize_many_fn(view, c.quantiles, finalize_bound(c))(state))
     tail = [activity if activity is not None else tf.zeros([0, 0], tf.float64),
             window, stat_steps]
     with tf.control_dependencies(blocks + tail):
@@ -171,6 +172,12 @@ def finalize_outputs(c: Collector) -> list[tf.Tensor]:
     return [tf.identity(b) for b in blocks + tail]
 
 
+def finalize_bound(c: Collector) -> int:
+    """The sample bound of every finalize of a point: the largest sample, so that one trace
+    serves them all."""
+    return max(c.sample_size, c.layout.k if c.layout is not None else 0)
+
+
 def value_of(v: Any) -> Any:
     """The TF value of a Keras 3 variable (or a tf.Variable itself)."""
     if isinstance(v, tf.Variable):
@@ -178,12 +185,12 @@ def value_of(v: Any) -> Any:
     return getattr(v, "value", v)
 
 
-def _fill(block: tf.Tensor, view: str, quantiles: Sequence[float],
+def _fill(shared: tf.Tensor, view: str, quantiles: Sequence[float],
           **columns: tf.Tensor) -> tf.Tensor:
-    """``block`` [N, fields] with the named per-row slots set (those whose inputs only the
-    graph holds; the host fills the epoch and step counts)."""
-    fields = metadata.tensor_stats_fields(view, quantiles)
-    cols = tf.unstack(block, num=len(fields), axis=1)
-    for key, value in columns.items():
-        cols[fields.index(key)] = tf.cast(value, tf.float64)
-    return tf.stack(cols, axis=1)
+    """``shared`` [N, the slots every view shares] with ``view``'s extra slots appended: the
+    named ones (those whose inputs only the graph holds), NaN the others."""
+    n = tf.shape(shared)[0]
+    cols = [tf.cast(columns[f], tf.float64) if f in columns
+            else tf.fill([n], tf.constant(np.nan, tf.float64))
+            for f in metadata.view_extra_fields(view, quantiles)]
+    return tf.concat([shared, tf.stack(cols, axis=1)], 1)

@@ -37,12 +37,13 @@ def _units_dead(nnz: tf.Tensor, units: tf.Tensor, count: tf.Tensor) -> tf.Tensor
 @no_autograph
 def finalize(
     state: Mapping[str, tf.Tensor],
-    view: str,
+    view: str | None,
     *,
     quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
     sample_bound: int | None = None,
 ) -> tf.Tensor:
-    """The packed statistics vector of a state, laid out as ``metadata.tensor_stats_fields``.
+    """The packed statistics vector of a state, laid out as ``metadata.tensor_stats_fields``
+    (``view`` None: without the view's extra slots, the part every view shares).
 
     States stacked on leading axes (one per tensor: scalars ``[n]``, counts and samples
     ``[n, width]``) give the vectors stacked the same way, ``[n, fields]``: every formula
@@ -51,7 +52,8 @@ def finalize(
     samples of any size up to it. The ``epoch`` slot and the view's extra slots are NaN
     (callers fill them).
     """
-    metadata.tensor_stats_fields(view, quantiles)  # validates the view
+    if view is not None:
+        metadata.tensor_stats_fields(view, quantiles)  # validates the view
     q = check_quantiles(quantiles)
     check_state(state)
     with tf.name_scope("finalize_stats"):
@@ -101,6 +103,8 @@ def finalize(
             _units_dead(state["channel_nnz"], state["channels"], count),
             _units_dead(state["spatial_nnz"], state["positions"], count),
         ], axis=-1)
+        if view is None:
+            return tf.concat([base, vq, lq], axis=-1)
         extras = tf.fill(tf.concat([tf.shape(count), [len(metadata.view_extra_fields(view, q))]],
                                    0), tf.constant(NAN, F64))
         return tf.concat([base, vq, lq, extras], axis=-1)
