@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tb_introspect import metadata, stats
 from tb_introspect.collect import kernels
+from tb_introspect.stats.segments import Segments, concat_flat
 from tb_introspect.stats_np import ILR_SAMPLE
 
 if TYPE_CHECKING:
@@ -41,21 +42,25 @@ def compute(c: Collector, step: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Ten
     # One call for both views: the same shapes, so the same groups, traced once.
     shared = (kernels.matrix_stats(ws + gs, None, q, k, seed, bound=finalize_bound(c))
               if ws or gs else None)
+    # Norms, update ratios and cosines: each list concatenated once, one segment sum each.
+    fg = concat_flat(gs) if gs else None
     if ws:
-        prevs = [c.w_prev[i].read_value() for i in var_rows]
-        diff = stats.segment_dots([w - p for w, p in zip(ws, prevs, strict=True)])
-        ratio = tf.sqrt(diff) / tf.sqrt(stats.segment_dots(ws))
+        fw = concat_flat(ws)
+        dw = fw - concat_flat([c.w_prev[i].read_value() for i in var_rows])
+        seg = Segments([int(w.shape.num_elements()) for w in ws])
+        ratio = tf.sqrt(seg.sum(dw * dw)) / tf.sqrt(seg.sum(fw * fw))
         ilr = {}
         if c.grad_acc:
-            ilr = implicit_lr(c, ws, prevs, [c.grad_acc[i].read_value() for i in var_rows],
-                              seed + 2)
+            g = fg if var_rows == grad_rows else concat_flat(
+                [c.grad_acc[i].read_value() for i in var_rows])
+            ilr = implicit_lr(c, seg.sizes, dw, g, seed + 2)
         blocks.append(_fill(shared[:len(ws)], "variable", q, update_ratio=ratio, **ilr))
         updates += [lambda i=i, w=w: c.w_prev[i].assign(w)
                     for i, w in zip(var_rows, ws, strict=True)]
     if gs:
-        prevs = [c.grad_prev[i].read_value() for i in grad_rows]
-        dots = stats.segment_dots
-        cos = dots(gs, prevs) / tf.sqrt(dots(gs) * dots(prevs))
+        fp = concat_flat([c.grad_prev[i].read_value() for i in grad_rows])
+        seg = Segments([int(g.shape.num_elements()) for g in gs])
+        cos = seg.sum(fg * fp) / tf.sqrt(seg.sum(fg * fg) * seg.sum(fp * fp))
         cos = tf.where(c.has_grad_prev.read_value(), cos, np.nan)
         blocks.append(_fill(shared[len(ws):], "gradient", q, cos_prev=cos))
         for i, g in zip(grad_rows, gs, strict=True):
@@ -83,14 +88,15 @@ def compute(c: Collector, step: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Ten
     return [tf.identity(b) for b in blocks], [tf.identity(t) for t in tail]
 
 
-def implicit_lr(c: Collector, ws: list[tf.Tensor], prevs: list[tf.Tensor],
-                gsums: list[tf.Tensor], seed: tf.Tensor) -> dict[str, tf.Tensor]:
+def implicit_lr(c: Collector, sizes: Sequence[int], dw: tf.Tensor, gsum: tf.Tensor,
+                seed: tf.Tensor) -> dict[str, tf.Tensor]:
     """The ``ilr_q<p>`` columns: percentiles over each variable's elements of the
     implicit learning rate |w - w_prev| / |G|, with ``G`` the sum of the gradients over
     the window's steps (the accumulated sum over the sampled steps, times N with
     ``every=N`` where one step in N is sampled). Elements with no gradient are left out.
     For plain SGD this is the learning rate itself; Adam's per-element step sizes show as
-    a spread.
+    a spread. ``dw`` and ``gsum`` are the variables' ``w - w_prev`` and gradient sums, each
+    concatenated flat; ``sizes`` their element counts.
 
     Percentiles of a diagnostic spread over orders of magnitude need no more than
     ``ILR_SAMPLE`` elements per variable (all of them in smaller ones: exact): uniform
@@ -99,12 +105,9 @@ def implicit_lr(c: Collector, ws: list[tf.Tensor], prevs: list[tf.Tensor],
     point.
     """
     steps_per_sample = float(c.every) if isinstance(c.every, int) else 1.0
-    sizes = np.array([int(w.shape.num_elements()) for w in ws], np.int64)
-    dw = tf.concat([tf.reshape(tf.cast(w, tf.float32) - tf.cast(p, tf.float32), [-1])
-                    for w, p in zip(ws, prevs, strict=True)], 0)
-    g = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in gsums], 0)
-    g = tf.abs(g) * steps_per_sample
-    rate = tf.abs(dw) / tf.where(g > 0, g, 1.0)
+    sizes = np.array(sizes, np.int64)
+    g = tf.abs(tf.cast(gsum, tf.float32)) * steps_per_sample
+    rate = tf.abs(tf.cast(dw, tf.float32)) / tf.where(g > 0, g, 1.0)
     rate = tf.where((g > 0) & tf.math.is_finite(rate), rate, np.inf)
     # Each row's positions in the buffer: every element of a small variable (then -1
     # padding), uniform draws in a large one.
@@ -113,7 +116,7 @@ def implicit_lr(c: Collector, ws: list[tf.Tensor], prevs: list[tf.Tensor],
     every = np.arange(k)[None, :]
     fixed = np.where(every < sizes[:, None], start[:, None] + every, -1)
     large = sizes > k
-    u = tf.random.stateless_uniform([len(ws), k], seed, dtype=tf.float64)
+    u = tf.random.stateless_uniform([len(sizes), k], seed, dtype=tf.float64)
     drawn = tf.cast(start[:, None] + tf.floor(u * sizes[:, None]), tf.int64)
     pos = tf.where(large[:, None], drawn, fixed)
     picked = tf.where(pos >= 0, tf.gather(rate, tf.maximum(pos, 0)), np.inf)

@@ -23,7 +23,6 @@ Example::
 """
 
 from tb_introspect.stats.numeric import DEFAULT_SAMPLE_SIZE, to_float
-from tb_introspect.stats.segments import segment_dots
 from tb_introspect.stats.shapes import as_canonical, canonical_shape
 from tb_introspect.stats.state import (
     STATE_MERGE,
@@ -53,7 +52,6 @@ __all__ = [
     "merge_replicas",
     "merge_stacked",
     "merge_states",
-    "segment_dots",
     "tensor_stats",
     "to_float",
     "update_state",
