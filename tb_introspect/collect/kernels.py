@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import metadata, stats
+from tb_introspect import stats
 
 _SEED = tf.TensorSpec([2], tf.int64)
 # Outside XLA, nested function calls are inlined into the caller before graph
@@ -150,15 +150,7 @@ def matrix_stats(tensors: Sequence[tf.Tensor], view: str | None, quantiles: tupl
         rows.append(finalize({key: v[tf.newaxis] for key, v in state.items()}))
         order.append(n)
     block = tf.gather(tf.concat(rows, 0), np.argsort(order))
-    return block if view is None else with_extra_slots(block, view, quantiles)
-
-
-def with_extra_slots(block: tf.Tensor, view: str, quantiles: Sequence[float]) -> tf.Tensor:
-    """``block`` (the slots every view shares, ``[n, ...]``) with ``view``'s extra slots
-    appended, NaN."""
-    extra = len(metadata.view_extra_fields(view, quantiles))
-    return tf.concat([block, tf.fill([tf.shape(block)[0], extra], tf.constant(np.nan, tf.float64))],
-                     1)
+    return block if view is None else stats.with_extra_slots(block, view, quantiles)
 
 
 @functools.cache
@@ -184,7 +176,7 @@ def finalize_many_fn(view: str | None, quantiles: tuple[float, ...], k: int):
     shared = _finalize_shared_fn(tuple(quantiles), k)
     if view is None:
         return shared
-    return lambda stacked: with_extra_slots(shared(stacked), view, quantiles)
+    return lambda stacked: stats.with_extra_slots(shared(stacked), view, quantiles)
 
 
 @functools.cache

@@ -54,7 +54,8 @@ def compute(c: Collector, step: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Ten
             g = fg if var_rows == grad_rows else concat_flat(
                 [c.grad_acc[i].read_value() for i in var_rows])
             ilr = implicit_lr(c, seg.sizes, dw, g, seed + 2)
-        blocks.append(_fill(shared[:len(ws)], "variable", q, update_ratio=ratio, **ilr))
+        blocks.append(stats.with_extra_slots(shared[:len(ws)], "variable", q,
+                                             update_ratio=ratio, **ilr))
         updates += [lambda i=i, w=w: c.w_prev[i].assign(w)
                     for i, w in zip(var_rows, ws, strict=True)]
     if gs:
@@ -62,7 +63,7 @@ def compute(c: Collector, step: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Ten
         seg = Segments([int(g.shape.num_elements()) for g in gs])
         cos = seg.sum(fg * fp) / tf.sqrt(seg.sum(fg * fg) * seg.sum(fp * fp))
         cos = tf.where(c.has_grad_prev.read_value(), cos, np.nan)
-        blocks.append(_fill(shared[len(ws):], "gradient", q, cos_prev=cos))
+        blocks.append(stats.with_extra_slots(shared[len(ws):], "gradient", q, cos_prev=cos))
         for i, g in zip(grad_rows, gs, strict=True):
             updates.append(lambda i=i, g=g: c.grad_prev[i].assign(g))
             updates.append(lambda i=i, g=g: c.grad_acc[i].assign(tf.zeros_like(g)))
@@ -187,13 +188,3 @@ def value_of(v: Any) -> Any:
         return v
     return getattr(v, "value", v)
 
-
-def _fill(shared: tf.Tensor, view: str, quantiles: Sequence[float],
-          **columns: tf.Tensor) -> tf.Tensor:
-    """``shared`` [N, the slots every view shares] with ``view``'s extra slots appended: the
-    named ones (those whose inputs only the graph holds), NaN the others."""
-    n = tf.shape(shared)[0]
-    cols = [tf.cast(columns[f], tf.float64) if f in columns
-            else tf.fill([n], tf.constant(np.nan, tf.float64))
-            for f in metadata.view_extra_fields(view, quantiles)]
-    return tf.concat([shared, tf.stack(cols, axis=1)], 1)

@@ -36,7 +36,7 @@ from tb_introspect.stats.state import (
     merge_states,
     update_state,
 )
-from tb_introspect.stats.vector import finalize, tensor_stats
+from tb_introspect.stats.vector import finalize, tensor_stats, with_extra_slots
 
 __all__ = [
     "DEFAULT_SAMPLE_SIZE",
@@ -55,4 +55,5 @@ __all__ = [
     "tensor_stats",
     "to_float",
     "update_state",
+    "with_extra_slots",
 ]

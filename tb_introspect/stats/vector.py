@@ -103,11 +103,19 @@ def finalize(
             _units_dead(state["channel_nnz"], state["channels"], count),
             _units_dead(state["spatial_nnz"], state["positions"], count),
         ], axis=-1)
-        if view is None:
-            return tf.concat([base, vq, lq], axis=-1)
-        extras = tf.fill(tf.concat([tf.shape(count), [len(metadata.view_extra_fields(view, q))]],
-                                   0), tf.constant(NAN, F64))
-        return tf.concat([base, vq, lq, extras], axis=-1)
+        shared = tf.concat([base, vq, lq], axis=-1)
+        return shared if view is None else with_extra_slots(shared, view, q)
+
+
+def with_extra_slots(shared: tf.Tensor, view: str, quantiles: Sequence[float],
+                     **columns: tf.Tensor) -> tf.Tensor:
+    """``shared`` (``finalize(state, None)``: the slots every view shares, on the last axis)
+    with ``view``'s extra slots appended: those named in ``columns`` (values stacked like the
+    vectors' leading axes), NaN the others."""
+    nan = tf.fill(tf.shape(shared)[:-1], tf.constant(NAN, F64))
+    cols = [tf.cast(columns[f], F64) if f in columns else nan
+            for f in metadata.view_extra_fields(view, quantiles)]
+    return tf.concat([shared, tf.stack(cols, axis=-1)], axis=-1) if cols else shared
 
 
 @no_autograph
