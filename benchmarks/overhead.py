@@ -137,7 +137,7 @@ def rss_mib() -> float:
 def state_bytes(cb: Introspect) -> tuple[int, int]:
     """(bytes of every in-step accumulator, number of monitored tensors)."""
     c = cb.collector
-    vs = [c.counter, c.metric_total, c.metric_count, *c.grad_acc, *c.grad_prev, *c.w_prev,
+    vs = [c.counter, c.metric_total, c.metric_count, *c.grad_acc,
           *c.out_vars.values(), *([c.act_var] if hasattr(c, "act_var") else [])]
     total = sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
     return total, 2 * len(c.var_specs) + 2 * len(c.out_specs)

@@ -30,6 +30,7 @@ from tb_introspect.collect import private
 from tb_introspect.collect.step import BatchLayout
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.options import Options
+from tb_introspect.pipeline.params import Params
 from tb_introspect.pipeline.plan import Monitored, Plan, sanitize
 from tb_introspect.pipeline.point import Block, Point
 
@@ -133,30 +134,19 @@ class Collector:
                 int(initial_step), dtype=tf.int64, trainable=False, name="step",
                 synchronization=_ON_READ, aggregation=_AGG.ONLY_FIRST_REPLICA,
             )
-            self.grad_acc, self.grad_prev, self.w_prev = [], [], []
+            self.grad_acc = []
             if self.want("gradient"):
                 for v in self.variables:
                     self.grad_acc.append(tf.Variable(
                         tf.zeros(v.shape, v.dtype), trainable=False, name="grad_acc",
                         synchronization=_ON_READ, aggregation=_AGG.SUM,
                     ))
-                    self.grad_prev.append(tf.Variable(
-                        tf.zeros(v.shape, v.dtype), trainable=False, name="grad_prev"
-                    ))
-                self.has_grad_prev = tf.Variable(False, trainable=False, name="has_grad_prev")
                 if self.loss_scaled:
                     # NaN, +Inf, -Inf values of the steps the optimizer skipped.
                     self.grad_skipped = tf.Variable(
                         tf.zeros([len(self.variables), 3], tf.float64), trainable=False,
                         name="grad_skipped", synchronization=_ON_READ, aggregation=_AGG.SUM,
                     )
-            if self.want("variable"):
-                for v in self.variables:
-                    # The starting point, so the first logged update_ratio is the
-                    # change since training began.
-                    self.w_prev.append(tf.Variable(
-                        tf.convert_to_tensor(point_fn.value_of(v)), trainable=False, name="w_prev"
-                    ))
             self.layout = BatchLayout([sp.shape for sp in self.out_specs], self.step_sample_size)
             self.out_vars: dict[str, tf.Variable] = {}
             for view in ("output", "output_gradient"):
@@ -189,6 +179,10 @@ class Collector:
                 tf.zeros([self.metric_rows, m], tf.float64), trainable=False,
                 name="metric_count", synchronization=_ON_READ, aggregation=_AGG.SUM,
             )
+        # The previous point's weights and gradient sums live on the host, beside their
+        # statistics: the first update_ratio is the change since training began.
+        self.params = Params(self.plan, [np.asarray(point_fn.value_of(v)) for v in self.variables]
+                             if self.want("variable") else None, channels_first=False)
         self.built = True
 
     # ------------------------------------------------------------------ in-step
@@ -221,15 +215,11 @@ class Collector:
             step, total, count = self._read_metrics_fn()
         return int(step.numpy()), self.metric_names, total.numpy(), count.numpy()
 
-    def blocks(self) -> list[tuple[str, list[Monitored]]]:
-        """What ``point.compute`` returns, in order: (view, monitored tensors of its block)."""
-        plan = []
-        for view in ("variable", "gradient"):
-            if self.want(view):
-                plan.append((view, [s for s in self.var_specs if not self.is_off(view, s.name)]))
-        for view in self.out_vars:
-            plan.append((view, [self.out_specs[j] for j in range(self.layout.n)
-                                if self.writes_output(view, j)]))
+    def output_blocks(self) -> list[tuple[str, list[Monitored]]]:
+        """The output views' blocks ``point.compute`` returns, in order: (view, monitored
+        tensors of its block)."""
+        plan = [(view, [self.out_specs[j] for j in range(self.layout.n)
+                        if self.writes_output(view, j)]) for view in self.out_vars]
         return [(view, specs) for view, specs in plan if specs]
 
     def writes_output(self, view: str, j: int) -> bool:
@@ -237,18 +227,18 @@ class Collector:
 
     def point(self, step: int) -> Point:
         """The window's statistics (every worker computes; the chief's sink writes)."""
-        # Traced once per set of switched-off tensors: every view is a few dozen
-        # vectorised ops over all its tensors, so the trace is short.
+        # Traced once per set of switched-off tensors: reads, and the outputs' finalize
+        # vectorised over all of them, so the trace is short.
         key = frozenset(self.plan.failures.off)
         fn = self._point_fns.get(key)
         if fn is None:
-            fn = tf.function(lambda s: point_fn.compute(self, s), autograph=False)
+            fn = tf.function(lambda: point_fn.compute(self), autograph=False)
             self._point_fns = {key: fn}
-        blocks = self.blocks()
-        # Runs once per point: Grappler's optimization of its large graph took longer than
-        # the graph runs in a whole training (1.5 s for a three-layer model).
+        blocks = self.output_blocks()
+        # Runs once per point: Grappler's optimization of its graph took longer than the
+        # graph runs in a whole training.
         with self.strategy.scope(), private.without_graph_optimization():
-            vectors, (activity, window, stat_steps, skipped) = fn(tf.constant(step, tf.int64))
+            vectors, (activity, window, stat_steps, skipped), ws, gs = fn()
         act = activity.numpy()
         cmax = self.layout.cmax
         rows = {}
@@ -256,11 +246,13 @@ class Collector:
             c, p = self.layout.widths[j]
             rows[j] = np.concatenate([act[j, :1 + c], act[j, 1 + cmax:1 + cmax + p]])
         skipped = skipped.numpy()
-        return Point(
-            blocks=[Block(view, specs, v.numpy())
-                    for (view, specs), v in zip(blocks, vectors, strict=True)],
-            window=int(window.numpy()), stats_steps=int(stat_steps.numpy()), activity=rows,
-            skipped=skipped if skipped.size else None)
+        out = Point(window=int(window.numpy()), stats_steps=int(stat_steps.numpy()),
+                    activity=rows, skipped=skipped if skipped.size else None)
+        self.params.add_blocks(out, [w.numpy() for w in ws] if ws else None,
+                               [g.numpy() for g in gs] if gs else None, self.seed + step)
+        out.blocks += [Block(view, specs, v.numpy())
+                       for (view, specs), v in zip(blocks, vectors, strict=True)]
+        return out
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         return dict(enumerate(self.layout.widths))

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from tb_introspect import metadata
+from tb_introspect.pipeline import params
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.host import Pipeline
@@ -41,7 +42,7 @@ from tb_introspect.pipeline.options import (
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.pipeline.sink import EventSink
-from tb_introspect.torch import modules, params, private, state
+from tb_introspect.torch import modules, private, state
 from tb_introspect.torch.loss import describe as criterion_info
 
 if TYPE_CHECKING:
@@ -176,9 +177,9 @@ class Introspector:
                              for p in self.params] if want_g else [])
         self._skipped = (torch.zeros((len(self.params), 3), dtype=torch.float64,
                                      device=self.device) if want_g else None)
-        self._grad_prev: list[np.ndarray] | None = None
-        self._gsums: list[np.ndarray] | None = None
-        self._w_prev = self._read_weights() if want_v and self.rank == 0 else None
+        self._params = params.Params(
+            self.plan, self._read_weights() if want_v and self.rank == 0 else None,
+            channels_first=True)
         self._grad_seen = False
         if want_g and self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
@@ -451,10 +452,10 @@ class Introspector:
                                         " monitored: no training forward pass called them"
                                         f" before the first point ({', '.join(idle)})")
         self._output_blocks(out)
-        if self._grad_buf is not None:
-            self._gradient_block(out)
-        if self.plan.want("variable") and self.rank == 0:
-            self._variable_block(out)
+        gsums = self._read_gradients(out) if self._grad_buf is not None else None
+        if self.rank == 0:
+            ws = self._read_weights() if self.plan.want("variable") else None
+            self._params.add_blocks(out, ws, gsums, seed=self.options.seed + self.step_count)
         self._window = self._stat_steps = 0
         return out
 
@@ -506,43 +507,18 @@ class Introspector:
             if specs:
                 out.blocks.append(Block(view, specs, np.stack(vectors)))
 
-    def _gradient_block(self, out: Point) -> None:
-        if self.rank != 0:
-            self._grad_buf.zero_()
-            self._skipped.zero_()
-            return
-        flat = _host(self._grad_buf)
-        out.skipped = _host(self._skipped)
+    def _read_gradients(self, out: Point) -> list[np.ndarray] | None:
+        """The window's gradient sums, one host copy (rank 0; None elsewhere), and the
+        skipped steps' non-finite counts into ``out``; the sums start again."""
+        host = None
+        if self.rank == 0:
+            flat = _host(self._grad_buf)
+            out.skipped = _host(self._skipped)
+            host = [flat[p.offset:p.offset + p.size].reshape(p.param.shape).copy()
+                    for p in self.params]
         self._grad_buf.zero_()
         self._skipped.zero_()
-        gs = [flat[p.offset:p.offset + p.size].reshape(p.param.shape).copy()
-              for p in self.params]
-        self._gsums = gs
-        keep = [i for i, p in enumerate(self.params) if self.plan.writes("gradient", p)]
-        vecs = params.gradient_vectors(
-            [gs[i] for i in keep],
-            None if self._grad_prev is None else [self._grad_prev[i] for i in keep],
-            None, names=[self.params[i].name for i in keep], epoch=self.epoch,
-            quantiles=self.quantiles, sample_size=self.options.sample_size)
-        self._grad_prev = gs
-        if keep:
-            out.blocks.append(Block("gradient", [self.params[i] for i in keep],
-                                    np.stack(vecs)))
-
-    def _variable_block(self, out: Point) -> None:
-        ws = self._read_weights()
-        gsums = self._gsums if self._grad_buf is not None else None
-        steps = float(self.every) if isinstance(self.every, int) else 1.0
-        vecs = params.variable_vectors(
-            ws, self._w_prev, gsums, names=[p.name for p in self.params], epoch=self.epoch,
-            quantiles=self.quantiles, sample_size=self.options.sample_size,
-            steps_per_sample=steps, seed=self.options.seed + self.step_count)
-        self._w_prev = [w.astype(np.float64) for w in ws]
-        self._gsums = None
-        keep = [i for i, p in enumerate(self.params) if self.plan.writes("variable", p)]
-        if keep:
-            out.blocks.append(Block("variable", [self.params[i] for i in keep],
-                                    np.stack([vecs[i] for i in keep])))
+        return host
 
     def _read_weights(self) -> list[np.ndarray]:
         """Every monitored weight, one device-to-host copy."""

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tb_introspect import metadata, stats_np
+from tb_introspect.pipeline.params import channels_last
 from tb_introspect.torch import Introspector
-from tb_introspect.torch.params import channels_last
 from tests.torch import torch_support as ts
 
 STEPS, EPOCHS, STATS_EVERY = 6, 2, 2

@@ -1,0 +1,88 @@
+"""Statistics of the variable and gradient views at logging time, on the host, for every
+framework.
+
+Weights are read when a point is logged and gradient sums are accumulated on the device;
+both arrive here as one host copy per view, split into numpy arrays per variable. The
+statistics are ``stats_np``'s, the reference itself, and so are the view slots computed
+from two points: ``update_ratio`` and the ``ilr_q<p>`` percentiles of the implicit learning
+rate for variables, ``cos_prev`` for gradients (``docs/format.md``, ``docs/statistics.md``).
+The previous point's weights and sums stay on the host (``Params``), not on the device.
+
+PyTorch keeps a weight's output channels on axis 0 (``Linear``: ``(out, in)``, ``Conv2d``:
+``(out, in, kh, kw)``); the statistics read it with that axis moved last, where the
+format's dead rate looks for the channels (Keras's kernels are ``(..., in, out)`` already).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tb_introspect import stats_np, summary_pb
+from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.point import Block, Point
+
+
+def channels_last(a: np.ndarray) -> np.ndarray:
+    """A PyTorch weight with its output-channel axis (0) moved last."""
+    return np.moveaxis(a, 0, -1) if a.ndim >= 2 else a
+
+
+class Params:
+    """The variable and gradient blocks of each point, from one host copy of the weights
+    and of the window's gradient sums; holds the previous point's copies (the first
+    ``update_ratio`` is the change since ``weights``, the weights training started from).
+
+    ``channels_first``: the weights keep their output channels on axis 0 (PyTorch)."""
+
+    def __init__(self, plan: Plan, weights: Sequence[np.ndarray] | None, *,
+                 channels_first: bool) -> None:
+        self.plan = plan
+        self.channels_first = channels_first
+        self.w_prev = None if weights is None else [_f64(w) for w in weights]
+        self.g_prev: list[np.ndarray] | None = None
+
+    def add_blocks(self, out: Point, weights: Sequence[np.ndarray] | None,
+                   gsums: Sequence[np.ndarray] | None, seed: int) -> None:
+        """Append the gradient block of ``gsums`` (the window's sums, every variable) and
+        the variable block of ``weights`` (every variable) to ``out``; either may be None
+        (view not wanted, or not this process's to write)."""
+        plan, o = self.plan, self.plan.options
+        specs = plan.variables
+        if gsums is not None:
+            keep = [i for i, s in enumerate(specs) if plan.writes("gradient", s)]
+            vecs = []
+            for i in keep:
+                g = gsums[i]
+                vec = stats_np.tensor_stats(self._view(g), "gradient", quantiles=o.quantiles,
+                                            sample_size=o.sample_size, name=specs[i].name)
+                cos = np.nan if self.g_prev is None else stats_np.cos_prev(g, self.g_prev[i])
+                vecs.append(summary_pb.fill_slots(vec, "gradient", o.quantiles, cos_prev=cos))
+            self.g_prev = list(gsums)
+            if keep:
+                out.blocks.append(Block("gradient", [specs[i] for i in keep], np.stack(vecs)))
+        if weights is not None:
+            keep = [i for i, s in enumerate(specs) if plan.writes("variable", s)]
+            steps = float(o.every) if isinstance(o.every, int) else 1.0
+            vecs = []
+            for i in keep:
+                w = weights[i]
+                vec = stats_np.tensor_stats(self._view(w), "variable", quantiles=o.quantiles,
+                                            sample_size=o.sample_size, name=specs[i].name)
+                dw = w.astype(np.float64) - self.w_prev[i]
+                extras = {"update_ratio": stats_np.update_ratio(w, dw)}
+                if gsums is not None:
+                    extras.update(stats_np.implicit_lr(dw, gsums[i], o.quantiles, steps,
+                                                       np.random.default_rng([seed, i])))
+                vecs.append(summary_pb.fill_slots(vec, "variable", o.quantiles, **extras))
+            self.w_prev = [_f64(w) for w in weights]
+            if keep:
+                out.blocks.append(Block("variable", [specs[i] for i in keep], np.stack(vecs)))
+
+    def _view(self, a: np.ndarray) -> np.ndarray:
+        return channels_last(a) if self.channels_first else a
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.array(a, dtype=np.float64)
