@@ -6,11 +6,10 @@
   statistics step pays (``stats_every``), and a bare ``tf.reduce_sum``, the floor of one read;
 * other ways to count the non-zero values of every column of the same activation
   (ReLU-like), interleaved with ``activity_state``;
-* one logging-time group of tensors, small and large: the fixed cost that
-  ``kernels.sample_groups`` weighs against padded sample slots;
 * one logged point (``Pipeline.log``: computed, written) for MobileNetV2 (32x32, ``weights=None``):
-  statistics of every variable, gradient sum and output state, plus writing; and the first
-  point, which traces and optimises the logging function;
+  statistics of every variable and gradient sum (numpy, on the host) and output state
+  (finalized in the logging function), plus writing; and the first point, which traces the
+  logging function;
 * the XLA compile of a step holding N ``batch_state`` computations (each in a fresh
   process: seconds to the first result, peak RSS), why ``step.XLA_STEP_TENSORS`` exists.
 
@@ -102,30 +101,6 @@ def counting_rows(repeats: int) -> None:
               f" {statistics.median(cpu[k]):.1f} |", flush=True)
 
 
-def group_rows(repeats: int) -> None:
-    """One logging-time group (``stats.many_states`` and its stacked finalize) of 1 tensor
-    of 64 values and of 12 tensors of 4096: its fixed cost and its cost per sample slot,
-    what ``kernels.GROUP_COST_SLOTS`` weighs."""
-    from tb_introspect.collect import kernels
-
-    rng = np.random.default_rng(0)
-    seed = tf.constant([1, 2], tf.int64)
-    q = (0.0, 1.0, 5.0, 25.0, 50.0, 75.0, 95.0, 99.0, 100.0)
-    walls = {}
-    for n, k in ((1, 64), (12, 4096)):
-        ts = [tf.constant(rng.normal(size=k).astype("float32")) for _ in range(n)]
-        fin = kernels.finalize_many_fn("variable", q, k)
-        group = tf.function(lambda ts=ts, k=k, fin=fin: fin(stats.many_states(ts, k, seed)),
-                            autograph=False)
-        w, c = timed(lambda g=group: g().numpy(), repeats)
-        walls[n * k] = w
-        print(f"| one logged group, {n} x {k} sample slots | {w:.1f} | {c:.1f} |", flush=True)
-    (small, w0), (large, w1) = sorted(walls.items())
-    per_slot = (w1 - w0) / (large - small)
-    print(f"| (so about {w0:.1f} ms fixed, {1e3 * per_slot:.3f} us per slot: a group costs"
-          f" {w0 / per_slot:,.0f} slots) | | |", flush=True)
-
-
 def xla_compile_child(n: int) -> None:
     """Compile and run one XLA function holding ``n`` ``batch_state`` computations of
     differently shaped tensors (as a model's layer outputs are); print s and peak MiB."""
@@ -208,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     print("| what | wall ms | CPU ms |\n|---|---:|---:|")
     batch_state_rows(args.repeats)
     counting_rows(2 * args.repeats)
-    group_rows(args.repeats)
     log_row(max(3, args.repeats // 3), args.log_model)
     xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
     return 0

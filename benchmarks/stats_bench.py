@@ -15,13 +15,11 @@ sample sizes:
   (``stats.activity_state``);
 * **output point**: the logged point of that output: its accumulated state finalized
   (``kernels.finalize_many_fn``);
-* **variable point**: the logged point of a variable or gradient sum of this size
-  (``kernels.matrix_stats``: ``stats.many_states`` and the stacked finalize, with a
-  ``sample_size`` sample);
 * **tensor_stats**: the summary op, one tensor's state finalized with a 2^18 sample.
 
 A second table times the numpy twin's exact statistics of one tensor
-(``stats_np.tensor_stats``, what a PyTorch point computes for each weight and gradient sum)
+(``stats_np.tensor_stats``, what a logged point computes for each weight and gradient sum,
+in Keras as in PyTorch)
 with its percentiles from sorts and from ``np.partition``: which is the faster depends on the
 CPU, and ``stats_np`` times both once per process to choose (``stats_np.PARTITION``).
 
@@ -114,10 +112,6 @@ def variants(n: int) -> dict:
         return finalize(acc)
 
     @tf.function
-    def variable_point(x):
-        return kernels.matrix_stats([tf.reshape(x, [-1, CHANNELS])], "variable", Q, LOG_K, seed)
-
-    @tf.function
     def one_tensor(x):
         return stats.tensor_stats(x, "output")
 
@@ -132,7 +126,6 @@ def variants(n: int) -> dict:
     out["step: batch_state + merge"] = run_step
     out["activity step: activity_state"] = lambda x: activity_step(x).numpy()
     out["output point: finalize"] = lambda x: output_point(box.get("acc") or step(x, acc)).numpy()
-    out["variable point: matrix_stats"] = lambda x: variable_point(x).numpy()
     out["tensor_stats (summary op)"] = lambda x: one_tensor(x).numpy()
     return out
 

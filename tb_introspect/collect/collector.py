@@ -3,7 +3,8 @@ host asks of them between steps.
 
 The work is split by when it runs (``docs/design.md``): ``step.py`` is traced into the
 training step and only folds into the accumulators created here; ``point.py`` is the one
-traced function of a logged point; everything after the packed vectors is the
+traced function of a logged point (the outputs finalized; weights and gradient sums go to
+``pipeline.params`` as they are); everything after the packed vectors is the
 framework-neutral pipeline's (``pipeline/``), which calls ``current_step``,
 ``read_metrics`` and ``point`` (the ``pipeline.host.Collector`` protocol).
 
@@ -11,10 +12,11 @@ Per-epoch cadence therefore gives the design's aggregation: variables at the epo
 gradients summed over every step of the epoch, outputs and output gradients merged over
 every batch of the epoch, on every replica.
 
-Memory: three copies of the trainable variables (gradient accumulator, previous gradient
-for ``cos_prev``, previous weights for ``update_ratio``) plus ``[tensors, ~2 *
-step_sample_size + channels + positions]`` float64 per output view and ``[tensors, 1 +
-channels + positions]`` for the activity counts.
+Device memory: one copy of the trainable variables (the gradient accumulator) plus
+``[tensors, ~2 * step_sample_size + channels + positions]`` float64 per output view and
+``[tensors, 1 + channels + positions]`` for the activity counts. The host keeps the
+previous point's weights (float64, for ``update_ratio``) and gradient sums (for
+``cos_prev``).
 """
 
 from __future__ import annotations

@@ -6,12 +6,10 @@ to trace. Here every kernel is a nested ``tf.function`` with unknown
 dimensions in its input signature, traced once per (kind, dtype) and called
 from the outer graphs as a single op, whatever the number of tensors.
 
-Tensors are brought to a canonical rank first: variables/gradients to
-``[rows, channels]`` (the last axis stays the channel axis, so the dead rate
-keeps its meaning; a weight has no spatial axes, so its spatial dead rate is
-NaN), layer outputs to ``[batch, channels]`` or ``[batch, positions,
-channels]`` (all spatial/time axes flattened into one, which leaves the dead
-rates unchanged).
+Layer outputs are brought to a canonical rank first: ``[batch, channels]`` or
+``[batch, positions, channels]`` (all spatial/time axes flattened into one, which
+leaves the dead rates unchanged). Variables and gradient sums are not here: their
+statistics are taken on the host (``pipeline/params.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tb_introspect import stats
@@ -67,103 +64,16 @@ def _state_signature(k: int | None, stacked: bool = False) -> dict[str, tf.Tenso
     return sig
 
 
-#: The smallest sample class. A tensor smaller than ``k`` gets a sample of the smallest
-#: power of two (from this one) that holds all its values, so its percentiles stay exact while
-#: the sample blocks that are drawn, gathered and sorted hold no empty slots to speak of:
-#: those slots were most of the cost of a logged point of many small and mid-sized tensors
-#: (MobileNetV2: 158 variables, 107 of them at most 1,024 elements). One traced finalize per
-#: class: at most log2(k / 64) + 1 of them.
-SMALL_TENSOR = 64
-
-
-def sample_bound(size: int | None, k: int) -> int:
-    """The smallest percentile sample that holds a tensor of ``size`` elements (``k`` at most)."""
-    if size is None or size >= k:
-        return k
-    return min(k, max(SMALL_TENSOR, 1 << max(int(size) - 1, 0).bit_length()))
-
-
-#: The fixed cost of one group of tensors at logging time (one ``stats.many_states`` and
-#: one stacked finalize), in sample slots of the same time. ``engine_bench.py``'s group rows
-#: measure it: 8,000 slots as one fused call on a 2-core CPU, 25,000 when the two are timed
-#: as separate calls; the larger value, which merges more, is the one the Flatten CNN's
-#: logged point was measured with (its small variables: 5 groups -> 2, 8.9 -> 6.2 ms).
-GROUP_COST_SLOTS = 25_000
-
-
-def sample_groups(sizes: Sequence[int | None], k: int) -> dict[int, list[int]]:
-    """Tensors (by index) grouped by the sample size they share: adjacent sample classes
-    (``sample_bound``) merge into the larger one where that costs fewer padded slots than
-    the group it saves (``GROUP_COST_SLOTS``), by dynamic programming over the classes."""
-    classes: dict[int, list[int]] = {}
-    for n, size in enumerate(sizes):
-        classes.setdefault(sample_bound(size, k), []).append(n)
-    bounds = sorted(classes)
-    counts = np.cumsum([0] + [len(classes[b]) for b in bounds])
-    # best[j]: the cheapest grouping of the first j classes; a group is classes i..j-1,
-    # each of its tensors sampled at bounds[j - 1].
-    best, cut = [0.0] + [np.inf] * len(bounds), [0] * (len(bounds) + 1)
-    for j in range(1, len(bounds) + 1):
-        for i in range(j):
-            cost = best[i] + GROUP_COST_SLOTS + bounds[j - 1] * (counts[j] - counts[i])
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = {}, len(bounds)
-    while j:
-        i = cut[j]
-        groups[bounds[j - 1]] = [n for b in bounds[i:j] for n in classes[b]]
-        j = i
-    return groups
-
-
-#: Tensors of at least this many elements get a state of their own at logging time
-#: (``stats.batch_state``'s per-tensor reductions): on large tensors those are about 3x
-#: faster than the segment reductions of ``stats.many_states``.
-LARGE_TENSOR = 2**18
-
-
-def matrix_stats(tensors: Sequence[tf.Tensor], view: str | None, quantiles: tuple[float, ...],
-                 k: int, seed: tf.Tensor, bound: int | None = None) -> tf.Tensor:
-    """Statistics vectors ``[len(tensors), fields]`` of variables or gradients (``view``
-    None: the slots every view shares, so that one call serves both views); ``bound``: the
-    finalize's sample bound, ``k`` or more (one traced finalize for every sample size).
-
-    Tensors are batched by sample size (``sample_groups``), each batch in one
-    ``stats.many_states`` computation and one stacked finalize; each tensor of at least
-    ``LARGE_TENSOR`` elements is one thorough ``stats.batch_state``.
-    """
-    sizes = [t.shape.num_elements() for t in tensors]
-    large = [n for n, size in enumerate(sizes) if size >= LARGE_TENSOR]
-    rest = [n for n, size in enumerate(sizes) if size < LARGE_TENSOR]
-    groups = sample_groups([sizes[n] for n in rest], k)
-    finalize = finalize_many_fn(None, quantiles, max(k, bound or k))
-    rows, order = [], []
-    for g, (kk, positions) in enumerate(sorted(groups.items())):
-        members = [rest[p] for p in positions]
-        state = stats.many_states([tensors[n] for n in members], kk, seed + [0, g])
-        rows.append(finalize(state))
-        order += members
-    for g, n in enumerate(large):
-        t = stats.to_float(tensors[n])
-        matrix = stats.as_canonical(t, stats.canonical_shape(t.shape.as_list(), spatial=False))
-        state = activation_parts_fn(2, t.dtype.name, k, False, thorough=True)(matrix, seed + [1, g])
-        rows.append(finalize({key: v[tf.newaxis] for key, v in state.items()}))
-        order.append(n)
-    block = tf.gather(tf.concat(rows, 0), np.argsort(order))
-    return block if view is None else stats.with_extra_slots(block, view, quantiles)
-
-
 @functools.cache
-def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool, thorough: bool = False):
-    """``(x[canonical], seed) -> state`` of one layer output (``stats.batch_state``), or
-    with ``thorough`` of one large variable or gradient sum."""
+def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
+    """``(x[canonical], seed) -> state`` of one layer output (``stats.batch_state``)."""
 
     @tf.function(
         input_signature=[tf.TensorSpec([None] * rank, tf.as_dtype(dtype)), _SEED],
         autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
     )
     def activation_parts(x, seed):
-        return stats.batch_state(x, k, seed, thorough=thorough)
+        return stats.batch_state(x, k, seed)
 
     return activation_parts
 

@@ -6,10 +6,9 @@ Definitions, edge cases and the accuracy statement are in ``docs/statistics.md``
 
 A *state* (``state.py``) holds exact counts, moments, extremes and per-unit non-zero
 counts, plus a bounded uniform sample of the finite non-zero values (``sample.py``).
-States come from one batch (``batch_state``, in the training step) or from many tensors
-at once (``many_states``, at logging time), merge (``merge_pair``), and ``finalize``
-(``vector.py``) turns any of them into the packed vector. ``tensor_stats`` is the state
-of one tensor, finalized.
+States come from one batch (``batch_state``, in the training step), merge
+(``merge_pair``), and ``finalize`` (``vector.py``) turns any of them into the packed
+vector. ``tensor_stats`` is the state of one tensor, finalized.
 
 Example::
 
@@ -29,7 +28,6 @@ from tb_introspect.stats.state import (
     activity_state,
     batch_state,
     empty_state,
-    many_states,
     merge_pair,
     merge_replicas,
     merge_stacked,
@@ -47,7 +45,6 @@ __all__ = [
     "canonical_shape",
     "empty_state",
     "finalize",
-    "many_states",
     "merge_pair",
     "merge_replicas",
     "merge_stacked",

@@ -8,9 +8,8 @@ spatial position, and a bounded percentile sample (``sample.draw``). ``finalize`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-import numpy as np
 import tensorflow as tf
 
 from tb_introspect import stats_np
@@ -32,7 +31,6 @@ from tb_introspect.stats.numeric import (
     to_float,
     where,
 )
-from tb_introspect.stats.segments import Segments, concat_flat
 
 #: How each key of a state merges (see ``merge_states``): ``sum`` adds
 #: (``channel_nnz`` / ``spatial_nnz`` are the non-zero counts of each channel and of each
@@ -232,91 +230,6 @@ def _second_moment(z: tf.Tensor, nf: tf.Tensor, mean: tf.Tensor, e: tf.Tensor,
     ok = (tf.math.is_finite(sumsq) & (tf.abs(e) < 40.0)
           & (tf.equal(sumsq, 0.0) | (fast * 1e3 > sumsq * f * f)))
     return tf.maximum(tf.cond(ok, lambda: fast, exact), 0.0)
-
-
-# --------------------------------------------------------------------------- many tensors
-
-
-def many_states(tensors: Sequence[tf.Tensor], k: int, seed: tf.Tensor) -> dict[str, tf.Tensor]:
-    """States of many tensors of any static shapes at once, stacked ``[len(tensors), ...]``.
-
-    For logging time (variables, gradient sums): the tensors, each in its canonical
-    shape without spatial positions (a weight's kernel axes are not positions), are
-    concatenated into one buffer and every field is a segment reduction over it, so the
-    cost is a few dozen ops (and one fill per tensor) whatever the number of tensors.
-    Values are finite unless a tensor's sum is not, so the masking of non-finite values
-    is paid only then. Channel counts are zero-padded to the widest tensor. The
-    percentile sample is ``sample.draw``'s with ``min_hits=k``: every tensor's sample
-    has ``min(k, its non-zero count)`` values. Sums are taken in float64, the other
-    passes in the tensors' dtype (float64 when they have several).
-    """
-    n = len(tensors)
-    mats = [to_float(t) for t in tensors]
-    sizes = np.array([int(m.shape.num_elements()) for m in mats], np.int64)
-    chans = np.array([shapes.channels(m.shape) for m in mats], np.int64)
-    cmax = int(max(chans.max(initial=0), 1))
-    # The tensors' own dtype for every pass but the sums: half the bytes read for float32.
-    values = concat_flat(mats, F64 if len({m.dtype for m in mats}) > 1 else None)
-    segs = Segments(sizes)
-    # Each element's (tensor, channel) cell of the padded [n, cmax] count block.
-    cell = np.concatenate([i * cmax + np.arange(s) % max(c, 1)
-                           for i, (s, c) in enumerate(zip(sizes, chans, strict=True))]
-                          or [np.zeros(0, np.int64)])
-    count_ = tf.constant(sizes, F64)
-    total = segs.sum(tf.cast(values, F64))
-    inf = tf.constant(INF, values.dtype)
-    # Finite sums mean finite values (an overflowing sum takes the slow path, still exact).
-    all_finite = tf.reduce_all(tf.math.is_finite(total))
-
-    def counted(mask):
-        return tf.cast(segs.sum(tf.cast(mask, tf.int32)), F64)
-
-    def finite_case():
-        zeros = tf.zeros_like(count_)
-        return values, count_, zeros, zeros, segs.min(values), segs.max(values), total
-
-    def nonfinite_case():
-        finite = tf.math.is_finite(values)
-        z = tf.where(finite, values, tf.zeros_like(values))
-        return (z, counted(finite), counted(tf.equal(values, inf)),
-                counted(tf.equal(values, -inf)), segs.min(tf.where(finite, values, inf)),
-                segs.max(tf.where(finite, values, -inf)), segs.sum(tf.cast(z, F64)))
-
-    z, nf, posinf, neginf, vmin, vmax, s = tf.cond(all_finite, finite_case, nonfinite_case)
-    vmin, vmax = tf.cast(vmin, F64), tf.cast(vmax, F64)
-    nz = tf.not_equal(z, 0)
-    has = nf > 0
-    vmin, vmax = where(has, vmin, INF), where(has, vmax, -INF)
-    mean = s / tf.maximum(nf, 1.0)
-    e = scale_exponent(where(has, vmin, 0.0), where(has, vmax, 0.0))
-    dev = tf.cast(z, F64) * segs.spread(pow2(-e)) - segs.spread(mean * pow2(-e))
-    m2 = tf.cond(all_finite, lambda: segs.sum(dev * dev),
-                 lambda: segs.sum(tf.square(tf.where(tf.math.is_finite(values), dev, 0.0))))
-    nnz = counted(nz)
-    pos = counted(z > 0)
-    per_channel = tf.cast(tf.math.unsorted_segment_sum(
-        tf.cast(nz, tf.int32), tf.constant(cell, tf.int32), n * cmax), F64)
-    vals, keys = sample.draw(z, tf.constant(sizes), nnz, k, seed, min_hits=float(k))
-    return {
-        "count": count_,
-        "finite_count": nf,
-        "posinf_count": posinf,
-        "neginf_count": neginf,
-        "pos_count": pos,
-        "neg_count": nnz - pos,
-        "mean": where(has, mean, 0.0),
-        "m2": m2,
-        "min": vmin,
-        "max": vmax,
-        "min_abs": tf.cast(segs.min(tf.where(nz, tf.abs(z), inf)), F64),
-        "activity_count": nf,
-        "channel_nnz": tf.reshape(per_channel, [n, cmax]),
-        "spatial_nnz": tf.zeros([n, 0], F64),
-        "channels": tf.constant(chans, F64),
-        "positions": tf.zeros([n], F64),
-        "sample_keys": keys,
-        "sample_values": vals,
-    }
 
 
 # --------------------------------------------------------------------------- accumulate

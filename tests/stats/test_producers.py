@@ -299,13 +299,23 @@ def test_numpy_and_tensorflow_states_carry_the_same_keys():
 
 def test_stacked_states_finalize_as_each_alone():
     """``stats.finalize`` of states stacked on a leading axis (the logging function's one
-    call for all of a model's variables) gives, row by row, exactly each state's own
+    call for all of a model's layer outputs) gives, row by row, exactly each state's own
     vector: every edge case at once, non-finite and empty ones beside ordinary ones."""
     import tensorflow as tf
 
+    from tb_introspect.collect import kernels
+
     names = sorted(CASES)
-    stacked = stats.many_states([tf.constant(CASES[n]) for n in names], 64, tf.constant([3, 4],
-                                                                                     tf.int64))
+    seed = tf.constant([3, 4], tf.int64)
+    states = []
+    for n in names:
+        x = tf.constant(CASES[n])
+        states.append(stats.batch_state(
+            stats.as_canonical(x, stats.canonical_shape(x.shape.as_list())), 64, seed))
+    widths = [max(int(st[key].shape[0]) for st in states)
+              for key in ("channel_nnz", "spatial_nnz")]
+    padded = [kernels.pad_state(st, *widths) for st in states]
+    stacked = {key: tf.stack([st[key] for st in padded]) for key in padded[0]}
     together = stats.finalize(stacked, VIEW, quantiles=Q).numpy()
     assert together.shape == (len(names), len(FIELDS))
     for i, name in enumerate(names):
