@@ -1,6 +1,6 @@
 """Session fixtures: the real trainings that several test modules read, trained once.
 
-``make test`` runs two pytest-xdist workers: ``shared_runs.once`` trains for both.
+``make test`` runs several pytest-xdist workers: ``shared_runs.once`` trains for all.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from tests import schedule
 from tests.shared_runs import APP_RUN, CLI, Trained, link_runs, once, train_shared
 
-# Two pytest-xdist workers share the machine's cores (two on the reference machine): one
+# The pytest-xdist workers share the machine's cores (two on the reference machine): one
 # compute thread per process, inherited by every subprocess a test starts. With a pool per
 # core in each, OpenMP and Eigen threads spin against the other worker's (a PyTorch and a
 # Keras module side by side: 27 % less CPU, 18 % less wall with one thread each).

@@ -1,6 +1,6 @@
 """A real architecture nobody here wrote: keras.applications' MobileNetV2, randomly
-initialised, a few steps: the session's shared run (conftest.py, shared_runs.py), 2 epochs of 4
-steps with a point every 2 steps. (ResNet50 is ``benchmarks/overhead.py``'s: its graphs take a
+initialised, a few steps: the session's shared run (conftest.py, shared_runs.py), 2 epochs of 2
+steps with a point every step. (ResNet50 is ``benchmarks/overhead.py``'s: its graphs take a
 CPU-minute and a half to build, and it adds no kind of layer or tensor that this one lacks.)
 """
 
