@@ -30,7 +30,7 @@ def compute(c: Collector) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Ten
     set of switched-off tensors)."""
     updates = []  # assignments that must wait for every read
     skipped = tf.zeros([0, 3], tf.float64)
-    ws = ([tf.identity(value_of(v)) for v in c.variables] if c.want("variable") else [])
+    ws = [tf.convert_to_tensor(value_of(v)) for v in c.variables] if c.want("variable") else []
     gs = [acc.read_value() for acc in c.grad_acc]  # SUM over replicas
     for acc, g in zip(c.grad_acc, gs, strict=True):
         updates.append(lambda acc=acc, g=g: acc.assign(tf.zeros_like(g)))
@@ -53,8 +53,7 @@ def compute(c: Collector) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Ten
     with tf.control_dependencies([*blocks, *tail, *ws, *gs]):
         for update in updates:
             update()
-    return ([tf.identity(b) for b in blocks], [tf.identity(t) for t in tail],
-            [tf.identity(w) for w in ws], [tf.identity(g) for g in gs])
+    return [tf.identity(b) for b in blocks], [tf.identity(t) for t in tail], ws, gs
 
 
 def finalize_outputs(c: Collector) -> list[tf.Tensor]:

@@ -107,15 +107,14 @@ def finalize(
         return shared if view is None else with_extra_slots(shared, view, q)
 
 
-def with_extra_slots(shared: tf.Tensor, view: str, quantiles: Sequence[float],
-                     **columns: tf.Tensor) -> tf.Tensor:
+def with_extra_slots(shared: tf.Tensor, view: str, quantiles: Sequence[float]) -> tf.Tensor:
     """``shared`` (``finalize(state, None)``: the slots every view shares, on the last axis)
-    with ``view``'s extra slots appended: those named in ``columns`` (values stacked like the
-    vectors' leading axes), NaN the others."""
-    nan = tf.fill(tf.shape(shared)[:-1], tf.constant(NAN, F64))
-    cols = [tf.cast(columns[f], F64) if f in columns else nan
-            for f in metadata.view_extra_fields(view, quantiles)]
-    return tf.concat([shared, tf.stack(cols, axis=-1)], axis=-1) if cols else shared
+    with ``view``'s extra slots appended, NaN (a logged point fills them on the host)."""
+    extra = len(metadata.view_extra_fields(view, quantiles))
+    if not extra:
+        return shared
+    nan = tf.fill(tf.concat([tf.shape(shared)[:-1], [extra]], 0), tf.constant(NAN, F64))
+    return tf.concat([shared, nan], axis=-1)
 
 
 @no_autograph
