@@ -131,7 +131,7 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
         def go() -> None:
             L.seed_everything(0, verbose=False)
             out = tempfile.mkdtemp(dir=root, prefix=name)
-            model = ls.DigitsCNN()
+            model = ls.digits_cnn()
             callbacks = [Introspect(), Timer()] if name == "intro" else [Timer()]
             if name == "wandb":
                 logger = WandbLogger(save_dir=out, offline=True)

@@ -69,9 +69,11 @@ def del_instance_attr(obj: Any, name: str) -> None:
 
 @contextlib.contextmanager
 def without_graph_optimization() -> Iterator[None]:
-    """Functions first called in this block (on this thread) skip Grappler's graph
-    optimization: for a function that runs rarely, optimizing its graph costs more than it
-    saves. Where the eager context's options have moved, the block changes nothing."""
+    """Functions called in this block (on this thread) skip Grappler's graph optimization:
+    for a function that runs rarely, optimizing its graph costs more than it saves. Call such
+    a function in the block every time: called under other options, it is instantiated and
+    optimized again. Where the eager context's options have moved, the block changes
+    nothing."""
     try:
         from tensorflow.core.protobuf import config_pb2
         from tensorflow.python.eager import context

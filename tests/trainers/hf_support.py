@@ -1,6 +1,10 @@
 """The Hugging Face trainings the trainer tests read: a tiny GPT-2 and a tiny BERT
 classifier, built from configs (no download), trained on generated tokens with
-``IntrospectCallback`` beside ``report_to="tensorboard"``."""
+``IntrospectCallback`` beside ``report_to="tensorboard"``.
+
+``transformers`` is imported where it is used: every pytest worker imports this module when it
+collects the tests, and only the one that trains needs it (seconds of import each).
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+from typing import TYPE_CHECKING  # noqa: E402
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import (  # noqa: E402
-    BertConfig,
-    BertForSequenceClassification,
-    GPT2Config,
-    GPT2LMHeadModel,
-    Trainer,
-    TrainingArguments,
-)
 
-from tb_introspect.transformers import IntrospectCallback  # noqa: E402
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel, Trainer, TrainingArguments
 
 VOCAB, SEQ = 128, 16
 EPOCHS = 3
@@ -74,6 +73,8 @@ def _class_accuracy(pred) -> dict[str, float]:
 
 
 def _args(out: Path, lr: float, **kw) -> TrainingArguments:
+    from transformers import TrainingArguments
+
     return TrainingArguments(
         str(out), num_train_epochs=EPOCHS, per_device_train_batch_size=BATCH,
         per_device_eval_batch_size=EVAL, learning_rate=lr, logging_steps=1,
@@ -82,6 +83,8 @@ def _args(out: Path, lr: float, **kw) -> TrainingArguments:
 
 
 def gpt2() -> GPT2LMHeadModel:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=VOCAB,
                                       n_positions=SEQ, bos_token_id=0, eos_token_id=0))
 
@@ -89,6 +92,10 @@ def gpt2() -> GPT2LMHeadModel:
 def train_gpt2(out: Path, lr: float = GPT_LR, **options) -> Trainer:
     """The tiny GPT-2 (2 layers, width 64, vocabulary 128), gradient accumulation 2 and
     clipping at norm 1; its TensorBoard run is ``out/runs/<date_host>``."""
+    from transformers import Trainer
+
+    from tb_introspect.transformers import IntrospectCallback
+
     torch.manual_seed(0)
     model = gpt2()
     trainer = Trainer(model=model, args=_args(out, lr, gradient_accumulation_steps=ACCUMULATE,
@@ -102,6 +109,10 @@ def train_gpt2(out: Path, lr: float = GPT_LR, **options) -> Trainer:
 
 def train_bert(out: Path, lr: float = BERT_LR, **options) -> Trainer:
     """The tiny BERT classifier (2 layers, width 64, 4 classes)."""
+    from transformers import BertConfig, BertForSequenceClassification, Trainer
+
+    from tb_introspect.transformers import IntrospectCallback
+
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -1,18 +1,23 @@
 """The Lightning trainings the trainer tests read: a small CNN on scikit-learn's digits
-(8x8, 10 classes) with ``Introspect`` beside a ``TensorBoardLogger``."""
+(8x8, 10 classes) with ``Introspect`` beside a ``TensorBoardLogger``.
+
+``lightning`` is imported where it is used: every pytest worker imports this module when it
+collects the tests, and only the one that trains needs it (seconds of import each).
+"""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from sklearn.datasets import load_digits
 from torch import nn
 
-from tb_introspect.lightning import Introspect
+if TYPE_CHECKING:
+    import lightning as L
 
 EPOCHS = 3
 BATCH, ACCUMULATE = 32, 2
@@ -23,33 +28,44 @@ STEPS = TRAIN // BATCH // ACCUMULATE
 LR = 3e-2
 
 
-class DigitsCNN(L.LightningModule):
-    def __init__(self, lr: float = LR):
-        super().__init__()
-        self.lr = lr
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
-        # Normalised before each ReLU: the pooled inputs are all positive, and without it
-        # half the dense units start dead (each one's sign set by its weights' sum).
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.BatchNorm1d(64),
-                                  nn.ReLU(), nn.Linear(64, 10))
+@functools.cache
+def _digits_cnn_class() -> type:
+    import lightning as L
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+    class DigitsCNN(L.LightningModule):
+        def __init__(self, lr: float = LR):
+            super().__init__()
+            self.lr = lr
+            self.features = nn.Sequential(
+                nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
+            # Normalised before each ReLU: the pooled inputs are all positive, and without it
+            # half the dense units start dead (each one's sign set by its weights' sum).
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.BatchNorm1d(64),
+                                      nn.ReLU(), nn.Linear(64, 10))
 
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.features(x))
 
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
-        self.log("val_accuracy", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self(x), y)
 
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self(x)
+            self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+            self.log("val_accuracy", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+    return DigitsCNN
+
+
+def digits_cnn(lr: float = LR) -> L.LightningModule:
+    """The CNN: two conv-BN-ReLU blocks, max-pooling, a dense BN-ReLU layer, 10 logits."""
+    return _digits_cnn_class()(lr)
 
 
 def loaders(world: int = 1) -> tuple:
@@ -69,6 +85,11 @@ def fit(root: Path, lr: float = LR, strategy="auto", devices: int = 1,
         **options) -> L.Trainer:
     """Three epochs with accumulate_grad_batches=2, bf16-mixed and gradient clipping; the
     logger writes ``root/lightning_logs/version_0``."""
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from tb_introspect.lightning import Introspect
+
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(
         max_epochs=EPOCHS, accelerator="cpu", devices=devices, strategy=strategy,
@@ -77,7 +98,7 @@ def fit(root: Path, lr: float = LR, strategy="auto", devices: int = 1,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(root))
     train, val = loaders(devices)
-    trainer.fit(DigitsCNN(lr), train, val)
+    trainer.fit(digits_cnn(lr), train, val)
     return trainer
 
 

@@ -140,7 +140,7 @@ def test_no_tensorboard_logger_writes_into_the_trainers_log_dir(tmp_path: Path):
                         callbacks=[Introspect(every=1)], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     train, _ = ls.loaders()
-    trainer.fit(ls.DigitsCNN(), train)
+    trainer.fit(ls.digits_cnn(), train)
     run = ts.read_run(trainer.log_dir)
     assert list(run.tensors["gradient"][0].steps) == [1, 2]
 
