@@ -89,24 +89,6 @@ class _Discovery:
         return capture.replace_leaves(outputs, new)
 
 
-def _unoptimized_on_cpu(train_function: Any) -> Any:
-    """The statistics train function, run without Grappler's graph optimization where no GPU
-    is visible. It runs on a few steps per epoch; on a CPU its steps measured as fast
-    unoptimized (the reference CNN and MobileNetV2, ``benchmarks/overhead.py
-    --step-functions``), and optimizing its graph took 0.8 s of the CNN's first epoch and 6 s
-    of MobileNetV2's. A GPU's layout and fusion passes may matter: there it is optimized.
-    Every call runs in the block: a function called under other options is instantiated
-    (and optimized) again."""
-    if tf.config.list_physical_devices("GPU"):
-        return train_function
-
-    def call(*args: Any) -> Any:
-        with private.without_graph_optimization():
-            return train_function(*args)
-
-    return call
-
-
 def _batch_spec(iterator: Any) -> Any:
     """One replica's spec of a batch (x, y, sample_weight structure) from Keras' iterator."""
     return tf.nest.map_structure(private.replica_spec, iterator.element_spec)
@@ -385,7 +367,7 @@ class Introspect(keras.callbacks.Callback):
         self.host.start(initial)
         self._steps_done = initial
         inst.patch(layers=False, apply=self._apply_wrapper())
-        self._instrumented_fn = _unoptimized_on_cpu(self._make_train_function(StepMode.STATS))
+        self._instrumented_fn = self._make_train_function(StepMode.STATS)
         self._lean_fn = self._make_train_function(StepMode.LEAN)
         inst.route(self._run)
         self._checked_trace = False

@@ -66,18 +66,14 @@ def test_instance_attributes_bypass_tracking():
     assert "call" not in layer.__dict__
 
 
-def meta_optimizer_off() -> bool:
-    """Whether functions called now on this thread skip Grappler."""
+def test_functions_called_without_graph_optimization_on_this_thread_only():
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
-    config = config_pb2.ConfigProto.FromString(
-        context.context().function_call_options.config_proto_serialized)
-    return config.graph_options.rewrite_options.disable_meta_optimizer
-
-
-def test_functions_called_without_graph_optimization_on_this_thread_only():
-    from tensorflow.python.eager import context
+    def meta_optimizer_off() -> bool:
+        config = config_pb2.ConfigProto.FromString(
+            context.context().function_call_options.config_proto_serialized)
+        return config.graph_options.rewrite_options.disable_meta_optimizer
 
     before = context.context().function_call_options
     with private.without_graph_optimization():
@@ -85,24 +81,4 @@ def test_functions_called_without_graph_optimization_on_this_thread_only():
         got = tf.function(lambda x: tf.reduce_sum(x * 2.0))(tf.ones(3))
     assert float(got) == 6.0
     assert context.context().function_call_options is before
-    assert not meta_optimizer_off()
-
-
-def test_the_statistics_train_function_is_called_unoptimized_on_a_cpu():
-    """Every call, not only the first: a function called under other options is
-    instantiated and optimized again. With a GPU, Keras's function is kept as it is."""
-    from tb_introspect.collect.keras_callback import _unoptimized_on_cpu
-
-    seen = []
-
-    def train_function(iterator):
-        seen.append(meta_optimizer_off())
-        return iterator
-
-    wrapped = _unoptimized_on_cpu(train_function)
-    if tf.config.list_physical_devices("GPU"):
-        assert wrapped is train_function
-        return
-    assert [wrapped(1), wrapped(2)] == [1, 2]
-    assert seen == [True, True]
     assert not meta_optimizer_off()
