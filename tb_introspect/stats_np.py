@@ -110,10 +110,15 @@ def scale_exponent(vmin: float, vmax: float) -> float:
     """Binary exponent of max(|vmin|, |vmax|), 0 when that is not a positive finite number:
     moments are kept of x * 2**-e so that squares of values near the float64 limits stay
     finite (clipped so that 2**-e itself is a normal float64)."""
-    m = max(abs(vmin), abs(vmax))
-    if not (np.isfinite(m) and m > 0):
-        return 0.0
-    return min(max(float(np.floor(np.log2(m))), -_MAX_EXP), _MAX_EXP)
+    return float(scale_exponents(vmin, vmax))
+
+
+def scale_exponents(vmin, vmax) -> np.ndarray:
+    """``scale_exponent`` of each pair of extremes (arrays)."""
+    m = np.maximum(np.abs(vmin), np.abs(vmax))
+    ok = np.isfinite(m) & (m > 0)
+    e = np.floor(np.log2(np.where(ok, m, 1.0)))
+    return np.where(ok, np.clip(e, -_MAX_EXP, _MAX_EXP), 0.0)
 
 
 def state_exp(st: Mapping[str, np.ndarray]) -> float:
@@ -244,6 +249,85 @@ def tensor_state(
     return st
 
 
+#: Arrays of at most this many values are taken together by ``tensor_states`` (when the
+#: sample holds them whole); a larger one's own numpy calls cost little beside its passes.
+BATCH_MAX = 2**16
+
+
+def tensor_states(
+    arrays: Sequence,
+    *,
+    sample_size: int | None = DEFAULT_SAMPLE_SIZE,
+    names: Sequence[str | None] | None = None,
+) -> list[State]:
+    """``tensor_state`` of each array. Non-empty arrays of at most ``BATCH_MAX`` values
+    that the sample holds whole are taken together, by segment reductions over one float64
+    concatenation: a few dozen numpy calls for all of them where each alone costs as many
+    (a logged point's weights, biases and normalization scales). Their moments are summed
+    in another order, so they may differ from ``tensor_state``'s in the last bits; their
+    sample keys come from one generator seeded by the data."""
+    k = _check_sample_size(sample_size)
+    names = list(names) if names is not None else [None] * len(arrays)
+    flats = [_to_float(x, nm) for x, nm in zip(arrays, names, strict=True)]
+    out: list[State | None] = [None] * len(flats)
+    batch = []
+    for i, a in enumerate(flats):
+        if 0 < a.size <= min(BATCH_MAX, k):
+            batch.append(i)
+        else:
+            out[i] = tensor_state(a, sample_size=sample_size, name=names[i])
+    if not batch:
+        return out
+    sizes = np.array([flats[i].size for i in batch], dtype=np.int64)
+    cat, starts = _flat64([flats[i] for i in batch])
+    finite = np.isfinite(cat)
+    nf = np.add.reduceat(finite, starts, dtype=np.int64)
+    if int(nf.sum()) == cat.size:  # the usual case: the masking passes are identities
+        xf, lows, highs = cat, cat, cat
+        posinf = neginf = np.zeros(len(batch), dtype=np.int64)
+    else:
+        xf = np.where(finite, cat, 0.0)
+        lows, highs = np.where(finite, cat, np.inf), np.where(finite, cat, -np.inf)
+        posinf = np.add.reduceat(cat == np.inf, starts, dtype=np.int64)
+        neginf = np.add.reduceat(cat == -np.inf, starts, dtype=np.int64)
+    active = xf != 0
+    n_active = np.add.reduceat(active, starts, dtype=np.int64)
+    n_pos = np.add.reduceat(xf > 0, starts, dtype=np.int64)
+    vmin = np.minimum.reduceat(lows, starts)
+    vmax = np.maximum.reduceat(highs, starts)
+    e = scale_exponents(vmin, vmax)
+    xs = xf * np.repeat(2.0**-e, sizes)
+    mean_s = np.add.reduceat(xs, starts) / np.maximum(nf, 1)
+    xs -= np.repeat(mean_s, sizes)
+    if xf is not cat:
+        xs[~finite] = 0.0
+    m2_s = np.add.reduceat(xs * xs, starts)
+    min_abs = np.minimum.reduceat(np.where(active, np.abs(xf), np.inf), starts)
+    values = cat[active]
+    keys = np.random.default_rng(_content_seed(float(mean_s.sum()), float(m2_s.sum()))
+                                 ).random(values.size)
+    ends = np.cumsum(n_active)
+    for j, i in enumerate(batch):
+        st = empty_state(flats[i].shape, sample_size=sample_size)
+        blocks, channels, positions = _units(flats[i].shape)
+        per_unit = active[starts[j]:starts[j] + sizes[j]].reshape(blocks)
+        if channels:
+            st["channel_nnz"] = np.count_nonzero(per_unit, axis=(0, 1)).astype(np.float64)
+        if positions:
+            st["spatial_nnz"] = np.count_nonzero(per_unit, axis=(0, 2)).astype(np.float64)
+        a, b = ends[j] - n_active[j], ends[j]
+        st.update(
+            count=np.float64(sizes[j]), finite_count=np.float64(nf[j]),
+            posinf_count=np.float64(posinf[j]), neginf_count=np.float64(neginf[j]),
+            pos_count=np.float64(n_pos[j]), neg_count=np.float64(n_active[j] - n_pos[j]),
+            activity_count=np.float64(nf[j]), mean=np.float64(mean_s[j] * 2.0**e[j]),
+            m2=np.float64(m2_s[j]), min=vmin[j], max=vmax[j], min_abs=min_abs[j],
+            sample_keys=keys[a:b], sample_values=values[a:b],
+        )
+        out[i] = st
+    return out
+
+
 def merge_states(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> State:
     """Merge two states (associative and commutative: steps, calls, ranks).
 
@@ -288,14 +372,6 @@ def _rescale_m2(m2: float, e_from: float, e_to: float) -> float:
     return m2 * f * f
 
 
-def _units_dead(nnz: np.ndarray, units: float, count: float) -> float:
-    """Share of the ``units`` units whose non-zero count is 0; NaN when the tensor is empty
-    or no unit is tracked."""
-    if not (count > 0 and units > 0):
-        return np.nan
-    return float((units - np.count_nonzero(nnz)) / units)
-
-
 def finalize(
     st: Mapping[str, np.ndarray],
     view: str,
@@ -304,54 +380,84 @@ def finalize(
 ) -> np.ndarray:
     """The packed float64 vector of a state, laid out as ``metadata.tensor_stats_fields``
     (``stats.finalize``'s slots). The ``epoch`` slot and the view's extra slots are NaN."""
+    return finalize_many([st], view, quantiles=quantiles)[0]
+
+
+def finalize_many(
+    states: Sequence[Mapping[str, np.ndarray]],
+    view: str,
+    *,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+) -> np.ndarray:
+    """``[len(states), slots]``: the packed vector of each state (``finalize``), computed for
+    all of them at once: a logged point finalizes dozens to hundreds of small states, whose
+    numpy calls would otherwise cost more than their arithmetic."""
     fields = metadata.tensor_stats_fields(view, quantiles)
     q = _check_quantiles(quantiles)
-    n, nf = float(st["count"]), float(st["finite_count"])
-    posinf, neginf = float(st["posinf_count"]), float(st["neginf_count"])
-    n_pos, n_neg = float(st["pos_count"]), float(st["neg_count"])
-    out = dict.fromkeys(fields, np.nan)
-    out.update(count=n, finite_count=nf, nan_count=max(n - nf - posinf - neginf, 0.0),
-               posinf_count=posinf, neginf_count=neginf,
-               dead_rate=_units_dead(st["channel_nnz"], float(st["channels"]), n),
-               spatial_dead_rate=_units_dead(st["spatial_nnz"], float(st["positions"]), n))
+    col = {f: i for i, f in enumerate(fields)}
+    out = np.full((len(states), len(fields)), np.nan)
+    if not states:
+        return out
+
+    def get(key: str) -> np.ndarray:
+        return np.array([st[key] for st in states], dtype=np.float64)
+
+    n, nf, posinf, neginf = get("count"), get("finite_count"), get("posinf_count"), \
+        get("neginf_count")
+    n_pos, n_neg = get("pos_count"), get("neg_count")
+    channels, positions = get("channels"), get("positions")
+    out[:, col["count"]], out[:, col["finite_count"]] = n, nf
+    out[:, col["nan_count"]] = np.maximum(n - nf - posinf - neginf, 0.0)
+    out[:, col["posinf_count"]], out[:, col["neginf_count"]] = posinf, neginf
+    out[:, col["dead_rate"]] = _units_dead([st["channel_nnz"] for st in states], channels, n)
+    out[:, col["spatial_dead_rate"]] = _units_dead([st["spatial_nnz"] for st in states],
+                                                   positions, n)
     # The per-unit counts are over activity_count elements, which may cover more steps
     # than the rest of the state (PyTorch's rectifier outputs).
-    if st["channels"] > 0:
-        active, over = float(np.sum(st["channel_nnz"])), float(st["activity_count"])
-    else:
-        active, over = n_pos + n_neg, nf
-    if over > 0:
-        out["activation_rate"], out["zero_fraction"] = active / over, (over - active) / over
-    if not nf:
-        return np.array([out[f] for f in fields], dtype=np.float64)
-    vmin, vmax = float(st["min"]), float(st["max"])
-    e = scale_exponent(vmin, vmax)
-    scale = 2.0**e
-    mean_s = float(st["mean"]) * 2.0**-e
-    m2_s = float(st["m2"])
-    sumsq_s = m2_s + nf * mean_s * mean_s
-    with np.errstate(over="ignore"):  # a true L2 above the float64 range is inf
-        l2 = np.sqrt(sumsq_s) * scale
-    out.update(
-        sign_balance=(n_pos - n_neg) / (n_pos + n_neg) if n_pos + n_neg else np.nan,
-        mean=float(st["mean"]),
-        std=np.sqrt(m2_s / nf) * scale,
-        rms=np.sqrt(sumsq_s / nf) * scale,
-        l2=l2,
-        min=vmin,
-        max=vmax,
-    )
-    values = st["sample_values"]
-    sample = values[np.isfinite(values) & (values != 0)]
-    min_abs = float(st["min_abs"])
+    tracked = channels > 0
+    active = np.where(tracked, [np.sum(st["channel_nnz"]) for st in states], n_pos + n_neg)
+    over = np.where(tracked, get("activity_count"), nf)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out[:, col["activation_rate"]] = np.where(over > 0, active / over, np.nan)
+        out[:, col["zero_fraction"]] = np.where(over > 0, (over - active) / over, np.nan)
+        vmin, vmax = get("min"), get("max")
+        e = scale_exponents(vmin, vmax)
+        scale = 2.0**e
+        mean = get("mean")
+        mean_s = mean * 2.0**-e
+        m2_s = get("m2")
+        sumsq_s = m2_s + nf * mean_s * mean_s
+        signed = n_pos + n_neg
+        moments = {
+            "sign_balance": np.where(signed > 0, (n_pos - n_neg) / signed, np.nan),
+            "mean": mean, "std": np.sqrt(m2_s / nf) * scale,
+            "rms": np.sqrt(sumsq_s / nf) * scale,
+            "l2": np.sqrt(sumsq_s) * scale,  # a true L2 above the float64 range is inf
+            "min": vmin, "max": vmax,
+        }
+    some = nf > 0
+    for key, value in moments.items():
+        out[some, col[key]] = value[some]
+    samples = []
+    for st in states:
+        values = st["sample_values"]
+        samples.append(values[np.isfinite(values) & (values != 0)])
+    min_abs = get("min_abs")
     vq, lq = sample_quantiles(
-        sample, n_neg=n_neg, n_zero=nf - n_pos - n_neg, n_pos=n_pos, vmin=vmin, vmax=vmax,
-        min_abs=min_abs if np.isfinite(min_abs) else np.nan, quantiles=q,
+        samples, n_neg=n_neg, n_zero=nf - n_pos - n_neg, n_pos=n_pos, vmin=vmin, vmax=vmax,
+        min_abs=np.where(np.isfinite(min_abs), min_abs, np.nan), quantiles=q,
     )
-    for qi, vv, lv in zip(q, vq, lq, strict=True):
-        out[metadata.quantile_field(qi)] = vv
-        out[metadata.quantile_field(qi, log=True)] = lv
-    return np.array([out[f] for f in fields], dtype=np.float64)
+    out[:, [col[metadata.quantile_field(qi)] for qi in q]] = vq
+    out[:, [col[metadata.quantile_field(qi, log=True)] for qi in q]] = lq
+    return out
+
+
+def _units_dead(nnz: Sequence[np.ndarray], units: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Share of each state's ``units`` units whose non-zero count is 0; NaN where the tensor
+    is empty or no unit is tracked."""
+    dead = units - np.array([np.count_nonzero(c) for c in nnz], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((count > 0) & (units > 0), dead / units, np.nan)
 
 
 #: From this many values a partition at the wanted order statistics may beat a sort; below
@@ -382,78 +488,119 @@ def _partition_wins() -> bool:
     return PARTITION
 
 
-def _select(values: np.ndarray, positions: np.ndarray, scale=None) -> np.ndarray:
-    """The order statistics of ``values`` at fractional sorted ``positions``, linearly
-    interpolated (after ``scale``, e.g. ``np.log10``). A large array is partitioned at the
-    positions' floors and ceilings instead of sorted where that is the faster on this CPU
-    (a logged point takes this for every large weight and gradient)."""
-    lo = np.floor(positions).astype(np.int64)
-    hi = np.ceil(positions).astype(np.int64)
-    if values.size < PARTITION_FROM or not _partition_wins():
-        part = np.sort(values)
-    else:
-        part = np.partition(values, np.unique(np.concatenate([lo, hi])))
-    a, b = part[lo].astype(np.float64), part[hi].astype(np.float64)
-    if scale is not None:
-        a, b = scale(a), scale(b)
-    return np.where(hi > lo, a + (b - a) * (positions - lo), a)
+class _Sorted:
+    """Rows of values, sorted for their order statistics (``select``).
+
+    Rows under ``PARTITION_FROM`` values are sorted together, padded with +inf to the next
+    power of two: one sort per width, not one per row (a point's many small tensors). A
+    larger row is sorted alone, or kept to be partitioned at the wanted positions where
+    that is the faster on this CPU."""
+
+    def __init__(self, rows: Sequence[np.ndarray], *, _groups=None, _large=None) -> None:
+        if _groups is not None:
+            self.groups, self.large = _groups, _large
+            return
+        widths: dict[int, list[int]] = {}
+        self.large: dict[int, np.ndarray] = {}
+        for i, row in enumerate(rows):
+            if row.size < PARTITION_FROM:
+                widths.setdefault(max(16, 1 << (row.size - 1).bit_length()), []).append(i)
+            elif _partition_wins():
+                self.large[i] = row
+            else:
+                widths.setdefault(row.size, []).append(i)
+        self.groups: list[tuple[list[int], np.ndarray]] = []
+        for width, idx in widths.items():
+            mat = np.full((len(idx), width), np.inf)
+            for j, i in enumerate(idx):
+                mat[j, :rows[i].size] = rows[i]
+            mat.sort(axis=1)
+            self.groups.append((idx, mat))
+
+    def magnitudes(self) -> _Sorted:
+        """The rows' absolute values, sorted. Each sorted row's magnitudes are two sorted
+        runs (the negatives' descending, the positives' ascending), which a stable sort
+        (timsort) merges in one linear pass."""
+        groups = [(idx, np.sort(np.abs(mat), axis=1, kind="stable"))
+                  for idx, mat in self.groups]
+        return _Sorted((), _groups=groups, _large={i: np.abs(r) for i, r in self.large.items()})
+
+    def select(self, positions: np.ndarray, scale=None) -> np.ndarray:
+        """``[rows, P]``: each row's order statistics at its fractional sorted ``positions``
+        (within the row), linearly interpolated (after ``scale``, e.g. ``np.log10``)."""
+        lo = np.floor(positions).astype(np.int64)
+        hi = np.ceil(positions).astype(np.int64)
+        a, b = np.empty(positions.shape), np.empty(positions.shape)
+        for idx, mat in self.groups:
+            a[idx] = np.take_along_axis(mat, lo[idx], axis=1)
+            b[idx] = np.take_along_axis(mat, hi[idx], axis=1)
+        for i, row in self.large.items():
+            part = np.partition(row, np.unique(np.concatenate([lo[i], hi[i]])))
+            a[i], b[i] = part[lo[i]], part[hi[i]]
+        with np.errstate(divide="ignore", invalid="ignore"):  # +inf where a row is empty
+            if scale is not None:
+                a, b = scale(a), scale(b)
+            return np.where(hi > lo, a + (b - a) * (positions - lo), a)
 
 
 def sample_quantiles(
-    sample: np.ndarray,
+    samples: Sequence[np.ndarray],
     *,
-    n_neg: float,
-    n_zero: float,
-    n_pos: float,
-    vmin: float,
-    vmax: float,
-    min_abs: float,
+    n_neg: np.ndarray,
+    n_zero: np.ndarray,
+    n_pos: np.ndarray,
+    vmin: np.ndarray,
+    vmax: np.ndarray,
+    min_abs: np.ndarray,
     quantiles: Sequence[float],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Value and log10|x| percentiles from a sample of the finite non-zero values.
+    """``[len(samples), Q]`` value and log10|x| percentiles, one row per state, from its
+    sample of finite non-zero values and its counts and extremes (vectors over the states).
 
     Mirrors ``stats.quantiles.sample_quantiles``: each population order statistic is
-    mapped into the sample within its sign stratum; exact when ``sample`` holds
-    every finite non-zero value.
+    mapped into the sample within its sign stratum; exact when a sample holds every finite
+    non-zero value.
     """
     p = np.asarray(quantiles, dtype=np.float64) / 100.0
-    n_fin = n_neg + n_zero + n_pos
-    if n_fin == 0:
-        nan = np.full(p.shape, np.nan)
-        return nan, nan.copy()
-    vals = np.asarray(sample)
-    if vals.dtype.kind != "f":
-        vals = vals.astype(np.float64)
-    m = vals.size
-    m_neg = int(np.count_nonzero(vals < 0))
+    nq = p.size
+    m = np.array([s.size for s in samples], dtype=np.float64)[:, None]
+    m_neg = np.array([np.count_nonzero(s < 0) for s in samples], dtype=np.float64)[:, None]
     m_pos = m - m_neg
+    n_neg, n_zero, n_pos = (np.asarray(v, dtype=np.float64)[:, None]
+                            for v in (n_neg, n_zero, n_pos))
+    vmin, vmax, min_abs = (np.asarray(v, dtype=np.float64)[:, None]
+                           for v in (vmin, vmax, min_abs))
+    n_fin = n_neg + n_zero + n_pos
 
     def stratum(j, n_pop, m_samp, offset):
         # Population rank j (0-based within the stratum) -> sorted sample position.
-        s = j if n_pop == m_samp else j * (m_samp - 1.0) / max(n_pop - 1.0, 1.0)
-        return offset + np.clip(s, 0, max(m_samp - 1, 0))
+        s = np.where(n_pop == m_samp, j, j * (m_samp - 1.0) / np.maximum(n_pop - 1.0, 1.0))
+        return offset + np.clip(s, 0, np.maximum(m_samp - 1, 0))
 
     r = p * (n_fin - 1)
     lo = np.floor(r)
     hi = np.minimum(lo + 1, n_fin - 1)
-    i = np.concatenate([lo, hi])  # population ranks
+    i = np.concatenate([lo, hi], axis=1)  # population ranks
     neg = i < n_neg
     zero = ~neg & (i < n_neg + n_zero)
-    at = np.where(neg, stratum(np.minimum(i, max(n_neg - 1, 0)), n_neg, m_neg, 0),
+    at = np.where(neg, stratum(np.minimum(i, np.maximum(n_neg - 1, 0)), n_neg, m_neg, 0),
                   stratum(np.maximum(i - n_neg - n_zero, 0), n_pos, m_pos, m_neg))
-    v = _select(vals, np.clip(at, 0, m - 1)) if m else np.zeros(i.shape)
-    v = np.where(neg, v if m_neg else vmin, np.where(zero, 0.0, v if m_pos else vmax))
-    a, b = v[:i.size // 2], v[i.size // 2:]
-    vq = np.where(hi > lo, a + (b - a) * (r - lo), a)
+    rows = _Sorted(samples)
+    v = rows.select(np.clip(at, 0, np.maximum(m - 1, 0)))
+    v = np.where(neg, np.where(m_neg > 0, v, vmin),
+                 np.where(zero, 0.0, np.where(m_pos > 0, v, vmax)))
+    a, b = v[:, :nq], v[:, nq:]
+    with np.errstate(invalid="ignore"):
+        vq = np.where(hi > lo, a + (b - a) * (r - lo), a)
     vq = np.where(p == 0, vmin, np.where(p == 1, vmax, vq))
     vq = np.clip(vq, vmin, vmax)
+    vq[n_fin[:, 0] == 0] = np.nan
 
-    if m == 0:
-        return vq, np.full(p.shape, np.nan)
-    rm = p * (m - 1)
-    lq = _select(np.abs(vals), rm, np.log10)
-    max_abs = max(abs(vmin), abs(vmax))
-    lq = np.where(p == 0, np.log10(min_abs), np.where(p == 1, np.log10(max_abs), lq))
+    lq = rows.magnitudes().select(np.maximum(p * (m - 1), 0), np.log10)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        max_abs = np.maximum(np.abs(vmin), np.abs(vmax))
+        lq = np.where(p == 0, np.log10(min_abs), np.where(p == 1, np.log10(max_abs), lq))
+    lq[(m[:, 0] == 0) | (n_fin[:, 0] == 0)] = np.nan
     return vq, lq
 
 
@@ -478,44 +625,91 @@ def tensor_stats(
     return finalize(st, view, quantiles=quantiles)
 
 
+def tensor_stats_many(
+    arrays: Sequence,
+    view: str,
+    *,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    sample_size: int | None = DEFAULT_SAMPLE_SIZE,
+    names: Sequence[str | None] | None = None,
+) -> np.ndarray:
+    """``[len(arrays), slots]``: ``tensor_stats`` of each array, the small ones computed
+    together (``tensor_states``, ``finalize_many``).
+
+    >>> tensor_stats_many([np.ones(3), np.arange(4.0)], "variable").shape[0]
+    2
+    """
+    metadata.tensor_stats_fields(view, quantiles)
+    _check_quantiles(quantiles)
+    states = tensor_states(arrays, sample_size=sample_size, names=names)
+    return finalize_many(states, view, quantiles=quantiles)
+
+
 # ------------------------------------------------------------- slots from two points
 
 
-def update_ratio(w: np.ndarray, dw: np.ndarray) -> float:
-    """``update_ratio``: ‖dw‖ / ‖w‖, the change ``dw`` since the previous point relative to
-    the weights ``w`` (NaN or inf when ``w`` is all zero)."""
-    w = np.asarray(w, np.float64).reshape(-1)
-    dw = np.asarray(dw, np.float64).reshape(-1)
+def _flat64(arrays: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays flattened into one float64 vector, and the start of each."""
+    sizes = np.array([np.size(a) for a in arrays], dtype=np.int64)
+    cat = (np.concatenate([np.reshape(a, -1) for a in arrays], dtype=np.float64)
+           if len(arrays) else np.zeros(0))
+    return cat, np.cumsum(sizes) - sizes
+
+
+def _segment_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The sum of each segment of ``values`` beginning at ``starts`` (0 for an empty one)."""
+    out = np.zeros(starts.size)
+    ends = np.append(starts[1:], values.size)
+    some = ends > starts
+    if some.any():
+        out[some] = np.add.reduceat(values, starts[some])
+    return out
+
+
+def update_ratios(ws: Sequence[np.ndarray], dws: Sequence[np.ndarray]) -> np.ndarray:
+    """``update_ratio`` of each variable: ‖dw‖ / ‖w‖, the change ``dw`` since the previous
+    point relative to the weights ``w`` (NaN or inf when ``w`` is all zero)."""
+    w, starts = _flat64(ws)
+    dw, _ = _flat64(dws)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return float(np.sqrt(np.dot(dw, dw)) / np.sqrt(np.dot(w, w)))
+        return np.sqrt(_segment_sums(dw * dw, starts)) / np.sqrt(_segment_sums(w * w, starts))
 
 
-def cos_prev(g: np.ndarray, prev: np.ndarray) -> float:
-    """``cos_prev``: the cosine between a gradient aggregate and the previous point's (NaN
+def cos_prevs(gs: Sequence[np.ndarray], prevs: Sequence[np.ndarray]) -> np.ndarray:
+    """``cos_prev`` of each gradient aggregate: the cosine with the previous point's (NaN
     when either is zero)."""
-    a = np.asarray(g, np.float64).reshape(-1)
-    b = np.asarray(prev, np.float64).reshape(-1)
+    a, starts = _flat64(gs)
+    b, _ = _flat64(prevs)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return float(np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)))
+        return _segment_sums(a * b, starts) / np.sqrt(
+            _segment_sums(a * a, starts) * _segment_sums(b * b, starts))
 
 
-def implicit_lr(dw: np.ndarray, gsum: np.ndarray,
-                quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-                steps_per_sample: float = 1.0,
-                rng: np.random.Generator | None = None) -> dict[str, float]:
-    """The ``ilr_q<p>`` slots: percentiles of |dw| / |G| over the elements whose gradient sum
-    ``G`` (``gsum`` times ``steps_per_sample`` with ``every=N``) is not zero, over every
-    element of up to ``ILR_SAMPLE`` and ``ILR_SAMPLE`` uniform draws (``rng``) of larger
-    variables; NaN when no gradient sum is non-zero."""
-    d, g = np.asarray(dw).reshape(-1), np.asarray(gsum).reshape(-1)
-    if d.size > ILR_SAMPLE:  # drawn first: the rest of a large variable is never read
-        pick = (rng or np.random.default_rng(0)).integers(0, d.size, ILR_SAMPLE)
-        d, g = d[pick], g[pick]
-    d = np.abs(d.astype(np.float64))
-    g = np.abs(g.astype(np.float64)) * steps_per_sample
+def implicit_lrs(dws: Sequence[np.ndarray], gsums: Sequence[np.ndarray],
+                 quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+                 steps_per_sample: float = 1.0, seed: int = 0) -> np.ndarray:
+    """``[variables, Q]``, the ``ilr_q<p>`` slots: percentiles of |dw| / |G| over the
+    elements whose gradient sum ``G`` (``gsum`` times ``steps_per_sample`` with
+    ``every=N``) is not zero, over every element of up to ``ILR_SAMPLE`` and ``ILR_SAMPLE``
+    uniform draws of larger variables (variable ``i``'s from the generator
+    ``[seed, i]``); NaN when no gradient sum is non-zero."""
+    ds, gs = [], []
+    for i, (dw, gsum) in enumerate(zip(dws, gsums, strict=True)):
+        d, g = np.reshape(dw, -1), np.reshape(gsum, -1)
+        if d.size > ILR_SAMPLE:  # drawn first: the rest of a large variable is never read
+            pick = np.random.default_rng([seed, i]).integers(0, d.size, ILR_SAMPLE)
+            d, g = d[pick], g[pick]
+        ds.append(d)
+        gs.append(g)
+    d, starts = _flat64(ds)
+    g, _ = _flat64(gs)
+    d, g = np.abs(d), np.abs(g) * steps_per_sample
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = d / g
-    rate = rate[(g > 0) & np.isfinite(rate)]
-    values = np.percentile(rate, quantiles) if rate.size else [np.nan] * len(quantiles)
-    return {metadata.ILR_PREFIX + metadata.quantile_field(q): float(v)
-            for q, v in zip(quantiles, values, strict=True)}
+    kept = (g > 0) & np.isfinite(rate)
+    rows = np.split(rate[kept], np.cumsum(_segment_sums(kept, starts)).astype(np.int64)[:-1])
+    p = np.asarray(quantiles, dtype=np.float64) / 100.0
+    m = np.array([r.size for r in rows], dtype=np.float64)[:, None]
+    out = _Sorted(rows).select(np.maximum(p * (m - 1), 0))
+    out[m[:, 0] == 0] = np.nan
+    return out

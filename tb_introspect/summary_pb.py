@@ -121,13 +121,16 @@ def tensor_stats_pb_from_array(
 def fill_slots(
     vector, view: str, quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES, **values: float
 ) -> np.ndarray:
-    """A copy of a packed vector with the named slots (e.g. ``epoch=3``) set."""
+    """A copy of a packed vector, or of a ``[rows, slots]`` stack of them, with the named
+    slots (e.g. ``epoch=3``) set (a value per row, or one for all)."""
     fields = metadata.tensor_stats_fields(view, quantiles)
-    vec = np.array(vector, dtype=np.float64).reshape(-1)
+    vec = np.array(vector, dtype=np.float64)
+    if vec.ndim != 2:
+        vec = vec.reshape(-1)
     for key, value in values.items():
         if key not in fields:
             raise ValueError(f"{key!r} is not a slot of {view} statistics; slots: {fields}")
-        vec[fields.index(key)] = value
+        vec[..., fields.index(key)] = value
     return vec
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tb_introspect import stats_np, summary_pb
+from tb_introspect import metadata, stats_np, summary_pb
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 
@@ -47,38 +47,44 @@ class Params:
                    gsums: Sequence[np.ndarray] | None, seed: int) -> None:
         """Append the gradient block of ``gsums`` (the window's sums, every variable) and
         the variable block of ``weights`` (every variable) to ``out``; either may be None
-        (view not wanted, or not this process's to write)."""
+        (view not wanted, or not this process's to write). Each view's statistics are
+        computed for all its tensors at once (``stats_np.tensor_stats_many``)."""
         plan, o = self.plan, self.plan.options
         specs = plan.variables
         if gsums is not None:
             keep = [i for i, s in enumerate(specs) if plan.writes("gradient", s)]
-            vecs = []
-            for i in keep:
-                g = gsums[i]
-                vec = stats_np.tensor_stats(self._view(g), "gradient", quantiles=o.quantiles,
-                                            sample_size=o.sample_size, name=specs[i].name)
-                cos = np.nan if self.g_prev is None else stats_np.cos_prev(g, self.g_prev[i])
-                vecs.append(summary_pb.fill_slots(vec, "gradient", o.quantiles, cos_prev=cos))
-            self.g_prev = list(gsums)
             if keep:
-                out.blocks.append(Block("gradient", [specs[i] for i in keep], np.stack(vecs)))
+                g = [gsums[i] for i in keep]
+                cos = (np.nan if self.g_prev is None
+                       else stats_np.cos_prevs(g, [self.g_prev[i] for i in keep]))
+                out.blocks.append(Block("gradient", [specs[i] for i in keep], summary_pb.fill_slots(
+                    self._stats(g, "gradient", [specs[i] for i in keep]), "gradient",
+                    o.quantiles, cos_prev=cos)))
+            self.g_prev = list(gsums)
         if weights is not None:
             keep = [i for i, s in enumerate(specs) if plan.writes("variable", s)]
-            steps = float(o.every) if isinstance(o.every, int) else 1.0
-            vecs = []
-            for i in keep:
-                w = weights[i]
-                vec = stats_np.tensor_stats(self._view(w), "variable", quantiles=o.quantiles,
-                                            sample_size=o.sample_size, name=specs[i].name)
-                dw = w.astype(np.float64) - self.w_prev[i]
-                extras = {"update_ratio": stats_np.update_ratio(w, dw)}
-                if gsums is not None:
-                    extras.update(stats_np.implicit_lr(dw, gsums[i], o.quantiles, steps,
-                                                       np.random.default_rng([seed, i])))
-                vecs.append(summary_pb.fill_slots(vec, "variable", o.quantiles, **extras))
-            self.w_prev = [_f64(w) for w in weights]
             if keep:
-                out.blocks.append(Block("variable", [specs[i] for i in keep], np.stack(vecs)))
+                w = [weights[i] for i in keep]
+                dw = [w[j].astype(np.float64) - self.w_prev[i] for j, i in enumerate(keep)]
+                vecs = summary_pb.fill_slots(
+                    self._stats(w, "variable", [specs[i] for i in keep]), "variable",
+                    o.quantiles, update_ratio=stats_np.update_ratios(w, dw))
+                if gsums is not None:
+                    steps = float(o.every) if isinstance(o.every, int) else 1.0
+                    ilr = stats_np.implicit_lrs(dw, [gsums[i] for i in keep], o.quantiles,
+                                                steps, seed)
+                    fields = metadata.tensor_stats_fields("variable", o.quantiles)
+                    at = [fields.index(metadata.ILR_PREFIX + metadata.quantile_field(q))
+                          for q in o.quantiles]
+                    vecs[:, at] = ilr
+                out.blocks.append(Block("variable", [specs[i] for i in keep], vecs))
+            self.w_prev = [_f64(w) for w in weights]
+
+    def _stats(self, arrays: list[np.ndarray], view: str, specs: list) -> np.ndarray:
+        o = self.plan.options
+        return stats_np.tensor_stats_many([self._view(a) for a in arrays], view,
+                                          quantiles=o.quantiles, sample_size=o.sample_size,
+                                          names=[s.name for s in specs])
 
     def _view(self, a: np.ndarray) -> np.ndarray:
         return channels_last(a) if self.channels_first else a
