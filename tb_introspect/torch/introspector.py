@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import metadata, stats_np
 from tb_introspect.pipeline import params
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
 from tb_introspect.pipeline.governor import Governor
@@ -488,7 +488,7 @@ class Introspector:
             buf.copy_(self._empty[view])
             if host is None or self.rank != 0:
                 continue
-            specs, vectors = [], []
+            specs, states = [], []
             for j, spec in enumerate(self.outputs):
                 seg = spec.segments.get(view)
                 if seg is None or not self.plan.writes(view, spec):
@@ -502,10 +502,10 @@ class Introspector:
                 if merged[0] == 0:
                     continue
                 specs.append(spec)
-                vectors.append(state.finalize(merged, seg, view, self.quantiles,
-                                              activity_rates=view == "output"))
+                states.append(state.to_state(merged, seg, activity_rates=view == "output"))
             if specs:
-                out.blocks.append(Block(view, specs, np.stack(vectors)))
+                out.blocks.append(Block(view, specs, stats_np.finalize_many(
+                    states, view, quantiles=self.quantiles)))
 
     def _read_gradients(self, out: Point) -> list[np.ndarray] | None:
         """The window's gradient sums, one host copy (rank 0; None elsewhere), and the
