@@ -323,6 +323,51 @@ def test_stacked_states_finalize_as_each_alone():
         np.testing.assert_array_equal(together[i], alone.numpy(), err_msg=name)
 
 
+def test_numpy_many_at_once_match_each_alone():
+    """``stats_np.tensor_stats_many`` (a logged point's weights and gradient sums: segment
+    reductions over one concatenation, padded row sorts) gives each array's own vector:
+    every edge case at once, beside a sampled array and one past ``BATCH_MAX``. Counts,
+    extremes and percentiles bit for bit; the moments are summed in another order."""
+    arrays = [CASES[n] for n in sorted(CASES)]
+    arrays += [RNG.standard_t(3, size=(200, 100)).astype(np.float32),
+               RNG.normal(size=stats_np.BATCH_MAX + 5)]
+    together = stats_np.tensor_stats_many(arrays, VIEW, quantiles=Q, sample_size=K)
+    assert together.shape == (len(arrays), len(FIELDS))
+    for x, got in zip(arrays, together, strict=True):
+        want = stats_np.tensor_stats(x, VIEW, quantiles=Q, sample_size=K)  # content-seeded
+        assert not mismatches(got, as_dict(want), x, tol=1e-14)
+        for f in FIELDS:
+            if f not in MOMENTS:
+                np.testing.assert_array_equal(got[FIELDS.index(f)], want[FIELDS.index(f)], f)
+
+
+def test_two_point_slots_match_their_definitions():
+    """``update_ratios``, ``cos_prevs`` and ``implicit_lrs`` over a point's variables at once:
+    each variable's value is its own formula's (an empty and an all-zero variable too)."""
+    ws = [RNG.normal(size=s).astype(np.float32) for s in [(3, 4), (5000,), (0,), (7,)]]
+    ws[3][:] = 0.0
+    dws = [RNG.normal(size=w.shape) * 1e-3 for w in ws]
+    gs = [RNG.normal(size=w.shape).astype(np.float32) for w in ws]
+    ratio = stats_np.update_ratios(ws, dws)
+    cos = stats_np.cos_prevs(gs, ws)
+    ilr = stats_np.implicit_lrs(dws, gs, Q, 2.0, seed=3)
+    for i, (w, dw, g) in enumerate(zip(ws, dws, gs, strict=True)):
+        w64, dw64, g64 = (np.asarray(a, np.float64).reshape(-1) for a in (w, dw, g))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want_ratio = np.linalg.norm(dw64) / np.linalg.norm(w64)
+            want_cos = g64 @ w64 / (np.linalg.norm(g64) * np.linalg.norm(w64))
+        np.testing.assert_allclose(ratio[i], want_ratio, rtol=1e-12)
+        np.testing.assert_allclose(cos[i], want_cos, rtol=1e-12)
+        if dw64.size > stats_np.ILR_SAMPLE:
+            pick = np.random.default_rng([3, i]).integers(0, dw64.size, stats_np.ILR_SAMPLE)
+            dw64, g64 = dw64[pick], g64[pick]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.abs(dw64) / (np.abs(g64) * 2.0)
+        rate = rate[(g64 != 0) & np.isfinite(rate)]
+        want_ilr = np.percentile(rate, Q) if rate.size else np.full(len(Q), np.nan)
+        np.testing.assert_allclose(ilr[i], want_ilr, rtol=1e-12)
+
+
 @pytest.mark.parametrize("partition", [False, True])
 @pytest.mark.parametrize("n", [stats_np.PARTITION_FROM - 1, stats_np.PARTITION_FROM * 2])
 def test_numpy_percentiles_are_numpys_on_either_side_of_the_partition_threshold(
