@@ -496,10 +496,7 @@ class _Sorted:
     larger row is sorted alone, or kept to be partitioned at the wanted positions where
     that is the faster on this CPU."""
 
-    def __init__(self, rows: Sequence[np.ndarray], *, _groups=None, _large=None) -> None:
-        if _groups is not None:
-            self.groups, self.large = _groups, _large
-            return
+    def __init__(self, rows: Sequence[np.ndarray]) -> None:
         widths: dict[int, list[int]] = {}
         self.large: dict[int, np.ndarray] = {}
         for i, row in enumerate(rows):
@@ -521,9 +518,11 @@ class _Sorted:
         """The rows' absolute values, sorted. Each sorted row's magnitudes are two sorted
         runs (the negatives' descending, the positives' ascending), which a stable sort
         (timsort) merges in one linear pass."""
-        groups = [(idx, np.sort(np.abs(mat), axis=1, kind="stable"))
-                  for idx, mat in self.groups]
-        return _Sorted((), _groups=groups, _large={i: np.abs(r) for i, r in self.large.items()})
+        out = _Sorted(())
+        out.groups = [(idx, np.sort(np.abs(mat), axis=1, kind="stable"))
+                      for idx, mat in self.groups]
+        out.large = {i: np.abs(r) for i, r in self.large.items()}
+        return out
 
     def select(self, positions: np.ndarray, scale=None) -> np.ndarray:
         """``[rows, P]``: each row's order statistics at its fractional sorted ``positions``
