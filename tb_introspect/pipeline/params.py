@@ -66,17 +66,15 @@ class Params:
             if keep:
                 w = [weights[i] for i in keep]
                 dw = [w[j].astype(np.float64) - self.w_prev[i] for j, i in enumerate(keep)]
-                vecs = summary_pb.fill_slots(
-                    self._stats(w, "variable", [specs[i] for i in keep]), "variable",
-                    o.quantiles, update_ratio=stats_np.update_ratios(w, dw))
+                extras = {"update_ratio": stats_np.update_ratios(w, dw)}
                 if gsums is not None:
                     steps = float(o.every) if isinstance(o.every, int) else 1.0
                     ilr = stats_np.implicit_lrs(dw, [gsums[i] for i in keep], o.quantiles,
                                                 steps, seed)
-                    fields = metadata.tensor_stats_fields("variable", o.quantiles)
-                    at = [fields.index(metadata.ILR_PREFIX + metadata.quantile_field(q))
-                          for q in o.quantiles]
-                    vecs[:, at] = ilr
+                    extras.update({metadata.ILR_PREFIX + metadata.quantile_field(q): ilr[:, k]
+                                   for k, q in enumerate(o.quantiles)})
+                vecs = summary_pb.fill_slots(self._stats(w, "variable", [specs[i] for i in keep]),
+                                             "variable", o.quantiles, **extras)
                 out.blocks.append(Block("variable", [specs[i] for i in keep], vecs))
             self.w_prev = [_f64(w) for w in weights]
 
