@@ -63,9 +63,10 @@ class Params:
             self.g_prev = list(gsums)
         if weights is not None:
             keep = [i for i, s in enumerate(specs) if plan.writes("variable", s)]
+            w64 = [_f64(w) for w in weights]  # once: the change, its ratio, the next point
             if keep:
                 w = [weights[i] for i in keep]
-                dw = [w[j].astype(np.float64) - self.w_prev[i] for j, i in enumerate(keep)]
+                dw = [w64[i] - self.w_prev[i] for i in keep]
                 extras = {"update_ratio": stats_np.update_ratios(w, dw)}
                 if gsums is not None:
                     steps = float(o.every) if isinstance(o.every, int) else 1.0
@@ -76,7 +77,7 @@ class Params:
                 vecs = summary_pb.fill_slots(self._stats(w, "variable", [specs[i] for i in keep]),
                                              "variable", o.quantiles, **extras)
                 out.blocks.append(Block("variable", [specs[i] for i in keep], vecs))
-            self.w_prev = [_f64(w) for w in weights]
+            self.w_prev = w64
 
     def _stats(self, arrays: list[np.ndarray], view: str, specs: list) -> np.ndarray:
         o = self.plan.options
