@@ -3,10 +3,14 @@ not on the day its figures are needed. The figures themselves are not checked (s
 measured by the benchmarks, on a quiet machine); what is checked is that each one finishes,
 exits 0 and prints its Markdown table. ``load_test.py`` exits 1 on any wrong or failed
 answer, so its row is also the load test: 32 concurrent clients, both loaders, no error.
+
+The Keras benchmarks share one interpreter (``KERAS``): each runs through its ``main(argv)``
+in turn, so TensorFlow is imported once instead of once per script.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,25 +45,71 @@ SMALL = [
 ]
 
 
+#: The scripts run in one interpreter, in this order: they import TensorFlow, 4-5 CPU-s each.
+KERAS = ["stats_bench.py", "engine_bench.py", "overhead.py", "format_bytes.py"]
+
+#: Runs each (script, args) of argv[2] (JSON) through the script's main(argv), each output
+#: between markers; the exit status of a run is its return value, SystemExit's code, or 1 on
+#: an exception, whose traceback goes to stderr.
+DRIVER = """
+import json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+for script, args in json.loads(sys.argv[2]):
+    print(f"<<<begin {script} {args}>>>", flush=True)
+    try:
+        rc = __import__(script[:-3]).main(args) or 0
+    except SystemExit as e:
+        rc = e.code or 0
+    except BaseException:
+        traceback.print_exc()
+        rc = 1
+    print(f"<<<end {rc}>>>", flush=True)
+"""
+
+
 def test_every_benchmark_is_listed() -> None:
     scripts = {p.name for p in BENCHMARKS.glob("*.py")}
     assert scripts == {s for s, _, _ in SMALL}
+    assert set(KERAS) <= scripts
+
+
+def _run(cmd: list[str], minutes: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60 * minutes, env=env)
+
+
+@pytest.fixture(scope="module")
+def keras_runs() -> dict[tuple[str, tuple[str, ...]], tuple[int, str, str]]:
+    """(script, args) -> (exit status, stdout, the whole stderr) of the ``KERAS`` runs."""
+    runs = [(s, a) for s, a, _ in SMALL if s in KERAS]
+    runs.sort(key=lambda r: KERAS.index(r[0]))
+    r = _run([sys.executable, "-c", DRIVER, str(BENCHMARKS), json.dumps(runs)],
+             sum(m for s, _, m in SMALL if s in KERAS))
+    out: dict[tuple[str, tuple[str, ...]], tuple[int, str, str]] = {}
+    for (script, args), section in zip(runs, r.stdout.split("<<<begin ")[1:], strict=False):
+        body, _, rest = section.partition("<<<end ")
+        rc = int(rest.split(">>>", 1)[0]) if rest else -1  # no end: the interpreter died
+        out[script, tuple(args)] = (rc, body.split(">>>\n", 1)[-1], r.stderr)
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "args", "minutes"), SMALL, ids=[s for s, _, _ in SMALL])
-def test_benchmark_runs(script: str, args: list[str], minutes: int) -> None:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    r = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True,
-                       text=True, timeout=60 * minutes, env=env)
-    if r.returncode != 0:  # every line: a truncated assertion repr would hide the errors
-        pytest.fail(f"{script} exited {r.returncode}\n--- stdout\n{r.stdout[-4000:]}"
-                    f"\n--- stderr\n{r.stderr[-6000:]}", pytrace=False)
+def test_benchmark_runs(script: str, args: list[str], minutes: int, request) -> None:
+    if script in KERAS:
+        rc, stdout, stderr = request.getfixturevalue("keras_runs").get(
+            (script, tuple(args)), (-1, "", "its run never started"))
+    else:
+        r = _run([sys.executable, str(BENCHMARKS / script), *args], minutes)
+        rc, stdout, stderr = r.returncode, r.stdout, r.stderr
+    if rc != 0:  # every line: a truncated assertion repr would hide the errors
+        pytest.fail(f"{script} exited {rc}\n--- stdout\n{stdout[-4000:]}"
+                    f"\n--- stderr\n{stderr[-6000:]}", pytrace=False)
     if script == "align_bench.py":
-        assert "per field / one pass:" in r.stdout, r.stdout[-2000:]
+        assert "per field / one pass:" in stdout, stdout[-2000:]
         return
-    table = [line for line in r.stdout.splitlines() if line.startswith("|")]
-    assert len(table) >= 3, r.stdout[-2000:]  # a header, its rule and at least one row
+    table = [line for line in stdout.splitlines() if line.startswith("|")]
+    assert len(table) >= 3, stdout[-2000:]  # a header, its rule and at least one row
     # engine_bench's XLA rows run in child processes, whose failure is a table cell (a large
     # N may not fit a small machine); at the smoke run's N it is a broken benchmark.
-    assert not any("| failed |" in line for line in table), r.stdout[-2000:]
+    assert not any("| failed |" in line for line in table), stdout[-2000:]

@@ -26,7 +26,7 @@ from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import metadata, summary_pb
 from tb_introspect.writer import NumpyWriter
-from tests.plugin.plugin_testlib import served_port
+from tests.plugin.plugin_testlib import NO_TF_TENSORBOARD, served_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
@@ -190,12 +190,6 @@ def write_fixture_logdir(logdir: Path) -> Path:
     return logdir
 
 
-NO_TF_TENSORBOARD = (
-    "import sys; sys.modules['tensorflow'] = None; "
-    "from tensorboard.main import run_main; sys.argv[0] = 'tensorboard'; run_main()"
-)
-
-
 @dataclass
 class TensorBoard:
     url: str  # the TensorBoard page, with the path prefix and a trailing slash
@@ -218,8 +212,6 @@ def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
     fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log",
                                 dir=logdir.parent if isinstance(logdir, Path) else None)
     log_path = Path(name)
-    # TensorBoard without TensorFlow, as on a viewing server: it proves the
-    # plugin needs no TensorFlow and saves seconds of import per process.
     args = [
         sys.executable, "-c", NO_TF_TENSORBOARD, "--logdir", str(logdir),
         "--host", "127.0.0.1", "--port", "0", "--load_fast=false",

@@ -27,7 +27,9 @@ def served(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"tb-{load_fast}")
     write_run(str(root / "exp" / "a"), range(STEPS), steps_per_epoch=50)
     write_run(str(root / "exp" / "b" / "deep"), range(3), views=ONE)
-    with tensorboard("--logdir", str(root), load_fast=load_fast, path_prefix=prefix) as tb:
+    # The one TensorBoard of the suite with TensorFlow: the others run without it.
+    with tensorboard("--logdir", str(root), load_fast=load_fast, path_prefix=prefix,
+                     tensorflow=True) as tb:
         # The first load of the logdir runs in the background: wait for every point.
         wait_for(lambda: [r["max_step"] for r in get_json(tb.url("runs"))["runs"]]
                  == [STEPS - 1, 2])
