@@ -58,8 +58,8 @@ for script, args in json.loads(sys.argv[2]):
     print(f"<<<begin {script} {args}>>>", flush=True)
     try:
         rc = __import__(script[:-3]).main(args) or 0
-    except SystemExit as e:
-        rc = e.code or 0
+    except SystemExit as e:  # sys.exit("message") is a failure too
+        rc = e.code if isinstance(e.code, int) else int(e.code is not None)
     except BaseException:
         traceback.print_exc()
         rc = 1

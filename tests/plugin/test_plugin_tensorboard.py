@@ -27,7 +27,7 @@ def served(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"tb-{load_fast}")
     write_run(str(root / "exp" / "a"), range(STEPS), steps_per_epoch=50)
     write_run(str(root / "exp" / "b" / "deep"), range(3), views=ONE)
-    # The one TensorBoard of the suite with TensorFlow: the others run without it.
+    # With TensorFlow importable, as on a training machine: the other tests' run without.
     with tensorboard("--logdir", str(root), load_fast=load_fast, path_prefix=prefix,
                      tensorflow=True) as tb:
         # The first load of the logdir runs in the background: wait for every point.
