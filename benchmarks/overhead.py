@@ -2,7 +2,8 @@
 
 For each model, identical copies train side by side in one process: plain
 ``fit``, ``fit`` with TensorBoard's own histogram callback, and ``fit`` with
-``Introspect`` at each cadence (default settings, all four views). After a
+``Introspect`` at each cadence (default settings, all four views). The models: two CNNs,
+the GPT-style model of ``torch_overhead.py`` and MobileNetV2. After a
 warm-up epoch each (tracing), rounds of one epoch per variant are interleaved
 (the order rotates every round) and each figure is the median over rounds of
 the per-round ratio to plain ``fit``. ``--jit`` adds a pair with
@@ -49,6 +50,7 @@ from tb_introspect.pipeline import host  # noqa: E402
 
 TARGETS = {"epoch": 1.05, "16": 1.05, "1": 1.25}
 ONCE = 10**9  # a stats_every no epoch reaches
+SEQ, VOCAB = 64, 1000  # the GPT-style model's sequence and vocabulary
 
 
 def cifar_cnn(head: str = "gap") -> keras.Model:
@@ -75,13 +77,44 @@ def cifar_cnn(head: str = "gap") -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(10)(x))
 
 
+class PositionEmbedding(keras.layers.Layer):
+    """A learned vector per position, added to the token embeddings."""
+
+    def build(self, shape) -> None:
+        self.table = self.add_weight(shape=tuple(shape[1:]), name="table",
+                                     initializer=keras.initializers.RandomNormal(stddev=0.02))
+
+    def call(self, x):
+        return x + self.table
+
+
+def gpt(vocab: int = VOCAB, seq: int = SEQ, width: int = 128, heads: int = 4, mlp: int = 512,
+        blocks: int = 4) -> keras.Model:
+    """torch_overhead.py's GPT-style model in Keras: token and position embeddings, pre-LN
+    causal blocks (dropout 0.1, as ``nn.TransformerEncoderLayer``'s), a head."""
+    tok = keras.Input((seq,), dtype="int32")
+    x = PositionEmbedding()(keras.layers.Embedding(vocab, width)(tok))
+    for _ in range(blocks):
+        h = keras.layers.LayerNormalization()(x)
+        h = keras.layers.MultiHeadAttention(heads, width // heads, dropout=0.1)(
+            h, h, use_causal_mask=True)
+        x = keras.layers.Add()([x, keras.layers.Dropout(0.1)(h)])
+        h = keras.layers.LayerNormalization()(x)
+        h = keras.layers.Dense(width)(keras.layers.Dense(mlp, activation="gelu")(h))
+        x = keras.layers.Add()([x, keras.layers.Dropout(0.1)(h)])
+    x = keras.layers.LayerNormalization()(x)
+    return keras.Model(tok, keras.layers.Dense(vocab)(x))
+
+
+#: name: (table name, model, batch size of its rows, output is logits)
 MODELS = {
-    "cnn": ("CIFAR-shaped CNN (GAP head)", lambda: cifar_cnn("gap")),
-    "flatten": ("CNN with Flatten -> Dense 128", lambda: cifar_cnn("flatten")),
+    "cnn": ("CIFAR-shaped CNN (GAP head)", lambda: cifar_cnn("gap"), 64, True),
+    "flatten": ("CNN with Flatten -> Dense 128", lambda: cifar_cnn("flatten"), 64, True),
+    "gpt": ("GPT-style (4 pre-LN causal blocks, width 128)", gpt, 32, True),
     "mobilenetv2": ("MobileNetV2 32x32, weights=None", lambda: keras.applications.MobileNetV2(
-        weights=None, input_shape=(32, 32, 3), classes=10)),
+        weights=None, input_shape=(32, 32, 3), classes=10), 64, False),
     "resnet50": ("ResNet50 32x32, weights=None", lambda: keras.applications.ResNet50(
-        weights=None, input_shape=(32, 32, 3), classes=10)),
+        weights=None, input_shape=(32, 32, 3), classes=10), 64, False),
 }
 
 
@@ -90,16 +123,21 @@ def make(kind: str, jit: bool = False) -> keras.Model:
     model = MODELS[kind][1]()
     model.compile(
         keras.optimizers.Adam(1e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=kind in ("cnn", "flatten")),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=MODELS[kind][3]),
         metrics=["accuracy"], jit_compile=jit,
     )
     return model
 
 
-def dataset(steps: int, batch: int) -> tf.data.Dataset:
+def dataset(steps: int, batch: int, kind: str = "cnn") -> tf.data.Dataset:
+    """Random images and classes, or for "gpt" random tokens and their next tokens."""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(steps * batch, 32, 32, 3)).astype("float32")
-    y = rng.integers(0, 10, steps * batch)
+    if kind == "gpt":
+        idx = rng.integers(0, VOCAB, (steps * batch, SEQ + 1)).astype("int32")
+        x, y = idx[:, :-1], idx[:, 1:]
+    else:
+        x = rng.normal(size=(steps * batch, 32, 32, 3)).astype("float32")
+        y = rng.integers(0, 10, steps * batch)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
 
 
@@ -177,8 +215,12 @@ def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
     return out
 
 
+def batch_size(kind: str, args: argparse.Namespace) -> int:
+    return args.batch or MODELS[kind][2]
+
+
 def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]:
-    ds = dataset(args.steps, args.batch)
+    ds = dataset(args.steps, batch_size(kind, args), kind)
     vs = variants(args)
     models, cbs = [], []
     rss0 = rss_mib()
@@ -226,7 +268,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
 def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     """Per-step CPU and wall time of plain ``fit``'s train function and of the callback's
     lean and statistics functions, interleaved over ``--pairs`` rounds of 16 steps each."""
-    ds = dataset(args.steps, args.batch)
+    ds = dataset(args.steps, batch_size(kind, args), kind)
     fns = {}
     model = make(kind)
     model.fit(ds, epochs=1, verbose=0)
@@ -302,11 +344,11 @@ def op_times(fn, batches, steps: int = 5) -> dict[str, tuple[float, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="cnn,flatten,mobilenetv2",
+    p.add_argument("--models", default="cnn,flatten,gpt,mobilenetv2",
                    help=f"comma separated, of {', '.join(MODELS)}")
     p.add_argument("--every", default="epoch,16,1", help="cadences, comma separated")
     p.add_argument("--steps", type=int, default=96, help="steps per epoch")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=0, help="0: the model's (64, GPT 32)")
     p.add_argument("--pairs", type=int, default=5, help="interleaved rounds (median over them)")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="add plain and per-epoch rows with jit_compile=True")
@@ -323,16 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.pairs, args.jit = 4, 16, 1, False
+    batch = args.batch or "64 (GPT-style 32)"
     if args.step_functions:
         print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch"
-              f" {args.batch}, medians of {args.pairs} interleaved rounds of 16 steps")
+              f" {batch}, medians of {args.pairs} interleaved rounds of 16 steps")
         print("| model | function | CPU ms/step | wall ms/step | added CPU | added wall |")
         print("|---|---|---:|---:|---:|---:|")
         for kind in args.models.split(","):
             step_function_rows(kind.strip(), args)
         return 0
     timers = Timers()
-    print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {args.batch},"
+    print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {batch},"
           f" {args.steps} steps/epoch, median of {args.pairs} interleaved rounds, default settings")
     print("| model | configuration | epoch s | wall | CPU | added CPU ms/step | stats steps |"
           " target |" + (" logging s/epoch | drain s/epoch |" if args.profile else ""))
