@@ -365,14 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.pairs, args.jit = 4, 16, 1, False
-    batch = args.batch or "64 (GPT-style 32)"
+    kinds = [k.strip() for k in args.models.split(",")]
+    batch = args.batch or ", ".join(f"{k} {MODELS[k][2]}" for k in kinds)
     if args.step_functions:
         print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch"
               f" {batch}, medians of {args.pairs} interleaved rounds of 16 steps")
         print("| model | function | CPU ms/step | wall ms/step | added CPU | added wall |")
         print("|---|---|---:|---:|---:|---:|")
-        for kind in args.models.split(","):
-            step_function_rows(kind.strip(), args)
+        for kind in kinds:
+            step_function_rows(kind, args)
         return 0
     timers = Timers()
     print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}), batch {batch},"
@@ -381,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
           " target |" + (" logging s/epoch | drain s/epoch |" if args.profile else ""))
     print("|---|---|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if args.profile else ""))
     memory = []
-    for kind in args.models.split(","):
-        rows = run_model(kind.strip(), args, timers)
+    for kind in kinds:
+        rows = run_model(kind, args, timers)
         for row in rows:
             m = re.search(r"\(every='?(\w+)'?", row["label"])
             every = m.group(1) if m else None
