@@ -57,18 +57,28 @@ document.addEventListener('securitypolicyviolation', (e) =>
 # An Overview drawn from view summaries reads its findings after it is "ready".
 FINDINGS_READ_JS = "() => !document.querySelector('#findings[data-state=loading]')"
 
-class Session:
-    """One browser page on TensorBoard, collecting console errors and requests."""
+#: The tab's own page, as TensorBoard serves it to the tab's iframe. Opened bare, the tab
+#: keeps its state in its own URL hash. TensorBoard's app around it costs the browser about
+#: 3 CPU-seconds per page load (2.5 times the tab's own), so the sweeps of many runs open
+#: the tab bare; what needs TensorBoard's page (its URL, theme, reload button, path prefix)
+#: is tested embedded.
+BARE_PAGE = "data/plugin_entry.html?name=introspect"
 
-    def __init__(self, browser, tb, height: int = 1100):
+
+class Session:
+    """One browser page on TensorBoard, collecting console errors and requests: the tab in
+    TensorBoard's page (``embedded``), or the tab's page alone."""
+
+    def __init__(self, browser, tb, height: int = 1100, embedded: bool = True):
         self.tb = tb
+        self.embedded = embedded
         self.context = browser.new_context(viewport={"width": 1400, "height": height},
                                            accept_downloads=True)
         self.page = self.context.new_page()
         self.page.add_init_script(CSP_PROBE)
         self.errors: list[str] = []
         self.requests: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("console", self._console)
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.failed: list[str] = []
@@ -76,9 +86,22 @@ class Session:
                      lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
         self.frame = None
 
+    def _console(self, m) -> None:
+        # The browser asks a bare page's server for /favicon.ico, which TensorBoard lacks.
+        if m.type == "error" and not m.location.get("url", "").endswith("/favicon.ico"):
+            self.errors.append(m.text)
+
+    def goto(self, hash_: str = "") -> None:
+        """Loads the page with the tab's state ``hash_`` (``p.introspect.run=…&…``)."""
+        if self.embedded:
+            self.page.goto(self.tb.url + "#introspect" + (f"&{hash_}" if hash_ else ""))
+            self.frame = plugin_frame(self.page)
+        else:
+            self.page.goto(self.tb.url + BARE_PAGE + (f"#{hash_}" if hash_ else ""))
+            self.frame = self.page.main_frame
+
     def open(self, hash_: str = ""):
-        self.page.goto(self.tb.url + "#introspect" + (f"&{hash_}" if hash_ else ""))
-        self.frame = plugin_frame(self.page)
+        self.goto(hash_)
         self.wait_ready()
         return self.frame
 
@@ -92,7 +115,7 @@ class Session:
         self.wait_ready()
 
     def wait_url(self, text: str):
-        """TensorBoard's URL gets our state shortly after a change (the write is deferred)."""
+        """The page's URL gets the tab's state shortly after a change (the write is deferred)."""
         self.page.wait_for_function("(t) => location.href.includes(t)", arg=text, timeout=5_000)
 
     def coloured(self, selector: str = ".chart canvas") -> list[int]:
@@ -201,13 +224,12 @@ TIMINGS: list[tuple[str, str, float]] = []
 class Probe:
     """A Session that also watches long tasks and the first drawn chart of each render."""
 
-    def __init__(self, browser, tb):
-        self.s = Session(browser, tb)
+    def __init__(self, browser, tb, embedded: bool = True):
+        self.s = Session(browser, tb, embedded=embedded)
         self.s.page.add_init_script(LONGTASK_PROBE)
 
     def open(self, hash_: str):
-        self.s.page.goto(self.s.tb.url + "#introspect&" + hash_)
-        self.s.frame = plugin_frame(self.s.page)
+        self.s.goto(hash_)
         self.settle()
 
     @property

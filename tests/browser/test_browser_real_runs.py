@@ -1,4 +1,6 @@
-"""The Introspect tab on real runs, in headless Chromium inside TensorBoard's page.
+"""The Introspect tab on real runs, in headless Chromium: one run in TensorBoard's page, the
+others in the tab's page alone (``browser_session.BARE_PAGE``: what needs TensorBoard's page
+is tested once, what a run's data can break in every run).
 
 The other browser tests use generated data with known values. Real runs break
 the tab in ways that data does not: magnitudes of 1e-40 in a gradient, tensors
@@ -98,7 +100,7 @@ def tiny_tb(tmp_path_factory):
 
 def test_tiny_magnitudes_never_freeze_a_log_axis(browser, tiny_tb):
     """Magnitudes of 1e-30…1e-60 froze the page for ~11 s (log splits), then left it blank."""
-    p = Probe(browser, tiny_tb)
+    p = Probe(browser, tiny_tb, embedded=False)
     # conv1/bias is zero everywhere: nothing to draw on a log axis.
     zero = ("conv1/bias",)
     try:
@@ -134,7 +136,8 @@ def test_every_view_of_a_real_run(browser, real_tb, run):
     listed = {r["run"]: r for r in real_tb.get_json("runs")["runs"]}[run]
     views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
     assert views, listed
-    p = Probe(browser, real_tb)
+    # One real run in TensorBoard's page; the tab's page alone for the others (browser_session).
+    p = Probe(browser, real_tb, embedded=run == DEMO_RUNS[0])
     try:
         p.open(f"p.introspect.run={run}")
         p.check("overview", run)
@@ -353,7 +356,7 @@ def sweep_activity_maps(p: Probe, tb, run: str) -> None:
 
 @pytest.mark.parametrize("run", [*DEMO_RUNS, APP_RUN])
 def test_activity_maps_of_a_real_run(browser, real_tb, run):
-    p = Probe(browser, real_tb)
+    p = Probe(browser, real_tb, embedded=False)
     try:
         sweep_activity_maps(p, real_tb, run)
     finally:
@@ -413,7 +416,7 @@ def big_maps_tb(tmp_path_factory):
 
 def test_large_activity_maps_draw_without_long_tasks(browser, big_maps_tb):
     """112x112 positions (a 224x224 model's first layers), 1280 channels, a 500-long strip."""
-    p = Probe(browser, big_maps_tb)
+    p = Probe(browser, big_maps_tb, embedded=False)
     try:
         sweep_activity_maps(p, big_maps_tb, "big_maps")
         # Every map of the run, including the 1-D strip the sweep may not pick.
@@ -447,7 +450,7 @@ def test_format_v1_run_opens_every_view_and_has_no_activity_map(browser, v1_tb):
                                          for t in doc["views"]["output"])
     views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
     assert "output" in views, listed
-    p = Probe(browser, v1_tb)
+    p = Probe(browser, v1_tb, embedded=False)
     try:
         p.open("p.introspect.run=adam_cnn")
         p.check("overview", "adam_cnn")
@@ -477,7 +480,7 @@ def test_overview_ilr_row_of_the_healthy_demo_run(browser, real_tb):
     v = real_tb.get_json(f"overview?run={run}")["views"]["variable"]
     ilr = v["ilr"]
     mid = ilr["band_quantiles"].index(50)
-    p = Probe(browser, real_tb)
+    p = Probe(browser, real_tb, embedded=False)
     try:
         p.open(f"p.introspect.run={run}")
         p.check("overview", run)
@@ -521,7 +524,7 @@ def test_overview_ilr_row_of_the_healthy_demo_run(browser, real_tb):
 def test_format_v1_run_has_no_implicit_learning_rate(browser, v1_tb):
     """Version-1 data has no ILR slots: the row says so, the mode is not offered (not even from
     the URL), and the magnitude mode shows the converted sign balance beside the zeros."""
-    p = Probe(browser, v1_tb)
+    p = Probe(browser, v1_tb, embedded=False)
     try:
         p.open("p.introspect.run=adam_cnn")
         p.check("overview", "adam_cnn")

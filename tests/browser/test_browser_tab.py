@@ -1,8 +1,10 @@
-"""The Introspect tab in headless Chromium, inside the real TensorBoard page.
+"""The Introspect tab in headless Chromium, served by a real TensorBoard.
 
 A real ``tensorboard`` process serves a logdir written by the real numpy
-writer (tests/browser/browser_support.py); Playwright drives Debian's Chromium through
-TensorBoard's own page (``/#introspect``), where the tab lives in an iframe.
+writer (tests/browser/browser_support.py); Playwright drives Debian's Chromium. What the tab
+does with TensorBoard (its URL, theme, reload button, path prefix) is tested in TensorBoard's
+own page (``/#introspect``, the tab in an iframe: the ``tb_page`` fixture); the rest on the
+tab's page alone (``session``), which costs the browser a third as much.
 The fixture's statistics are known functions of the step, so hover readouts
 are checked against exact numbers. Screenshots go to artifacts/screenshots/.
 """
@@ -48,6 +50,15 @@ def tb(logdir):
 
 @pytest.fixture
 def session(browser, tb):
+    """The tab's page alone (``browser_session.BARE_PAGE``): what the tab does by itself."""
+    s = Session(browser, tb, embedded=False)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def tb_page(browser, tb):
+    """The tab in TensorBoard's page: what needs TensorBoard (its URL, theme, reload button)."""
     s = Session(browser, tb)
     yield s
     s.close()
@@ -243,64 +254,64 @@ def test_stack_plot_hover_names_layer_and_click_opens_it(session):
     session.shot("layers-focused")
 
 
-def test_state_in_url_survives_reload(session):
-    f = session.open()
-    session.click('.tab[data-tab="activity"]')
-    session.click('.segmented[aria-label="x axis"] button[data-value="epoch"]')
-    session.wait_url("p.introspect.x=epoch")
-    url = session.page.url
+def test_state_in_url_survives_reload(tb_page):
+    f = tb_page.open()
+    tb_page.click('.tab[data-tab="activity"]')
+    tb_page.click('.segmented[aria-label="x axis"] button[data-value="epoch"]')
+    tb_page.wait_url("p.introspect.x=epoch")
+    url = tb_page.page.url
     assert "#introspect" in url
     assert "p.introspect.tab=activity" in url and "p.introspect.x=epoch" in url
-    session.page.reload()
-    session.frame = plugin_frame(session.page)
-    session.wait_ready()
-    f = session.frame
+    tb_page.page.reload()
+    tb_page.frame = plugin_frame(tb_page.page)
+    tb_page.wait_ready()
+    f = tb_page.frame
     assert f.locator(".tab.on").text_content() == "Activity"
     epoch = f.locator('.segmented[aria-label="x axis"] button[data-value="epoch"]')
     assert "on" in epoch.get_attribute("class")
-    counts = session.coloured()
+    counts = tb_page.coloured()
     assert counts and min(counts) > 100, counts
 
 
-def test_layer_modes_buttons_fields_and_url_follow_one_table(session):
+def test_layer_modes_buttons_fields_and_url_follow_one_table(tb_page):
     run = "p.introspect.tab=layers&p.introspect.run=exp1%2Flr_0.01"
     all_panels = '.segmented[aria-label="mode of all panels"] button'
-    f = session.open(run + "&p.introspect.view=variable")
+    f = tb_page.open(run + "&p.introspect.view=variable")
     # A view's own modes are offered in that view only.
     assert f.locator(all_panels).all_text_contents() == [
         "default", "values", "|x| log", "RMS", "Δw/w", "ILR"]
     assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"values"}
-    session.click(all_panels + '[data-mode="update"]')
-    session.wait_url("p.introspect.lmode=update")
+    tb_page.click(all_panels + '[data-mode="update"]')
+    tb_page.wait_url("p.introspect.lmode=update")
     f.wait_for_function("document.querySelectorAll('.panel[data-drawn=\"update\"] .chart')"
                         ".length === document.querySelectorAll('.panel').length")
     chart = f.locator('.panel[data-drawn="update"] .chart').first
-    session.hover(chart, 0.5)
+    tb_page.hover(chart, 0.5)
     assert readout_pairs(chart)["‖Δw‖/‖w‖"] == "0.001"
     # The implicit learning rate: from the URL, every panel; the fixture's median is the rate.
-    session.page.goto("about:blank")  # a hash-only change would not load the page again
-    f = session.open(run + "&p.introspect.view=variable&p.introspect.lmode=ilr")
+    tb_page.page.goto("about:blank")  # a hash-only change would not load the page again
+    f = tb_page.open(run + "&p.introspect.view=variable&p.introspect.lmode=ilr")
     assert "on" in f.locator(all_panels + '[data-mode="ilr"]').get_attribute("class")
     f.wait_for_function("document.querySelectorAll('.panel[data-drawn=\"ilr\"] .chart')"
                         ".length === document.querySelectorAll('.panel').length")
     chart = f.locator('.panel[data-drawn="ilr"] .chart').first
-    session.hover(chart, 0.5)
+    tb_page.hover(chart, 0.5)
     pairs = readout_pairs(chart)
     assert float(pairs["median"]) == pytest.approx(known_lr("exp1/lr_0.01"), rel=1e-6)
     assert float(pairs["max"]) == pytest.approx(10 ** 0.5 * known_lr("exp1/lr_0.01"), rel=1e-6)
-    assert min(session.coloured()) > 100
-    session.click(all_panels + '[data-mode=""]')
-    session.page.wait_for_function("() => !location.href.includes('lmode')", timeout=5_000)
+    assert min(tb_page.coloured()) > 100
+    tb_page.click(all_panels + '[data-mode=""]')
+    tb_page.page.wait_for_function("() => !location.href.includes('lmode')", timeout=5_000)
     assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"values"}
-    session.page.goto("about:blank")
-    f = session.open(run + "&p.introspect.view=gradient&p.introspect.lmode=cos")
+    tb_page.page.goto("about:blank")
+    f = tb_page.open(run + "&p.introspect.view=gradient&p.introspect.lmode=cos")
     assert f.locator(all_panels).all_text_contents() == [
         "default", "values", "|x| log", "RMS", "cos"]
     assert "on" in f.locator(all_panels + '[data-mode="cos"]').get_attribute("class")
     assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {"cos"}
     # A mode the table does not know falls back to the view's default (magnitudes).
-    session.page.goto("about:blank")
-    f = session.open(run + "&p.introspect.view=gradient&p.introspect.lmode=bogus")
+    tb_page.page.goto("about:blank")
+    f = tb_page.open(run + "&p.introspect.view=gradient&p.introspect.lmode=bogus")
     assert "on" in f.locator(all_panels + '[data-mode=""]').get_attribute("class")
     assert set(f.locator(".panel").evaluate_all("ps => ps.map(p => p.dataset.mode)")) == {
         "magnitude"}
@@ -346,25 +357,25 @@ def test_compare_two_runs_on_the_same_axes(session):
     assert "exp1/lr_0.1 @ 120" not in readout_pairs(f.locator('.chart[data-chart="compare-loss"]'))
 
 
-def test_dark_theme_and_png_export(session, tmp_path):
-    f = session.open("p.introspect.run=exp1%2Flr_0.1")
+def test_dark_theme_and_png_export(tb_page, tmp_path):
+    f = tb_page.open("p.introspect.run=exp1%2Flr_0.1")
     assert f.evaluate("document.documentElement.dataset.theme") == "light"
     # Theme "auto" follows TensorBoard's own dark mode switch.
-    session.page.locator('button[aria-label="Menu for changing light or dark theme"]').click()
-    session.page.locator('[title="Force dark TensorBoard theme."]').click()
+    tb_page.page.locator('button[aria-label="Menu for changing light or dark theme"]').click()
+    tb_page.page.locator('[title="Force dark TensorBoard theme."]').click()
     f.wait_for_function("document.documentElement.dataset.theme === 'dark'")
-    session.wait_ready()
+    tb_page.wait_ready()
     assert f.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(32, 33, 36)"
     # An explicit choice in the tab wins over TensorBoard's.
     f.locator("select.theme-select").select_option("light")
-    session.wait_ready()
+    tb_page.wait_ready()
     assert f.evaluate("document.documentElement.dataset.theme") == "light"
     f.locator("select.theme-select").select_option("dark")
-    session.wait_ready()
+    tb_page.wait_ready()
     assert f.evaluate("document.documentElement.dataset.theme") == "dark"
-    assert min(session.coloured()) > 300
-    session.shot("overview-dark")
-    with session.page.expect_download() as info:
+    assert min(tb_page.coloured()) > 300
+    tb_page.shot("overview-dark")
+    with tb_page.page.expect_download() as info:
         f.locator('.chart[data-chart="gradient-stack"] button.png').click()
     path = tmp_path / "chart.png"
     info.value.save_as(path)
@@ -375,8 +386,8 @@ def test_dark_theme_and_png_export(session, tmp_path):
     assert info.value.suggested_filename == "gradient-stack.png"
 
 
-def test_refreshes_on_tensorboard_reload(session, tb, logdir):
-    f = session.open("p.introspect.tab=layers&p.introspect.run=live&p.introspect.lmode=rms")
+def test_refreshes_on_tensorboard_reload(tb_page, tb, logdir):
+    f = tb_page.open("p.introspect.tab=layers&p.introspect.run=live&p.introspect.lmode=rms")
     panel = f.locator(".panel").first
     assert head_step(readout_pairs(panel)["@"]) == 40
     write_run(logdir, "live", views=("gradient",), steps=80, first_step=41)
@@ -385,7 +396,7 @@ def test_refreshes_on_tensorboard_reload(session, tb, logdir):
         assert time.monotonic() < deadline, "tensorboard did not pick up the new points"
         time.sleep(0.3)
     # TensorBoard's reload button broadcasts experimental.DataReloaded to the iframe.
-    session.page.locator("button.reload-button").click()
+    tb_page.page.locator("button.reload-button").click()
     f.wait_for_function(
         "document.querySelector('.panel .readout b')?.textContent.startsWith('step 80')",
         timeout=20_000)

@@ -83,7 +83,7 @@ def test_every_view_of_a_torch_run(browser, torch_tb, run):
     listed = {r["run"]: r for r in torch_tb.get_json("runs")["runs"]}[run]
     views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
     assert views == metadata.VIEWS, listed
-    p = Probe(browser, torch_tb)
+    p = Probe(browser, torch_tb, embedded=False)
     try:
         p.open(f"p.introspect.run={run}")
         p.check("overview", run)

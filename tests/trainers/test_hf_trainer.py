@@ -164,7 +164,7 @@ def test_tensorboard_shows_the_tab_beside_the_trainers_scalars(hf_tb):
 def test_the_tab_draws_the_gpt2_run(browser, hf_tb):
     from tests.browser.browser_session import Probe
 
-    p = Probe(browser, hf_tb)
+    p = Probe(browser, hf_tb, embedded=False)
     try:
         p.open("p.introspect.run=gpt2")
         p.check("overview", "gpt2")

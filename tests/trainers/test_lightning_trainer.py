@@ -119,7 +119,7 @@ def test_tensorboard_serves_the_runs_and_findings(lightning_tb):
 def test_the_tab_draws_the_lightning_run(browser, lightning_tb):
     from tests.browser.browser_session import Probe
 
-    p = Probe(browser, lightning_tb)
+    p = Probe(browser, lightning_tb, embedded=False)
     try:
         p.open("p.introspect.run=cnn")
         p.check("overview", "cnn")
