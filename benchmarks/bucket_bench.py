@@ -162,7 +162,7 @@ def first_screen(args, client) -> list[str]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=20)
     parser.add_argument("--only", choices=("uploads", "screen"), help="one measurement")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.epochs, args.steps, args.step_ms, args.flush = 2, 5, 0.0, 0.05
         args.objects, args.points, args.tensors, args.every = 5, 10, 2, ["epoch", "5"]

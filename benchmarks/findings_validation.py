@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from tests.diagnose.findings_archs import SCENARIOS, train_scenario
     from tests.diagnose.findings_pairs import FRAMEWORKS, PAIRS, train_pair
 
@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=None, help="override each scenario's epochs")
     p.add_argument("--pairs-only", action="store_true", help="the findings_pairs runs only")
     p.add_argument("--archs-only", action="store_true", help="the findings_archs runs only")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     names = [] if args.pairs_only else [n for n in (args.only or SCENARIOS) if n in SCENARIOS]
     rows = []
     t0 = time.perf_counter()

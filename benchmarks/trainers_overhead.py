@@ -191,7 +191,7 @@ def pick(setups: dict, a: argparse.Namespace) -> dict:
     return {n: f for n, f in setups.items() if not (a.no_wandb and "wandb" in n.lower())}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
@@ -199,7 +199,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per epoch")
     p.add_argument("--quick", action="store_true", help="smoke run: one round of 16 steps")
     p.add_argument("--no-wandb", action="store_true", help="leave the wandb setups out")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     rounds, steps = (1, 16) if a.quick else (a.rounds, a.steps)
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,8 +4,9 @@ measured by the benchmarks, on a quiet machine); what is checked is that each on
 exits 0 and prints its Markdown table. ``load_test.py`` exits 1 on any wrong or failed
 answer, so its row is also the load test: 32 concurrent clients, both loaders, no error.
 
-The Keras benchmarks share one interpreter (``KERAS``): each runs through its ``main(argv)``
-in turn, so TensorFlow is imported once instead of once per script.
+The benchmarks that import TensorFlow, PyTorch or the trainers share one interpreter
+(``SHARED``): each runs through its ``main(argv)`` in turn, so those (4-7 CPU-s each) are
+imported once instead of once per script.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ SMALL = [
 ]
 
 
-#: The scripts run in one interpreter, in this order: they import TensorFlow, 4-5 CPU-s each.
-KERAS = ["stats_bench.py", "engine_bench.py", "overhead.py", "format_bytes.py"]
+#: The scripts run in one interpreter, in this order.
+SHARED = ["stats_bench.py", "engine_bench.py", "overhead.py", "format_bytes.py",
+          "findings_validation.py", "torch_overhead.py", "trainers_overhead.py", "bucket_bench.py"]
 
 #: Runs each (script, args) of argv[2] (JSON) through the script's main(argv), each output
 #: between markers; the exit status of a run is its return value, SystemExit's code, or 1 on
@@ -70,7 +72,7 @@ for script, args in json.loads(sys.argv[2]):
 def test_every_benchmark_is_listed() -> None:
     scripts = {p.name for p in BENCHMARKS.glob("*.py")}
     assert scripts == {s for s, _, _ in SMALL}
-    assert set(KERAS) <= scripts
+    assert set(SHARED) <= scripts
 
 
 def _run(cmd: list[str], minutes: int) -> subprocess.CompletedProcess:
@@ -79,12 +81,12 @@ def _run(cmd: list[str], minutes: int) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def keras_runs() -> dict[tuple[str, tuple[str, ...]], tuple[int, str, str]]:
-    """(script, args) -> (exit status, stdout, the whole stderr) of the ``KERAS`` runs."""
-    runs = [(s, a) for s, a, _ in SMALL if s in KERAS]
-    runs.sort(key=lambda r: KERAS.index(r[0]))
+def driver_runs() -> dict[tuple[str, tuple[str, ...]], tuple[int, str, str]]:
+    """(script, args) -> (exit status, stdout, the whole stderr) of the ``SHARED`` runs."""
+    runs = [(s, a) for s, a, _ in SMALL if s in SHARED]
+    runs.sort(key=lambda r: SHARED.index(r[0]))
     r = _run([sys.executable, "-c", DRIVER, str(BENCHMARKS), json.dumps(runs)],
-             sum(m for s, _, m in SMALL if s in KERAS))
+             sum(m for s, _, m in SMALL if s in SHARED))
     out: dict[tuple[str, tuple[str, ...]], tuple[int, str, str]] = {}
     for (script, args), section in zip(runs, r.stdout.split("<<<begin ")[1:], strict=False):
         body, _, rest = section.partition("<<<end ")
@@ -96,8 +98,8 @@ def keras_runs() -> dict[tuple[str, tuple[str, ...]], tuple[int, str, str]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "args", "minutes"), SMALL, ids=[s for s, _, _ in SMALL])
 def test_benchmark_runs(script: str, args: list[str], minutes: int, request) -> None:
-    if script in KERAS:
-        rc, stdout, stderr = request.getfixturevalue("keras_runs").get(
+    if script in SHARED:
+        rc, stdout, stderr = request.getfixturevalue("driver_runs").get(
             (script, tuple(args)), (-1, "", "its run never started"))
     else:
         r = _run([sys.executable, str(BENCHMARKS / script), *args], minutes)
