@@ -251,6 +251,13 @@ def log10_pos(x: np.ndarray) -> np.ndarray:
         return np.where(np.isfinite(x) & (x > 0), np.log10(np.where(x > 0, x, 1.0)), np.nan)
 
 
+def pow10(x: float) -> float:
+    """10 ** ``x``, the inverse of ``log10_pos``: inf past 1e308 (a Python float's ``**``
+    raises there), without numpy's overflow warning."""
+    with np.errstate(over="ignore"):
+        return float(np.power(10.0, x))
+
+
 def nanmedian(m: np.ndarray, axis: int | None = None) -> np.ndarray:
     """``np.nanmedian`` without the all-NaN warning."""
     with warnings.catch_warnings():

@@ -21,6 +21,7 @@ from tb_introspect.diagnose.core import (
     fmt_orders,
     log10_pos,
     nanmedian,
+    pow10,
     representative_rows,
     rule,
     trailing_run,
@@ -85,8 +86,8 @@ def vanishing_gradients(rv: RunView) -> list[Finding]:
         tags=a.tags(starved or [0]),
         view="gradient",
         evidence={
-            "first_layer_rms": 10 ** logs[0, j0],
-            "last_layer_rms": 10 ** logs[-1, j0],
+            "first_layer_rms": pow10(logs[0, j0]),
+            "last_layer_rms": pow10(logs[-1, j0]),
             "orders_below_last": float(gap[j0]),
             "orders_below_last_at_end": float(gap[last]),
             "worst_orders": worst,
@@ -147,7 +148,7 @@ def exploding_gradients(rv: RunView) -> list[Finding]:
     worst_row = int(np.nanargmax(low[:, peak])) if np.isfinite(low[:, peak]).any() else 0
     why = []
     if j_big is not None:
-        why.append(f"the median layer's per-step gradient RMS reached {fmt_num(10 ** med[peak])}")
+        why.append(f"the median layer's per-step gradient RMS reached {fmt_num(pow10(med[peak]))}")
     if j_grew is not None:
         why.append(f"it grew {fmt_orders(float(np.nanmax(growth)))}x from the start")
     return [Finding(
@@ -159,11 +160,11 @@ def exploding_gradients(rv: RunView) -> list[Finding]:
         tags=a.tags([worst_row]),
         view="gradient",
         evidence={
-            "median_layer_rms_per_step": 10 ** med[j0],
-            "peak_median_layer_rms_per_step": 10 ** med[peak],
-            "start_median_layer_rms_per_step": 10 ** base,
+            "median_layer_rms_per_step": pow10(med[j0]),
+            "peak_median_layer_rms_per_step": pow10(med[peak]),
+            "start_median_layer_rms_per_step": pow10(base),
             "growth_orders": float(np.nanmax(growth)),
-            "largest_layer_rms_per_step": float(10.0 ** np.nanmax(low[:, peak])),  # inf past 1e308
+            "largest_layer_rms_per_step": pow10(np.nanmax(low[:, peak])),
             "per_step_scale": "lower bound (epoch sums divided by steps)"
             if a.cadence == "epoch" else "logged step",
             "threshold_rms": t.exploding_rms,
@@ -362,8 +363,8 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
         evidence={
             "growth_orders": growth,
             "points_rising": int(n),
-            "median_layer_rms_per_step_at_start": float(10 ** med[j]),
-            "median_layer_rms_per_step_at_end": float(10 ** med[-1]),
+            "median_layer_rms_per_step_at_start": pow10(med[j]),
+            "median_layer_rms_per_step_at_end": pow10(med[-1]),
             "per_step_scale": "lower bound (epoch sums divided by steps)"
             if a.cadence == "epoch" else "logged step",
             "threshold_orders": t.pileup_orders,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect.diagnose.core import Finding, RunView, first_sustained, fmt_num, rule
+from tb_introspect.diagnose.core import Finding, RunView, first_sustained, fmt_num, pow10, rule
 from tb_introspect.diagnose.task import at_chance, infer_task
 
 _SEGMENTS = 10
@@ -176,7 +176,7 @@ def loss_spikes(rv: RunView) -> list[Finding]:
         return []
     spike_epochs = {int(e) for e in epochs[spikes] if np.isfinite(e)}
     j = int(spikes[0])
-    ratio = 10 ** float(np.max(logs[spikes] - ref[spikes - w]))
+    ratio = pow10(np.max(logs[spikes] - ref[spikes - w]))
     # A ratio to a median near zero says little: a hard batch late in a run is many times
     # the median and harmless. Repeated spikes are a warning when one went above the
     # loss's starting level, or when the run is worse for them (not recovered).
@@ -197,7 +197,7 @@ def loss_spikes(rv: RunView) -> list[Finding]:
             "epochs_with_spikes": len(spike_epochs),
             "largest_ratio_to_recent_median": ratio,
             "first_spike_value": float(v[j]),
-            "recent_median_before_first": float(10 ** ref[j - w]),
+            "recent_median_before_first": pow10(ref[j - w]),
             "starting_median": start,
             "largest_spike_above_start": above_start,
             **recovery,

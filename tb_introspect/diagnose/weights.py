@@ -23,6 +23,7 @@ from tb_introspect.diagnose.core import (
     fmt_orders,
     log10_pos,
     pct,
+    pow10,
     rule,
     trailing_run,
 )
@@ -142,8 +143,8 @@ def poor_initialization(rv: RunView) -> list[Finding]:
         kind="poor_initialization",
         severity="info" if evened else "warning",
         title=(f"Poor initialisation: the layer-output scale {way} {fmt_orders(spread)}x with"
-               f" depth at the first point ('{big}' RMS {fmt_num(10 ** first[hi])},"
-               f" '{small}' {fmt_num(10 ** first[lo])})"),
+               f" depth at the first point ('{big}' RMS {fmt_num(pow10(first[hi]))},"
+               f" '{small}' {fmt_num(pow10(first[lo]))})"),
         first_step=step, first_epoch=epoch,
         layers=[small if shrinking else big, big if shrinking else small],
         tags=[a.series[rows[lo]].info.tag, a.series[rows[hi]].info.tag], view="output",
@@ -152,9 +153,9 @@ def poor_initialization(rv: RunView) -> list[Finding]:
             "orders_spread": spread,
             "orders_spread_at_end": spread_end,
             "largest_layer": big,
-            "largest_rms": float(10 ** first[hi]),
+            "largest_rms": pow10(first[hi]),
             "smallest_layer": small,
-            "smallest_rms": float(10 ** first[lo]),
+            "smallest_rms": pow10(first[lo]),
             "layers_compared": int(ok.sum()),
             "threshold_orders": t.init_scale_orders,
         },

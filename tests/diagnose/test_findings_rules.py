@@ -451,3 +451,19 @@ def test_a_large_run_is_diagnosed() -> None:
     found = find_issues(r)
     f = next(f for f in found if f.kind == "nonfinite")
     assert f.first_step == 501 and f.evidence["tensors_ever_nonfinite"] == 4 * 15
+
+
+def test_magnitudes_past_the_float_range_give_inf_evidence_not_an_error() -> None:
+    """Gradients at the largest float (whose log10 read back rounds past it), a loss spiking
+    400 decades: the rules report them (inf in the evidence, null in JSON) instead of raising
+    OverflowError."""
+    top = np.finfo(np.float64).max
+    found = find_issues(run(*grads({"a": top, "b": top}, cadence="step")))
+    f = next(f for f in found if f.kind == "exploding_gradients")
+    assert f.evidence["start_median_layer_rms_per_step"] >= 0.99 * top
+    steps = np.arange(1, 201)
+    loss = np.full(200, 1e-200)
+    loss[[120, 150, 180]] = 1e200
+    f = next(f for f in find_issues(run(metric("loss", steps, loss, steps // 40)))
+             if f.kind == "loss_spikes")
+    assert json.loads(json.dumps(findings_json([f])))
