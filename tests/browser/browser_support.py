@@ -206,16 +206,23 @@ class TensorBoard:
 
 @contextlib.contextmanager
 def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
-                extra_args: tuple[str, ...] = ()) -> Iterator[TensorBoard]:
+                extra_args: tuple[str, ...] = (), reload: bool = True) -> Iterator[TensorBoard]:
     """A real ``tensorboard`` process serving ``logdir`` (a folder, or a bucket URL: its log
-    goes to the temporary folder); waits until its runs are loaded."""
+    goes to the temporary folder); waits until ``wait_runs`` runs are listed.
+
+    ``reload=False`` for a logdir that is complete: TensorBoard reads it whole before it
+    serves (``--reload_task blocking``) and never again, so no page sees a run half read.
+    Otherwise it reads on every second, as it does while a training writes, and a run may be
+    listed before all of its points are."""
     fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log",
                                 dir=logdir.parent if isinstance(logdir, Path) else None)
     log_path = Path(name)
     args = [
         sys.executable, "-c", NO_TF_TENSORBOARD, "--logdir", str(logdir),
         "--host", "127.0.0.1", "--port", "0", "--load_fast=false",
-        "--reload_interval", "1", *extra_args,
+        *(("--reload_interval", "1") if reload else
+          ("--reload_interval", "0", "--reload_task", "blocking")),
+        *extra_args,
     ]
     if path_prefix:
         args += ["--path_prefix", path_prefix]

@@ -44,7 +44,7 @@ def keras_logdir(tmp_path_factory):
 
 
 def test_keras_run_in_the_tab(keras_logdir):
-    with tensorboard(keras_logdir) as tb, sync_playwright() as p:
+    with tensorboard(keras_logdir, reload=False) as tb, sync_playwright() as p:
         browser = launch_chromium(p)
         s = Session(browser, tb)
         try:

@@ -94,7 +94,7 @@ def write_tiny_run(logdir: Path, run: str = "tiny", steps: int = 40) -> None:
 def tiny_tb(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny") / "logs"
     write_tiny_run(root)
-    with tensorboard(root) as server:
+    with tensorboard(root, reload=False) as server:
         yield server
 
 
@@ -120,7 +120,7 @@ def test_tiny_magnitudes_never_freeze_a_log_axis(browser, tiny_tb):
 
 @pytest.fixture(scope="module")
 def real_tb(real_logdir):
-    with tensorboard(real_logdir, wait_runs=len(DEMO_RUNS) + 1) as server:
+    with tensorboard(real_logdir, wait_runs=len(DEMO_RUNS) + 1, reload=False) as server:
         yield server
     if TIMINGS:
         # Shown with -s, and kept beside the screenshots.
@@ -410,7 +410,7 @@ def write_big_maps_run(logdir: Path, run: str = "big_maps", epochs: int = 12) ->
 def big_maps_tb(tmp_path_factory):
     root = tmp_path_factory.mktemp("big_maps") / "logs"
     write_big_maps_run(root)
-    with tensorboard(root) as server:
+    with tensorboard(root, reload=False) as server:
         yield server
 
 
@@ -438,7 +438,7 @@ def v1_tb(tmp_path_factory):
     # A copy: TensorBoard's log goes beside the logdir, never into the repository.
     root = tmp_path_factory.mktemp("format_v1") / "logs"
     shutil.copytree(FORMAT_V1 / "adam_cnn", root / "adam_cnn")
-    with tensorboard(root) as server:
+    with tensorboard(root, reload=False) as server:
         yield server
 
 

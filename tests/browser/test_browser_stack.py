@@ -21,7 +21,7 @@ RUN = "4_vanishing_sigmoid_mlp"  # of the session's quick demo (conftest.py)
 def test_gradient_stack_has_one_band_per_layer(trained) -> None:
     from playwright.sync_api import sync_playwright
 
-    with tensorboard(trained.demo, wait_runs=4) as tb, sync_playwright() as p:
+    with tensorboard(trained.demo, wait_runs=4, reload=False) as tb, sync_playwright() as p:
         ov = tb.get_json(f"overview?run={RUN}")["views"]["gradient"]
         layers_with_weights = list(dict.fromkeys(t["layer"] for t in ov["tensors"]))
         bands = ov["stack_layers"]

@@ -37,14 +37,13 @@ pytestmark = pytest.mark.browser
 def logdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("browser") / "logs"
     write_fixture_logdir(root)
-    write_run(root, "live", views=("gradient",), steps=40)
     write_run(root, "long", views=("gradient",), steps=600)
     return root
 
 
 @pytest.fixture(scope="module")
 def tb(logdir):
-    with tensorboard(logdir, wait_runs=5) as server:
+    with tensorboard(logdir, wait_runs=4, reload=False) as server:
         yield server
 
 
@@ -386,21 +385,34 @@ def test_dark_theme_and_png_export(tb_page, tmp_path):
     assert info.value.suggested_filename == "gradient-stack.png"
 
 
-def test_refreshes_on_tensorboard_reload(tb_page, tb, logdir):
-    f = tb_page.open("p.introspect.tab=layers&p.introspect.run=live&p.introspect.lmode=rms")
-    panel = f.locator(".panel").first
-    assert head_step(readout_pairs(panel)["@"]) == 40
-    write_run(logdir, "live", views=("gradient",), steps=80, first_step=41)
+def wait_step(tb, run: str, step: int) -> None:
     deadline = time.monotonic() + 30
-    while {r["run"]: r for r in tb.get_json("runs")["runs"]}["live"]["max_step"] < 80:
-        assert time.monotonic() < deadline, "tensorboard did not pick up the new points"
+    while {r["run"]: r for r in tb.get_json("runs")["runs"]}[run]["max_step"] < step:
+        assert time.monotonic() < deadline, f"tensorboard did not read step {step} of {run}"
         time.sleep(0.3)
-    # TensorBoard's reload button broadcasts experimental.DataReloaded to the iframe.
-    tb_page.page.locator("button.reload-button").click()
-    f.wait_for_function(
-        "document.querySelector('.panel .readout b')?.textContent.startsWith('step 80')",
-        timeout=20_000)
-    assert f.locator(".tab.on").text_content() == "Layers"
+
+
+def test_refreshes_on_tensorboard_reload(browser, tmp_path):
+    """A run that grows while the tab is open: TensorBoard reads it every second; its reload
+    button redraws the tab with the new points."""
+    logdir = tmp_path / "logs"
+    write_run(logdir, "live", views=("gradient",), steps=40)
+    with tensorboard(logdir) as live_tb:
+        wait_step(live_tb, "live", 40)
+        s = Session(browser, live_tb)
+        try:
+            f = s.open("p.introspect.tab=layers&p.introspect.run=live&p.introspect.lmode=rms")
+            assert head_step(readout_pairs(f.locator(".panel").first)["@"]) == 40
+            write_run(logdir, "live", views=("gradient",), steps=80, first_step=41)
+            wait_step(live_tb, "live", 80)
+            # TensorBoard's reload button broadcasts experimental.DataReloaded to the iframe.
+            s.page.locator("button.reload-button").click()
+            f.wait_for_function(
+                "document.querySelector('.panel .readout b')?.textContent.startsWith('step 80')",
+                timeout=20_000)
+            assert f.locator(".tab.on").text_content() == "Layers"
+        finally:
+            s.close()
 
 
 def test_long_run_is_sampled_and_zoom_reads_every_point(session):
@@ -437,7 +449,7 @@ def test_long_run_is_sampled_and_zoom_reads_every_point(session):
 
 
 def test_path_prefix(browser, logdir):
-    with tensorboard(logdir, path_prefix="/proxy/tb", wait_runs=5) as prefixed:
+    with tensorboard(logdir, path_prefix="/proxy/tb", wait_runs=4, reload=False) as prefixed:
         s = Session(browser, prefixed)
         try:
             f = s.open("p.introspect.run=exp1%2Flr_0.01")

@@ -72,7 +72,7 @@ def test_diagnose_reads_torch_runs(torch_demo):
 def torch_tb(torch_demo):
     from tests.browser.browser_support import tensorboard
 
-    with tensorboard(torch_demo, wait_runs=len(DEMO_RUNS)) as server:
+    with tensorboard(torch_demo, wait_runs=len(DEMO_RUNS), reload=False) as server:
         yield server
 
 

@@ -129,7 +129,7 @@ def test_diagnose_command_reads_the_runs(logdir):
 def hf_tb(logdir):
     from tests.browser.browser_support import tensorboard
 
-    with tensorboard(logdir, wait_runs=len(RUNS)) as server:
+    with tensorboard(logdir, wait_runs=len(RUNS), reload=False) as server:
         yield server
 
 

@@ -98,7 +98,7 @@ def lightning_tb(lightning_runs, tmp_path_factory):
     from tests.browser.browser_support import tensorboard
 
     logdir = link_runs({n: lightning_runs[n] for n in RUNS}, tmp_path_factory.mktemp("pl"))
-    with tensorboard(logdir, wait_runs=len(RUNS)) as server:
+    with tensorboard(logdir, wait_runs=len(RUNS), reload=False) as server:
         yield server
 
 
