@@ -12,7 +12,6 @@ are checked against exact numbers. Screenshots go to artifacts/screenshots/.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from tests.browser.browser_support import (
     write_fixture_logdir,
     write_run,
 )
+from tests.plugin.plugin_testlib import wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -386,10 +386,8 @@ def test_dark_theme_and_png_export(tb_page, tmp_path):
 
 
 def wait_step(tb, run: str, step: int) -> None:
-    deadline = time.monotonic() + 30
-    while {r["run"]: r for r in tb.get_json("runs")["runs"]}[run]["max_step"] < step:
-        assert time.monotonic() < deadline, f"tensorboard did not read step {step} of {run}"
-        time.sleep(0.3)
+    wait_for(lambda: {r["run"]: r for r in tb.get_json("runs")["runs"]}[run]["max_step"] >= step,
+             timeout=30, interval=0.3)
 
 
 def test_refreshes_on_tensorboard_reload(browser, tmp_path):
