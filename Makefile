@@ -86,10 +86,10 @@ test-js:
 
 # The collection and plugin tests on the oldest dependencies the ranges allow, in a second
 # virtual environment (it reuses the frontend bundle when one is built).
-test-oldest:
+test-oldest: $(STAMP)
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_VENV)/bin/pip install -q --upgrade pip
-	TB_INTROSPECT_SKIP_FRONTEND=1 $(OLDEST_VENV)/bin/pip install -q $(OLDEST_PINS) -e '.[test]'
+	TB_INTROSPECT_SKIP_FRONTEND=1 $(BIN)/uv pip install -q --python $(OLDEST_VENV)/bin/python \
+	  $(OLDEST_PINS) -e '.[test]'
 	$(OLDEST_VENV)/bin/python -m pip check
 	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not slow and not browser' \
 	  $(OLDEST_TESTS)
