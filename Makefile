@@ -33,7 +33,7 @@ OLDEST_TESTS := tests/collect/test_keras_callback.py tests/collect/test_introspe
 
 venv: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml $(wildcard frontend/package.json frontend/package-lock.json)
+$(STAMP): Makefile setup.py pyproject.toml $(wildcard frontend/package.json frontend/package-lock.json)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	# torch first, with pip: the trainers' own requirement on torch must find it installed
