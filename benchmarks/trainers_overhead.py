@@ -6,13 +6,15 @@ optimizer steps with
 
 * ``report_to="tensorboard"`` (plain),
 * the same plus ``IntrospectCallback()`` (default settings, all four views),
+* the same with ``views=("variable", "gradient")`` (no layer-output hooks: what
+  ``wandb.watch`` logs),
 * ``report_to="wandb"`` with ``WANDB_WATCH=all`` (offline: ``WANDB_MODE=offline``; the
   callback watches with ``log_freq=max(100, logging_steps)``, about one epoch here).
 
 Lightning: the digits CNN of the trainer tests (conv-BN-ReLU x2, pool, dense-BN-ReLU,
 dense), batch 16, one epoch of 96 steps, with a ``TensorBoardLogger`` (plain), plus
-``Introspect()``, and a ``WandbLogger`` (offline) with ``logger.watch(model, log="all",
-log_freq=96)``.
+``Introspect()``, plus ``Introspect(views=("variable", "gradient"))``, and a ``WandbLogger``
+(offline) with ``logger.watch(model, log="all", log_freq=96)``.
 
 Each round trains every setup once for two epochs, from the same seed, in an order that
 rotates every round; a warm-up round is left out. The second epoch is timed (wall and this
@@ -28,6 +30,7 @@ median over rounds of the per-round ratio to the plain setup.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -47,6 +50,8 @@ import torch  # noqa: E402
 STEPS = 96
 EPOCHS = 2
 TARGET = (1.05, 1.10)
+#: The views of ``wandb.watch(log="all")``: weights and gradients, no layer outputs.
+WATCH_VIEWS = ("variable", "gradient")
 
 
 class Clock:
@@ -105,6 +110,9 @@ def hf_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
 
     return {"report_to='tensorboard'": run("plain", "tensorboard", []),
             "+ IntrospectCallback()": run("intro", "tensorboard", [IntrospectCallback]),
+            f"+ IntrospectCallback(views={WATCH_VIEWS})": run(
+                "intro_watch", "tensorboard",
+                [functools.partial(IntrospectCallback, views=WATCH_VIEWS)]),
             "report_to='wandb', WANDB_WATCH=all": run("wandb", "wandb", [])}
 
 
@@ -132,7 +140,9 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
             L.seed_everything(0, verbose=False)
             out = tempfile.mkdtemp(dir=root, prefix=name)
             model = ls.digits_cnn()
-            callbacks = [Introspect(), Timer()] if name == "intro" else [Timer()]
+            callbacks = {"intro": [Introspect(), Timer()],
+                         "intro_watch": [Introspect(views=WATCH_VIEWS), Timer()]
+                         }.get(name, [Timer()])
             if name == "wandb":
                 logger = WandbLogger(save_dir=out, offline=True)
                 logger.watch(model, log="all", log_freq=steps)
@@ -149,6 +159,7 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
         return go
 
     return {"TensorBoardLogger": run("plain"), "+ Introspect()": run("intro"),
+            f"+ Introspect(views={WATCH_VIEWS})": run("intro_watch"),
             "WandbLogger.watch(log='all')": run("wandb")}
 
 
