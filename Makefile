@@ -17,6 +17,10 @@ TEST_WORKERS ?= 3
 # 4,000 among them, and pytest rewrites every test module's asserts in each worker. Python
 # writes each .pyc once, atomically, and every later import reads it.
 unexport PYTHONDONTWRITEBYTECODE
+# uv trusts the system's certificate store, as pip and npm do here: a machine whose traffic
+# goes through a proxy with its own certificate authority has it there (uv's bundled roots
+# alone fail to connect).
+export UV_SYSTEM_CERTS := 1
 
 .PHONY: venv frontend demo serve test test-durations test-js test-oldest lint chromium bench clean
 
