@@ -14,8 +14,8 @@ PORT ?= 6006
 TEST_WORKERS ?= 3
 # Some machines set PYTHONDONTWRITEBYTECODE (these reference machines do): then each of the
 # suite's hundreds of interpreters compiles every module it imports again, thousands of
-# TensorFlow's among them, and pytest rewrites every test module's asserts in each worker. Python
-# writes each .pyc once, atomically, and every later import reads it.
+# TensorFlow's among them, and pytest rewrites every test module's asserts in each worker.
+# Python writes each .pyc once, atomically, and every later import reads it.
 unexport PYTHONDONTWRITEBYTECODE
 # uv trusts the system's certificate store, as pip and npm do here: a machine whose traffic
 # goes through a proxy with its own certificate authority has it there (uv's bundled roots
