@@ -30,7 +30,13 @@ from tests.plugin.plugin_testlib import NO_TF_TENSORBOARD, served_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
-CHROMIUM = os.environ.get("TB_INTROSPECT_CHROMIUM", "/usr/bin/chromium")
+#: Debian's headless shell (package chromium-headless-shell): the same Blink as the full
+#: browser without its UI process, which Playwright also drives by default for headless
+#: pages; the browser tests' Chromium cost a quarter fewer CPU-seconds with it. The full
+#: ``chromium`` serves where the shell is not installed.
+CHROMIUM = os.environ.get("TB_INTROSPECT_CHROMIUM") or next(
+    (p for p in ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium") if os.path.exists(p)),
+    "/usr/bin/chromium-headless-shell")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -260,15 +266,10 @@ def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
         log.close()
 
 
-def chromium_available() -> bool:
-    return os.path.exists(CHROMIUM) or shutil.which("chromium") is not None
-
-
 def launch_chromium(playwright):
-    return playwright.chromium.launch(
-        executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-        args=CHROMIUM_ARGS,
-    )
+    path = CHROMIUM if os.path.exists(CHROMIUM) else (
+        shutil.which("chromium-headless-shell") or shutil.which("chromium"))
+    return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
 
 
 def next_paint(frame) -> None:
