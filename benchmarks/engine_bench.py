@@ -134,13 +134,20 @@ def xla_compile_rows(sizes: tuple[int, ...]) -> None:
 
 def log_row(repeats: int, name: str = "mobilenetv2") -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from overhead import dataset, make
+    from overhead import make
 
     from tb_introspect.keras import Introspect
-    from tb_introspect.pipeline.host import Pipeline
 
     model = make(name)
-    cb = Introspect(tempfile.mkdtemp(prefix="tbi_engine_"), every="epoch")
+    with tempfile.TemporaryDirectory(prefix="tbi_engine_") as logdir:
+        _log_row(model, Introspect(logdir, every="epoch"), repeats, name)
+
+
+def _log_row(model, cb, repeats: int, name: str) -> None:
+    from overhead import dataset
+
+    from tb_introspect.pipeline.host import Pipeline
+
     # The fit's one point, at the epoch's end, is the first: it traces the logging function.
     first, log = [], Pipeline.log
 

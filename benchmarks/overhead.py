@@ -226,7 +226,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
     rss0 = rss_mib()
     for _label, jit, factory in vs:
         models.append(make(kind, jit))
-        cbs.append([factory(tempfile.mkdtemp(prefix="tbi_overhead_"))] if factory else [])
+        cbs.append([factory(tempfile.mkdtemp(dir=args.scratch))] if factory else [])
     rows = [{"label": label, "wall": [], "cpu": [], "cpu_ms": [], "log": [], "drain": [],
              "stats": []} for label, _, _ in vs]
     for row, m, cb in zip(rows, models, cbs, strict=True):  # warm-up: tracing, first writes
@@ -273,7 +273,7 @@ def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     model = make(kind)
     model.fit(ds, epochs=1, verbose=0)
     fns["plain train function"] = model.train_function
-    cb = Introspect(tempfile.mkdtemp(prefix="tbi_overhead_"))
+    cb = Introspect(tempfile.mkdtemp(dir=args.scratch))
     make(kind).fit(ds, epochs=1, verbose=0, callbacks=[cb])
     fns["lean step"], fns["statistics step"] = cb._lean_fn, cb._instrumented_fn
     batches = iter(ds.repeat())
@@ -297,7 +297,8 @@ def step_function_rows(kind: str, args: argparse.Namespace) -> None:
         print(f"| {MODELS[kind][0]} | {name} | {c:.1f} | {w:.1f} | {c - base[0]:+.1f} |"
               f" {w - base[1]:+.1f} |", flush=True)
     if args.op_profile:
-        plain, lean = (op_times(fns[n], batches) for n in ("plain train function", "lean step"))
+        plain, lean = (op_times(fns[n], batches, args.scratch)
+                       for n in ("plain train function", "lean step"))
         print(f"\n{MODELS[kind][0]}: TensorFlow op time per step (profiler trace of 5 steps),"
               " the lean step against the plain train function, largest differences first")
         print("| op | plain ms | lean ms | added ms | ops per step: plain / lean |")
@@ -310,12 +311,12 @@ def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     cb.close()
 
 
-def op_times(fn, batches, steps: int = 5) -> dict[str, tuple[float, float]]:
+def op_times(fn, batches, scratch: str, steps: int = 5) -> dict[str, tuple[float, float]]:
     """{TensorFlow op type: (ms per step, ops per step)} from a profiler trace of ``steps``
     calls of ``fn`` (the host plane's op events, ``name:Type``, by type)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # the trace's format
 
-    folder = tempfile.mkdtemp(prefix="tbi_trace_")
+    folder = tempfile.mkdtemp(dir=scratch)
     tf.profiler.experimental.start(folder)
     for _ in range(steps):
         fn(batches)
@@ -365,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.pairs, args.jit = 4, 16, 1, False
+    # The runs' event files, removed at the end.
+    with tempfile.TemporaryDirectory(prefix="tbi_overhead_") as args.scratch:
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.models.split(",")]
     batch = args.batch or ", ".join(f"{k} {MODELS[k][2]}" for k in kinds)
     if args.step_functions:
