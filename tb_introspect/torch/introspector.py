@@ -3,7 +3,9 @@
 Where each view comes from:
 
 * layer outputs: a forward hook on every leaf module (module order gives the depth); a
-  module called several times per forward pass adds every call;
+  module called several times per forward pass adds every call. The hooks are on only for
+  the steps that read them: every leaf's on a statistics step, the rectifiers' (exact
+  activity) on a lean one;
 * output gradients: a tensor hook on each captured output, on statistics steps;
 * gradients: ``optimizer.register_step_pre_hook``, so they are read after
   ``DistributedDataParallel``'s all-reduce and ``GradScaler``'s unscale; a step the
@@ -164,7 +166,8 @@ class Introspector:
         self.pipeline.ring.loss_info = loss_info
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
-        self._phase = self._phase_of(self.step_count + 1)
+        self._phase = ""
+        self._set_phase(self._phase_of(self.step_count + 1))
 
     # ------------------------------------------------------------------ setup
 
@@ -196,8 +199,8 @@ class Introspector:
         self._tallies: dict[str, state.ActivityTally] = {}  # lean steps' rectifier counts
         self._compile_skipped = False
         self._uncaptured: set[str] = set()  # leaves whose output is no float tensor
-        for spec in self.outputs:
-            self._handles.append(spec.module.register_forward_hook(self._forward_hook(spec)))
+        self._hook_fns = [self._forward_hook(spec) for spec in self.outputs]
+        self._hooked: dict[int, Any] = {}  # output index -> its forward hook's handle
 
     def _fail(self, part: Part, error: BaseException) -> None:
         self.failures.fail(part, error)
@@ -210,6 +213,24 @@ class Introspector:
         if self.every == "epoch":
             return "stats" if self.governor.choose() else "activity"
         return "stats" if step % int(self.every) == 0 else "off"
+
+    def _set_phase(self, phase: str) -> None:
+        """Makes ``phase`` the next step's, with forward hooks on the modules it reads only:
+        every monitored leaf on a statistics step, the rectifiers of exact activity on a lean
+        one, none on an ``every=N`` step between two points. A module with a forward hook
+        leaves PyTorch's fast call path, which on a small model costs more than the hook
+        that returns at once."""
+        if phase == self._phase:
+            return
+        self._phase = phase
+        for j, spec in enumerate(self.outputs):
+            on = phase == "stats" or (phase == "activity" and spec.exact)
+            handle = self._hooked.get(j)
+            if on and handle is None:
+                self._hooked[j] = spec.module.register_forward_hook(self._hook_fns[j])
+            elif handle is not None and not on:
+                handle.remove()
+                del self._hooked[j]
 
     def _time_step(self) -> None:
         """The host time of the step that just ended and of the instrumentation in it, for
@@ -228,9 +249,8 @@ class Introspector:
 
     def _forward_hook(self, spec: modules.OutputSpec) -> Callable:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            # A lean step counts the rectifiers only: every other hook returns first thing.
-            phase = self._phase
-            if phase == "off" or (phase == "activity" and not spec.exact) or not self._counted():
+            # Hooked only while the step reads this output (_set_phase).
+            if not self._counted():
                 return
             # Under torch.compile the hook is traced into the graph: no host time to take.
             start = None if torch.compiler.is_compiling() else time.perf_counter()
@@ -369,7 +389,7 @@ class Introspector:
                                     " output_gradient view is off under compile, the other"
                                     " views go on")
         self.pipeline.after_steps(1)
-        self._phase = self._phase_of(self.step_count + 1)
+        self._set_phase(self._phase_of(self.step_count + 1))
         self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
 
     def _gradients_of_step(self) -> None:
@@ -416,7 +436,7 @@ class Introspector:
         self._t_last = None
         self._instrumented = 0.0
         self.governor.begin_window()
-        self._phase = self._phase_of(self.step_count + 1)
+        self._set_phase(self._phase_of(self.step_count + 1))
         self.pipeline.raise_stop()
 
     # The ``pipeline.host.Collector`` protocol: what the pipeline asks between steps.
@@ -541,9 +561,9 @@ class Introspector:
         if self._closed:
             return
         self.pipeline.guard(METRICS, self.pipeline.drain)
-        for handle in self._handles:
+        for handle in [*self._handles, *self._hooked.values()]:
             handle.remove()
-        self._handles = []
+        self._handles, self._hooked = [], {}
         state.release_scratch()
         self._closed = True
         self.pipeline.close()
