@@ -39,7 +39,11 @@ def round_sig(x: float, digits: int = 4) -> float:
     """``x`` rounded to ``digits`` significant digits."""
     if x == 0 or not math.isfinite(x):
         return x
-    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+    x = float(x)  # numpy's round returns inf where Python's raises
+    try:
+        return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+    except OverflowError:  # near the float maximum, the rounded value is out of range
+        return x
 
 
 def jsonable(obj: Any, digits: int | None = None) -> Any:

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
-from tb_introspect import metadata, stats_np, summary_pb
+from tb_introspect import json_values, metadata, stats_np, summary_pb
 from tb_introspect.plugin import http_io, overview, reader
 from tb_introspect.proto import plugin_data_pb2
 from tb_introspect.writer import NumpyWriter
@@ -382,3 +382,13 @@ def test_overview_and_findings_on_arbitrary_values(rs):
         doc = overview.compute_overview(rs)
     http_io.encode(doc)  # strict JSON: raises on any NaN or Inf left in
     assert "findings_error" not in doc, doc.get("findings_error")
+
+
+@FAST
+@given(x=st.floats(allow_nan=False, allow_infinity=False))
+def test_rounding_keeps_every_finite_float(x):
+    """The findings' JSON rounds to 4 significant digits: up to the float maximum, where
+    rounding up would overflow (1.798e308 is out of range), the value stays finite and near."""
+    r = json_values.round_sig(x, 4)
+    assert np.isfinite(r) and abs(r - x) <= 5e-4 * abs(x), (x, r)
+    assert json_values.round_sig(np.finfo(np.float64).max, 4) == np.finfo(np.float64).max
