@@ -34,9 +34,8 @@ SCREENSHOTS = REPO / "artifacts" / "screenshots"
 #: browser without its UI process, which Playwright also drives by default for headless
 #: pages; the browser tests' Chromium cost a quarter fewer CPU-seconds with it. The full
 #: ``chromium`` serves where the shell is not installed.
-CHROMIUM = os.environ.get("TB_INTROSPECT_CHROMIUM") or next(
-    (p for p in ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium") if os.path.exists(p)),
-    "/usr/bin/chromium-headless-shell")
+CHROMIUM = (os.environ.get("TB_INTROSPECT_CHROMIUM") or shutil.which("chromium-headless-shell")
+            or shutil.which("chromium"))
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -267,9 +266,7 @@ def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
 
 
 def launch_chromium(playwright):
-    path = CHROMIUM if os.path.exists(CHROMIUM) else (
-        shutil.which("chromium-headless-shell") or shutil.which("chromium"))
-    return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
 def next_paint(frame) -> None:
