@@ -26,6 +26,10 @@ export UV_SYSTEM_CERTS := 1
 
 # The oldest TensorFlow, Keras, TensorBoard and protobuf that setup.py's ranges allow (keep in step).
 OLDEST_VENV := .venv-oldest
+# Both test environments: ml_dtypes 0.7.0's import registers its numpy ufunc loops one by one
+# (1.07 s against 0.6.0's 0.12 s), in every process that imports TensorFlow, and the suite
+# starts about 25 of them. TensorFlow and Keras accept either version.
+DEV_PINS := ml_dtypes==0.6.0
 OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf==6.31.1
 # Collection and plugin tests (not the slow or browser ones): a few minutes.
 OLDEST_TESTS := tests/collect/test_keras_callback.py tests/collect/test_introspector.py \
@@ -48,7 +52,8 @@ $(STAMP): Makefile setup.py pyproject.toml $(wildcard frontend/package.json fron
 	# once, on first import (above). A fresh clone's `make venv`, empty caches: 112 s with pip
 	# and compileall on every core, 27 s this way (the same packages).
 	$(BIN)/pip install --no-compile 'torch==2.13.0' 'uv==0.13.8'
-	$(BIN)/uv pip install --python $(BIN)/python -e '.[tf-cpu,demo,test,bench,s3,transformers,lightning]'
+	$(BIN)/uv pip install --python $(BIN)/python $(DEV_PINS) \
+	  -e '.[tf-cpu,demo,test,bench,s3,transformers,lightning]'
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps 'tf-keras>=2.16,<2.22'
 	touch $(STAMP)
 
@@ -96,7 +101,7 @@ test-js:
 test-oldest: $(STAMP)
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
 	TB_INTROSPECT_SKIP_FRONTEND=1 $(BIN)/uv pip install -q --python $(OLDEST_VENV)/bin/python \
-	  $(OLDEST_PINS) -e '.[test]'
+	  $(OLDEST_PINS) $(DEV_PINS) -e '.[test]'
 	$(OLDEST_VENV)/bin/python -m pip check
 	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m 'not slow and not browser' \
 	  $(OLDEST_TESTS)

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     schedule.order(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The temporary folder of this process and every subprocess its tests start: one under
+    pytest's base folder, which pytest rotates. What a test hands to ``tempfile`` (the public
+    docstrings' examples write to ``tempfile.mkdtemp()``) then stays out of the machine's."""
+    folder = str(tmp_path_factory.mktemp("tmp", numbered=False))
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    yield
+    tempfile.tempdir = None
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
 
 
 @pytest.fixture(scope="session")

@@ -219,8 +219,9 @@ def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
     serves (``--reload_task blocking``) and never again, so no page sees a run half read.
     Otherwise it reads on every second, as it does while a training writes, and a run may be
     listed before all of its points are."""
+    local = isinstance(logdir, Path)
     fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log",
-                                dir=logdir.parent if isinstance(logdir, Path) else None)
+                                dir=logdir.parent if local else None)
     log_path = Path(name)
     args = [
         sys.executable, "-c", NO_TF_TENSORBOARD, "--logdir", str(logdir),
@@ -263,6 +264,8 @@ def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
             proc.kill()
             proc.wait()  # reap it: a killed, unwaited child stays a zombie
         log.close()
+        if not local:  # not beside a logdir of the test's own folder: nothing would remove it
+            log_path.unlink(missing_ok=True)
 
 
 def launch_chromium(playwright):

@@ -18,7 +18,7 @@ MARK = "=== fit every="
 
 SCRIPT = textwrap.dedent(
     f"""
-    import sys, tempfile
+    import sys
     import keras, numpy as np
     from tb_introspect.keras import Introspect
     for every in {EVERY!r}:
@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(96, 16, 16, 3)).astype("float32"), rng.integers(0, 3, 96)
         callbacks = [] if every == "none" else [
-            Introspect(tempfile.mkdtemp(), every=every if every == "epoch" else int(every))]
+            Introspect(every, every=every if every == "epoch" else int(every))]
         model.fit(x, y, batch_size=32, epochs=2, validation_split=0.25, verbose=0,
                   callbacks=callbacks)
         print("trained", flush=True)
@@ -47,11 +47,13 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def output() -> dict[str, list[str]]:
-    """Each training's lines, by ``every`` ("none": without the callback)."""
+def output(tmp_path_factory) -> dict[str, list[str]]:
+    """Each training's lines, by ``every`` ("none": without the callback); the runs are
+    written in a temporary folder, one per ``every``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=300, env=env)
+                          stderr=subprocess.STDOUT, text=True, timeout=300, env=env,
+                          cwd=tmp_path_factory.mktemp("quiet"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     out: dict[str, list[str]] = {}
     lines: list[str] = []  # what TensorFlow prints as it starts: no training's

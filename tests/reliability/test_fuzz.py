@@ -246,9 +246,9 @@ GOOD_FILE = None
 def _good_bytes() -> tuple[bytes, str]:
     global GOOD_FILE
     if GOOD_FILE is None:
-        tmp = Path(tempfile.mkdtemp(prefix="fuzz-good-"))
-        path = _write_small_run(tmp)
-        GOOD_FILE = (path.read_bytes(), path.name)
+        with tempfile.TemporaryDirectory(prefix="fuzz-good-") as tmp:
+            path = _write_small_run(Path(tmp))
+            GOOD_FILE = (path.read_bytes(), path.name)
     return GOOD_FILE
 
 

@@ -19,13 +19,13 @@ from tb_introspect.torch import state as torch_state
 from tests.torch import torch_support as ts
 
 
-def test_no_tensorflow_import():
+def test_no_tensorflow_import(tmp_path):
     code = textwrap.dedent("""
-        import sys, tempfile, torch
+        import sys, torch
         from tb_introspect.torch import Introspector
         m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        with Introspector(tempfile.mkdtemp(), m, opt, every=2) as intro:
+        with Introspector("run", m, opt, every=2) as intro:
             for _ in range(4):
                 loss = m(torch.randn(8, 3)).square().mean()
                 opt.zero_grad(); loss.backward(); opt.step(); intro.step(loss=loss)
@@ -35,7 +35,7 @@ def test_no_tensorflow_import():
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
