@@ -28,7 +28,7 @@ export UV_SYSTEM_CERTS := 1
 OLDEST_VENV := .venv-oldest
 # Both test environments: ml_dtypes 0.7.0's import registers its numpy ufunc loops one by one
 # (1.07 s against 0.6.0's 0.12 s), in every process that imports TensorFlow, and the suite
-# starts about 25 of them. TensorFlow and Keras accept either version.
+# starts about 20 of them. TensorFlow and Keras accept either version.
 DEV_PINS := ml_dtypes==0.6.0
 OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf==6.31.1
 # Collection and plugin tests (not the slow or browser ones): a few minutes.
