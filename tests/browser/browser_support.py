@@ -213,15 +213,15 @@ class TensorBoard:
 def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
                 extra_args: tuple[str, ...] = (), reload: bool = True) -> Iterator[TensorBoard]:
     """A real ``tensorboard`` process serving ``logdir`` (a folder, or a bucket URL: its log
-    goes to the temporary folder); waits until ``wait_runs`` runs are listed.
+    goes to the temporary folder, the session's under pytest); waits until ``wait_runs`` runs
+    are listed.
 
     ``reload=False`` for a logdir that is complete: TensorBoard reads it whole before it
     serves (``--reload_task blocking``) and never again, so no page sees a run half read.
     Otherwise it reads on every second, as it does while a training writes, and a run may be
     listed before all of its points are."""
-    local = isinstance(logdir, Path)
     fd, name = tempfile.mkstemp(prefix="tensorboard-", suffix=".log",
-                                dir=logdir.parent if local else None)
+                                dir=logdir.parent if isinstance(logdir, Path) else None)
     log_path = Path(name)
     args = [
         sys.executable, "-c", NO_TF_TENSORBOARD, "--logdir", str(logdir),
@@ -264,8 +264,6 @@ def tensorboard(logdir: Path | str, path_prefix: str = "", wait_runs: int = 1,
             proc.kill()
             proc.wait()  # reap it: a killed, unwaited child stays a zombie
         log.close()
-        if not local:  # not beside a logdir of the test's own folder: nothing would remove it
-            log_path.unlink(missing_ok=True)
 
 
 def launch_chromium(playwright):
