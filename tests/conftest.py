@@ -22,8 +22,8 @@ from tests.shared_runs import APP_RUN, CLI, Trained, link_runs, once, train_shar
 for _var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
     os.environ.setdefault(_var, "1")
 # XLA's CPU compiles without LLVM's optimizations: the tests check what our graphs compute
-# under XLA, which the HLO passes decide, not how fast the machine code runs. The suite's
-# eight jit_compile tests: 87 and 92 -> 60 and 68 CPU-seconds.
+# under XLA, which the HLO passes decide, not how fast the machine code runs. The
+# eight tests that compile with XLA: 87 and 92 -> 60 and 68 CPU-seconds.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 
