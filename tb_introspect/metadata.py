@@ -30,6 +30,8 @@ PLUGIN_NAME = "introspect"
 PROTO_VERSION = 3
 
 VIEWS = ("variable", "gradient", "output", "output_gradient")
+#: The findings' severities, most severe first.
+SEVERITIES = ("critical", "warning", "info")
 CADENCES = ("step", "epoch")
 
 TENSOR_STATS = plugin_data_pb2.PluginData.TENSOR_STATS

@@ -57,3 +57,18 @@ def test_the_pipeline_is_framework_neutral_and_pytorch_does_not_import_keras() -
     assert "tb_introspect.pipeline.host" in loaded
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras")
             or m.startswith("tb_introspect.collect")] == [], loaded
+
+
+def test_the_statistics_engine_imports_no_front_end() -> None:
+    """``stats/`` is below the Keras front-end: importing it loads nothing of ``collect/``."""
+    loaded = loaded_by("tb_introspect.stats")
+    assert [m for m in loaded if m.startswith(("tb_introspect.collect", "tb_introspect.torch",
+                                               "tb_introspect.pipeline"))] == [], loaded
+
+
+def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -> None:
+    loaded = loaded_by("tb_introspect.pipeline.options")
+    assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "torch")
+            or m.startswith(("tb_introspect.diagnose", "tb_introspect.plugin",
+                             "tb_introspect.pipeline.findings", "tb_introspect.rundata"))
+            ] == [], loaded

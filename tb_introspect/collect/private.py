@@ -1,4 +1,5 @@
-"""Every private Keras and TensorFlow access the writer side needs, in one place.
+"""Every private Keras and TensorFlow access the Keras front-end needs, in one place (the
+statistics engine's one, ``stats.numeric.in_xla_context``, lives with the engine).
 
 Each is a name Keras or TensorFlow may move in a release; ``tests/test_private.py`` checks
 each against the installed versions (``make test`` and ``make test-oldest`` run it on the
@@ -12,16 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
-
-
-def in_xla_context() -> bool:
-    """Whether the op being built will be compiled by XLA (``jit_compile=True``)."""
-    try:
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # moved: take the path that compiles everywhere
-        return True
-    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
 def replica_spec(spec: Any) -> Any:

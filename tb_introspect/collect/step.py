@@ -28,6 +28,7 @@ from tb_introspect import stats
 from tb_introspect.collect import capture, kernels, private
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.plan import sanitize
+from tb_introspect.stats.numeric import in_xla_context
 
 if TYPE_CHECKING:
     from tb_introspect.collect.collector import Collector
@@ -237,7 +238,7 @@ class StepRecorder:
         """Statistics states on statistics steps; the rectifiers' activity counts on the
         others (every step with ``every="epoch"``)."""
         c = self.c
-        if private.in_xla_context():
+        if in_xla_context():
             self._limit_for_xla()
         wants_activity = "output" in c.out_vars
         none = self._no_activity()
@@ -255,7 +256,7 @@ class StepRecorder:
                 stat = stat | tf.logical_not(self.metrics_finite)
             if self.mode is StepMode.AUTO:
                 stat = stat | tf.equal(self.window_step % c.stats_every, 0)
-            if self.mode is StepMode.LEAN and private.in_xla_context():
+            if self.mode is StepMode.LEAN and in_xla_context():
                 # XLA compiles both branches of a cond: a statistics branch would make the
                 # lean step's compile as large as the full one's. NaN columns count nothing.
                 rows = tf.where(tf.math.is_finite(activity), activity, 0.0)
@@ -320,7 +321,7 @@ class StepRecorder:
     def _fold_stats(self) -> tf.Tensor:
         """Fold this step into the statistics states; its output activity rows."""
         c, layout = self.c, self.c.layout
-        xla = private.in_xla_context()
+        xla = in_xla_context()
         empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
         activity = self._no_activity()
         base = self._seed_base()

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from tb_introspect.json_values import jsonable
+from tb_introspect.metadata import SEVERITIES
 from tb_introspect.rundata import Aligned, RunSeries, align
 from tb_introspect.rundata import point_spans as point_spans  # re-exported for the rules
 from tb_introspect.rundata import unique as unique
 
-SEVERITIES = ("critical", "warning", "info")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 

@@ -28,6 +28,7 @@ from tb_introspect import metadata
 from tb_introspect.diagnose import Finding, find_issues
 from tb_introspect.diagnose.core import SEVERITY_RANK
 from tb_introspect.pipeline.failures import Failures, Part, short_error
+from tb_introspect.pipeline.options import check_on_finding, check_severity
 from tb_introspect.plugin import reader
 from tb_introspect.rundata import RunSeries, Series
 
@@ -74,22 +75,6 @@ def describe(finding: Finding) -> str:
                                           ("step", finding.first_step)) if v is not None]
     where = f" (from {', '.join(when)})" if when else ""
     return f"{finding.severity} {finding.kind}: {finding.title}{where}"
-
-
-def check_on_finding(value: Any) -> Any:
-    """None, ``"stop"`` or a callable taking a ``Finding``."""
-    if value is None or value == "stop" or callable(value):
-        return value
-    raise ValueError(f"on_finding must be None, 'stop' or a callable taking a Finding,"
-                     f" got {value!r}")
-
-
-def check_severity(value: Any) -> str:
-    """The least severity that acts: ``"critical"``, ``"warning"`` or ``"info"``."""
-    if isinstance(value, str) and value in SEVERITY_RANK:
-        return value
-    raise ValueError(f"on_finding_severity must be one of {', '.join(SEVERITY_RANK)},"
-                     f" got {value!r}")
 
 
 class WrittenRun:

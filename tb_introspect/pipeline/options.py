@@ -14,7 +14,6 @@ import numpy as np
 
 from tb_introspect import metadata
 from tb_introspect.pipeline import storage
-from tb_introspect.pipeline.findings import check_on_finding, check_severity
 
 #: Percentile sample bound for tensors summarised once per logged point
 #: (variables, gradient aggregates). Cheap at logging time.
@@ -236,3 +235,19 @@ def check_log_dir(log_dir: str) -> str:
     except Exception as e:
         raise OSError(f"tb_introspect: log_dir {log_dir!r} is not writable: {e}") from e
     return log_dir
+
+
+def check_on_finding(value: Any) -> Any:
+    """None, ``"stop"`` or a callable taking a ``Finding``."""
+    if value is None or value == "stop" or callable(value):
+        return value
+    raise ValueError(f"on_finding must be None, 'stop' or a callable taking a Finding,"
+                     f" got {value!r}")
+
+
+def check_severity(value: Any) -> str:
+    """The least severity that acts: ``"critical"``, ``"warning"`` or ``"info"``."""
+    if isinstance(value, str) and value in metadata.SEVERITIES:
+        return value
+    raise ValueError(f"on_finding_severity must be one of {', '.join(metadata.SEVERITIES)},"
+                     f" got {value!r}")

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect.collect.private import in_xla_context
-
 #: Default bound on the number of sampled values percentiles are taken from.
 DEFAULT_SAMPLE_SIZE = 2**18
 
@@ -137,3 +135,13 @@ def sum_of_squares(x: tf.Tensor, axis: int | None = None) -> tf.Tensor:
 
 def log10(v):
     return tf.math.log(v) / np.log(10.0)
+
+
+def in_xla_context() -> bool:
+    """Whether the op being built will be compiled by XLA (``jit_compile=True``)."""
+    try:
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # moved: take the path that compiles everywhere
+        return True
+    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())

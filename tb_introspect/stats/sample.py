@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tb_introspect.collect.private import in_xla_context
-from tb_introspect.stats.numeric import F64, INF, normal, uniform, where
+from tb_introspect.stats.numeric import F64, INF, in_xla_context, normal, uniform, where
 
 #: The training step's ``min_hits``: a batch is drawn among its non-zero values only when
 #: its position draws found fewer than this many (nearly-all-zero tensors).

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from tb_introspect import stats_np
-from tb_introspect.collect.private import in_xla_context
 from tb_introspect.stats import sample, shapes
 from tb_introspect.stats.numeric import (
     DEFAULT_SAMPLE_SIZE,
@@ -23,6 +22,7 @@ from tb_introspect.stats.numeric import (
     content_seed,
     count,
     describe,
+    in_xla_context,
     no_autograph,
     pow2,
     scale_exponent,

@@ -1,5 +1,6 @@
-"""Each private Keras/TensorFlow access of ``collect/private.py`` works on the installed
-versions (``make test`` runs it on the newest pins, ``make test-oldest`` on the oldest)."""
+"""Each private Keras/TensorFlow access (``collect/private.py``,
+``stats.numeric.in_xla_context``) works on the installed versions (``make test`` runs it
+on the newest pins, ``make test-oldest`` on the oldest)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tb_introspect.collect import private  # noqa: E402
+from tb_introspect.stats.numeric import in_xla_context  # noqa: E402
 
 
 def test_xla_context_is_seen_inside_jit_compile_only():
@@ -19,12 +21,12 @@ def test_xla_context_is_seen_inside_jit_compile_only():
 
     @tf.function(jit_compile=True)
     def compiled(x):
-        seen["jit"] = private.in_xla_context()
+        seen["jit"] = in_xla_context()
         return x + 1
 
     @tf.function
     def plain(x):
-        seen["plain"] = private.in_xla_context()
+        seen["plain"] = in_xla_context()
         return x + 1
 
     compiled(tf.ones(2))

@@ -14,8 +14,8 @@ import pytest
 
 from tb_introspect.diagnose import find_issues
 from tb_introspect.diagnose.core import SEVERITY_RANK
-from tb_introspect.pipeline.findings import FindingStop, check_on_finding, check_severity
-from tb_introspect.pipeline.options import Options
+from tb_introspect.pipeline.findings import FindingStop
+from tb_introspect.pipeline.options import Options, check_on_finding, check_severity
 from tb_introspect.plugin.reader import read_logdir
 
 BATCH = 64
