@@ -146,7 +146,7 @@ def log_row(repeats: int, name: str = "mobilenetv2") -> None:
 def _log_row(model, cb, repeats: int, name: str) -> None:
     from overhead import dataset
 
-    from tb_introspect.pipeline.host import Pipeline
+    from tb_introspect.pipeline.pipeline import Pipeline
 
     # The fit's one point, at the epoch's end, is the first: it traces the logging function.
     first, log = [], Pipeline.log

@@ -50,11 +50,11 @@ def test_the_overview_imports_the_findings_engine_itself() -> None:
 def test_the_pipeline_is_framework_neutral_and_pytorch_does_not_import_keras() -> None:
     """Every front-end feeds ``pipeline/``: it imports no framework, and the PyTorch side
     imports the pipeline, never the Keras package."""
-    loaded = loaded_by("tb_introspect.pipeline.host")
+    loaded = loaded_by("tb_introspect.pipeline.pipeline")
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "torch")
             or m.startswith(("tb_introspect.collect", "tb_introspect.torch"))] == [], loaded
     loaded = loaded_by("tb_introspect.torch")
-    assert "tb_introspect.pipeline.host" in loaded
+    assert "tb_introspect.pipeline.pipeline" in loaded
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras")
             or m.startswith("tb_introspect.collect")] == [], loaded
 

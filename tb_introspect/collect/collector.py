@@ -6,7 +6,7 @@ training step and only folds into the accumulators created here; ``point.py`` is
 traced function of a logged point (the outputs finalized; weights and gradient sums go to
 ``pipeline.params`` as they are); everything after the packed vectors is the
 framework-neutral pipeline's (``pipeline/``), which calls ``current_step``,
-``read_metrics`` and ``point`` (the ``pipeline.host.Collector`` protocol).
+``read_metrics`` and ``point`` (the ``pipeline.pipeline.FrontEnd`` protocol).
 
 Per-epoch cadence therefore gives the design's aggregation: variables at the epoch's end,
 gradients summed over every step of the epoch, outputs and output gradients merged over
@@ -33,7 +33,7 @@ from tb_introspect.collect.step import BatchLayout
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.params import Params
-from tb_introspect.pipeline.plan import Monitored, Plan, sanitize
+from tb_introspect.pipeline.plan import Monitored, Plan, is_sampled, sanitize
 from tb_introspect.pipeline.point import Block, Point
 
 _ON_READ = tf.VariableSynchronization.ON_READ
@@ -191,9 +191,7 @@ class Collector:
 
     def sampled(self, step: tf.Tensor) -> bool | tf.Tensor:
         """Whether this (1-based) step contributes: always per epoch / every step."""
-        if self.every == "epoch" or self.every == 1:
-            return True
-        return tf.equal(step % int(self.every), 0)
+        return True if self.every == 1 else is_sampled(step, self.every)
 
     # ------------------------------------------------------------------ host side
 

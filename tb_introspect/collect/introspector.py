@@ -3,7 +3,7 @@
 The user hands over what a Keras callback has to dig out: variables and their
 gradients, optionally layer outputs and output gradients, and per-step scalars
 (loss, metrics). ``record`` runs inside the user's (possibly XLA-compiled)
-step and only updates accumulators; ``end_step`` / ``end_epoch`` write
+step and only updates accumulators; ``step`` / ``end_epoch`` write
 summaries from the host, with the same statistics, cadences and per-epoch
 aggregation as the Keras callback.
 """
@@ -20,12 +20,12 @@ from tb_introspect.collect.collector import Collector
 from tb_introspect.collect.step import StepRecorder
 from tb_introspect.collect.workers import is_chief
 from tb_introspect.pipeline.failures import METRICS, warn
-from tb_introspect.pipeline.host import Pipeline
 from tb_introspect.pipeline.options import (
     OptionArgs,
     Options,
     check_log_dir,
 )
+from tb_introspect.pipeline.pipeline import Pipeline
 from tb_introspect.pipeline.plan import Monitored, sanitize
 from tb_introspect.pipeline.sink import EventSink
 
@@ -42,7 +42,7 @@ class Introspector:
     """Per-layer statistics for a custom training loop, written to ``log_dir``.
 
     Call ``record(...)`` once per training step (inside or outside
-    ``tf.function``, also with ``jit_compile=True``), ``end_step()`` after each
+    ``tf.function``, also with ``jit_compile=True``), ``step()`` after each
     step and ``end_epoch()`` after each epoch, from Python; ``close()`` at the
     end (or use it as a context manager). ``every`` is ``"epoch"`` (gradients
     summed over the epoch, outputs merged over all its batches, variables at its
@@ -53,7 +53,7 @@ class Introspector:
     names given to ``record``; the activity of every recorded output is counted
     on every step (exact dead rates) unless ``rectifiers`` names the ones to count
     so, the others then counting on the statistics steps only.
-    With ``on_finding="stop"``, ``end_step()`` / ``end_epoch()`` raise
+    With ``on_finding="stop"``, ``step()`` / ``end_epoch()`` raise
     ``tb_introspect.FindingStop`` once a finding appears, after its point is written.
 
     Example:
@@ -72,7 +72,7 @@ class Introspector:
         ...                  metrics={"loss": loss})
         >>> for step in range(3):
         ...     train_step(tf.ones((8, 4)), tf.zeros((8, 2)))
-        ...     intro.end_step()
+        ...     intro.step()
         >>> intro.end_epoch()
         >>> intro.close()
     """
@@ -90,8 +90,8 @@ class Introspector:
         self.writer = (EventSink(self.log_dir, upload_secs=options.flush_secs)
                        if is_chief(strategy) else None)
         self.collector = Collector(options, strategy=strategy)
-        self.host = Pipeline(self.collector, self.writer)
-        self.host.begin_epoch(initial_epoch)
+        self.pipeline = Pipeline(self.collector, self.writer)
+        self.pipeline.begin_epoch(initial_epoch)
         self.initial_step = int(initial_step)
         self._broken = False
         self._names: tuple | None = None
@@ -191,31 +191,31 @@ class Introspector:
         c.set_variables(variables, var_names, layers, [depth_of[n] for n in layers])
         c.set_metrics(list(metrics), rows=32)
         c.build(initial_step=self.initial_step)
-        self.host.start(self.initial_step)
+        self.pipeline.start(self.initial_step)
 
     # ------------------------------------------------------------------ host side
 
-    def end_step(self) -> None:
+    def step(self) -> None:
         """After each training step (from Python): writes what is due."""
         if self.collector.built and not self._broken:
-            self.host.after_steps(1)
-            self.host.raise_stop()  # on_finding="stop": FindingStop, the point written
+            self.pipeline.after_steps(1)
+            self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
 
     def end_epoch(self) -> None:
         """After each epoch (from Python): per-epoch statistics and metric bands."""
         if self.collector.built and not self._broken:
-            self.host.end_epoch()
-        self.host.begin_epoch(self.host.epoch + 1)
-        self.host.raise_stop()
+            self.pipeline.end_epoch()
+        self.pipeline.begin_epoch(self.pipeline.epoch + 1)
+        self.pipeline.raise_stop()
 
     def flush(self) -> None:
-        self.host.flush()
+        self.pipeline.flush()
 
     def close(self) -> None:
         """Write what is pending and close the event file."""
         if self.collector.built and not self._broken:
-            self.host.guard(METRICS, self.host.drain)
-        self.host.close()
+            self.pipeline.guard(METRICS, self.pipeline.drain)
+        self.pipeline.close()
         self.writer = None
 
     def __enter__(self) -> Introspector:

@@ -35,18 +35,18 @@ from tb_introspect.collect import capture, private
 from tb_introspect.collect import loss as compiled_loss
 from tb_introspect.collect.collector import Collector
 from tb_introspect.collect.install import Installation
-from tb_introspect.collect.step import StepMode, StepRecorder
+from tb_introspect.collect.step import StepRecorder
 from tb_introspect.collect.workers import is_chief, is_multi_worker
 from tb_introspect.pipeline.failures import METRICS, Part, warn
-from tb_introspect.pipeline.governor import Governor
-from tb_introspect.pipeline.host import Pipeline
+from tb_introspect.pipeline.governor import Governor, StepMode
 from tb_introspect.pipeline.options import (
     DEFAULT_OVERHEAD,
     OptionArgs,
     Options,
     check_log_dir,
 )
-from tb_introspect.pipeline.plan import Monitored, sanitize
+from tb_introspect.pipeline.pipeline import Pipeline
+from tb_introspect.pipeline.plan import Monitored, sampled_between, sanitize
 from tb_introspect.pipeline.sink import EventSink
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ class Introspect(keras.callbacks.Callback):
         self.log_dir = check_log_dir(log_dir)
         self.writer: EventSink | None = None
         self.collector: Collector | None = None
-        self.host: Pipeline | None = None
+        self.pipeline: Pipeline | None = None
         self.installation: Installation | None = None
         _live.add(self)
 
@@ -215,7 +215,7 @@ class Introspect(keras.callbacks.Callback):
             if self._reusable():
                 self._reinstall()
             else:
-                self.collector = self.host = None
+                self.collector = self.pipeline = None
                 self._setup()
         except Exception as e:
             warn(f"set-up failed ({type(e).__name__}: {e}); statistics are off for this"
@@ -243,10 +243,10 @@ class Introspect(keras.callbacks.Callback):
         # up), so with several workers the cadence is the fixed one, not each one's clock.
         self.governor = Governor(self.options.overhead if per_epoch and not lockstep else None,
                                  self.options.stats_every if per_epoch else 1)
-        self.host = Pipeline(self.collector, self.writer, lockstep=lockstep,
+        self.pipeline = Pipeline(self.collector, self.writer, lockstep=lockstep,
                              governor=self.governor)
         try:  # what the loss is, for the findings; never worth failing the set-up for
-            self.host.ring.loss_info = compiled_loss.describe_model(model)
+            self.pipeline.ring.loss_info = compiled_loss.describe_model(model)
         except Exception:
             pass
         self._every_step_noted = False
@@ -276,11 +276,11 @@ class Introspect(keras.callbacks.Callback):
     def _reinstall(self) -> None:
         if self.chief and self.writer is None:
             self.writer = EventSink(self.log_dir, upload_secs=self.options.flush_secs)
-            self.host.set_sink(self.writer)
+            self.pipeline.set_sink(self.writer)
         inst = self.installation
         inst.keep_original()
         inst.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
-        self.host.start(self.collector.current_step())
+        self.pipeline.start(self.collector.current_step())
         inst.route(self._run)
 
     def _install_lazy(self) -> None:
@@ -364,7 +364,7 @@ class Introspect(keras.callbacks.Callback):
         if inst.optimizer is not None:
             initial = int(inst.optimizer.iterations.numpy())
         c.build(initial_step=initial)
-        self.host.start(initial)
+        self.pipeline.start(initial)
         self._steps_done = initial
         inst.patch(layers=False, apply=self._apply_wrapper())
         self._instrumented_fn = self._make_train_function(StepMode.STATS)
@@ -470,7 +470,7 @@ class Introspect(keras.callbacks.Callback):
         every = self.collector.every
         if every == "epoch":
             return None
-        return any((self._steps_done + i) % every == 0 for i in range(1, self.spe + 1))
+        return sampled_between(self._steps_done, self.spe, every)
 
     def _check_trace(self) -> None:
         """After the first statistics step: the outputs its backward pass reached are those
@@ -491,33 +491,33 @@ class Introspect(keras.callbacks.Callback):
         steps = max(int(batch) - getattr(self, "_batch_begin", int(batch)) + 1, 1)
         self._steps_done += steps
         running = None
-        if logs and not self.host.is_off(METRICS):
+        if logs and not self.pipeline.is_off(METRICS):
             tracked = set(self.collector.metric_names)
             running = {k: v for k, v in logs.items() if k not in tracked}
-        self.host.after_steps(steps, running or None)
+        self.pipeline.after_steps(steps, running or None)
         self._stop_on_finding()
 
     def _stop_on_finding(self) -> None:
         """``on_finding="stop"``: a finding appeared, Keras ends ``fit`` after this step."""
-        if self.host.take_stop() is not None:
+        if self.pipeline.take_stop() is not None:
             self.model.stop_training = True
 
     def _collecting(self) -> bool:
         return (
-            self.host is not None and self.collector is not None and self.collector.built
+            self.pipeline is not None and self.collector is not None and self.collector.built
             and self.installation is not None and self.installation.active
         )
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if self.host is not None:
-            self.host.begin_epoch(epoch)
+        if self.pipeline is not None:
+            self.pipeline.begin_epoch(epoch)
             self.governor.begin_window()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._collecting():
             return
         val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
-        self.host.end_epoch(val)
+        self.pipeline.end_epoch(val)
         self._stop_on_finding()
         if self.options.every == 1 and not self._every_step_noted:
             line = self.governor.every_step_cost(DEFAULT_OVERHEAD)
@@ -528,8 +528,8 @@ class Introspect(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
             if self._collecting():
-                self.host.guard(METRICS, self.host.drain)
-                self.host.act(settle=True)  # on_finding sees the last epoch too
+                self.pipeline.guard(METRICS, self.pipeline.drain)
+                self.pipeline.act(settle=True)  # on_finding sees the last epoch too
         finally:
             self._uninstall()
             self._flush(now=True)  # what fit wrote is in the bucket when it returns
@@ -537,8 +537,8 @@ class Introspect(keras.callbacks.Callback):
     def close(self) -> None:
         """Close the event file (it is also closed when the callback is deleted)."""
         self._flush()
-        if self.host is not None:
-            self.host.close()
+        if self.pipeline is not None:
+            self.pipeline.close()
         elif self.writer is not None:
             self.writer.close()
         self.writer = None
@@ -551,8 +551,8 @@ class Introspect(keras.callbacks.Callback):
             self.installation.remove()
 
     def _flush(self, now: bool = False) -> None:
-        if self.host is not None:
-            self.host.flush(now)
+        if self.pipeline is not None:
+            self.pipeline.flush(now)
         elif self.writer is not None:
             try:
                 self.writer.flush(now)

@@ -17,7 +17,6 @@ its overhead governor, ``pipeline/governor.py``).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ import tensorflow as tf
 from tb_introspect import stats
 from tb_introspect.collect import capture, kernels, private
 from tb_introspect.pipeline.failures import Part
+from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.pipeline.plan import sanitize
 from tb_introspect.stats.numeric import in_xla_context
 
@@ -41,20 +41,6 @@ if TYPE_CHECKING:
 #: ~300 ran out of 24 GB in ``benchmarks/overhead.py``.
 #: 48 keeps both benchmark CNNs whole.
 XLA_STEP_TENSORS = 48
-
-
-class StepMode(enum.Enum):
-    """How one traced training step treats layer outputs and output gradients."""
-
-    #: The graph decides: statistics on the window's first step, every ``stats_every``-th
-    #: and NaN steps; the rectifiers' activity counts on the others.
-    AUTO = "auto"
-    #: Every step is a statistics step (the host chose it; ``every=N``'s sampled steps
-    #: still decide in the graph).
-    STATS = "stats"
-    #: No statistics and no output-gradient probes: the rectifiers' activity counts, the
-    #: gradient sum and the metrics only (a NaN step still gets the output statistics).
-    LEAN = "lean"
 
 
 

@@ -50,7 +50,7 @@ class FindingStop(Exception):
     """Ends a training loop when ``on_finding="stop"`` and a finding appeared.
 
     The PyTorch and the custom-loop ``Introspector`` raise it from ``step()`` /
-    ``end_step()`` / ``end_epoch()``, after the point that showed the finding is written
+    ``end_epoch()``, after the point that showed the finding is written
     and flushed. ``finding`` is the :class:`~tb_introspect.diagnose.Finding`, ``step`` the
     training step it stopped at. A callable ``on_finding`` may raise it too: the same stop.
 

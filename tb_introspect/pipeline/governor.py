@@ -19,6 +19,7 @@ Deterministic given its clock, so tests inject one.
 
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 import time
@@ -27,6 +28,32 @@ from collections.abc import Callable
 
 #: Recent executions the step-time estimates are medians over.
 HISTORY = 32
+
+
+class StepMode(enum.Enum):
+    """What one training step adds to the layer outputs' and output gradients' statistics,
+    the same in every front-end (the gradient sum and the metrics are added on every step
+    but ``OFF`` ones).
+
+    The non-finite rule, for every front-end: a lean step whose loss or a rectifier output
+    holds a NaN or an infinity is taken as a statistics step, so those values are counted in
+    the outputs' states, not lost in a lean step's activity counts. Where the step can still
+    decide (Keras: the compiled lean step holds the statistics branch), that step is a
+    statistics step for every output. Where it cannot (PyTorch: a lean step hooks only the
+    rectifiers, before it runs), the rectifier output that holds it is taken whole on that
+    step, and :meth:`Governor.force` makes the next step a statistics step for every output.
+    """
+
+    #: Every statistic of every monitored output and output gradient.
+    STATS = "stats"
+    #: Only what must be exact: the rectifier outputs' activity counts.
+    LEAN = "lean"
+    #: Nothing: a step between two sampled steps of ``every=N``.
+    OFF = "off"
+    #: The step decides itself (the custom TensorFlow loop's one traced step): ``STATS``
+    #: on the window's first step, every ``stats_every``-th and non-finite steps, ``LEAN``
+    #: on the others.
+    AUTO = "auto"
 
 
 class Governor:
@@ -64,7 +91,8 @@ class Governor:
         self.window_runs = self.window_stats_runs = 0
 
     def force(self) -> None:
-        """The next execution is a statistics execution (e.g. a NaN was seen)."""
+        """The next execution is a statistics execution (a non-finite step was seen: the
+        rule in :class:`StepMode`)."""
         self.forced = True
 
     def choose(self) -> bool:

@@ -10,12 +10,34 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from tb_introspect.pipeline.failures import Failures
 from tb_introspect.pipeline.options import Options, matches
 
 #: The views a step folds layer tensors into (the others are read at logging time).
 OUTPUT_VIEWS = ("output", "output_gradient")
+
+
+def is_sampled(step: Any, every: str | int) -> Any:
+    """The ``every=N`` rule, for every front-end: the 1-based steps N, 2N, 3N, … are the
+    sampled ones (their statistics are taken, and a point is logged after each); with
+    ``every="epoch"`` every step contributes. ``step`` may be a TensorFlow tensor: the
+    traced Keras step decides in the graph with the same expression."""
+    if every == "epoch":
+        return True
+    return step % int(every) == 0
+
+
+def last_sampled(step: int, every: str | int) -> int:
+    """The last sampled step of ``every=N`` at or before ``step`` (0 if none yet)."""
+    return step - step % int(every)
+
+
+def sampled_between(done: int, steps: int, every: str | int) -> bool:
+    """Whether steps ``done + 1`` to ``done + steps`` (one execution of several steps)
+    hold a sampled step."""
+    return every == "epoch" or last_sampled(done + steps, every) > done
 
 
 def sanitize(name: str) -> str:

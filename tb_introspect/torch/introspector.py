@@ -34,14 +34,14 @@ from torch import nn
 from tb_introspect import metadata, stats_np
 from tb_introspect.pipeline import params
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
-from tb_introspect.pipeline.governor import Governor
-from tb_introspect.pipeline.host import Pipeline
+from tb_introspect.pipeline.governor import Governor, StepMode
 from tb_introspect.pipeline.options import (
     OptionArgs,
     Options,
     check_log_dir,
 )
-from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.pipeline import Pipeline
+from tb_introspect.pipeline.plan import Plan, is_sampled
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.torch import modules, private, state
@@ -166,7 +166,7 @@ class Introspector:
         self.pipeline.ring.loss_info = loss_info
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
-        self._phase = ""
+        self._phase: StepMode | None = None
         self._set_phase(self._phase_of(self.step_count + 1))
 
     # ------------------------------------------------------------------ setup
@@ -207,14 +207,13 @@ class Introspector:
 
     # ------------------------------------------------------------------ in the step
 
-    def _phase_of(self, step: int) -> str:
-        """What the forward passes of ``step`` (1-based) contribute: "stats" (every
-        statistic), "activity" (the rectifier outputs' non-zero counts only) or "off"."""
+    def _phase_of(self, step: int) -> StepMode:
+        """What the forward passes of ``step`` (1-based) contribute."""
         if self.every == "epoch":
-            return "stats" if self.governor.choose() else "activity"
-        return "stats" if step % int(self.every) == 0 else "off"
+            return StepMode.STATS if self.governor.choose() else StepMode.LEAN
+        return StepMode.STATS if is_sampled(step, self.every) else StepMode.OFF
 
-    def _set_phase(self, phase: str) -> None:
+    def _set_phase(self, phase: StepMode) -> None:
         """Makes ``phase`` the next step's, with forward hooks on the modules it reads only:
         every monitored leaf on a statistics step, the rectifiers of exact activity on a lean
         one, none on an ``every=N`` step between two points. A module with a forward hook
@@ -224,7 +223,7 @@ class Introspector:
             return
         self._phase = phase
         for j, spec in enumerate(self.outputs):
-            on = phase == "stats" or (phase == "activity" and spec.exact)
+            on = phase is StepMode.STATS or (phase is StepMode.LEAN and spec.exact)
             handle = self._hooked.get(j)
             if on and handle is None:
                 self._hooked[j] = spec.module.register_forward_hook(self._hook_fns[j])
@@ -238,7 +237,7 @@ class Introspector:
         now = self.governor.clock()
         if self.every == "epoch":
             seconds = None if self._t_last is None else now - self._t_last
-            self.governor.ran(self._phase == "stats", seconds,
+            self.governor.ran(self._phase is StepMode.STATS, seconds,
                               instrumented=self._instrumented)
         self._t_last = now
         self._instrumented = 0.0
@@ -271,7 +270,7 @@ class Introspector:
         return hook
 
     def _on_output(self, spec: modules.OutputSpec, x: torch.Tensor) -> None:
-        full = self._phase == "stats"
+        full = self._phase is StepMode.STATS
         if not (full or spec.exact):
             return
         if not spec.segments:
@@ -325,7 +324,7 @@ class Introspector:
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._grad_seen = True
-        if self._phase != "off" and not self.failures.is_off("gradient"):
+        if self._phase is not StepMode.OFF and not self.failures.is_off("gradient"):
             start = time.perf_counter()
             try:
                 self._add_gradients()
@@ -378,7 +377,7 @@ class Introspector:
         self.pipeline.guard(METRICS, self._record_metrics, values)
         self._instrumented += time.perf_counter() - start
         self._time_step()
-        if self._phase == "stats":
+        if self._phase is StepMode.STATS:
             self._stat_steps += 1
         self.step_count += 1
         self._window += 1
@@ -396,9 +395,9 @@ class Introspector:
         if self._grad_buf is None:
             return
         if self.optimizer is None:
-            if self._phase != "off":
+            if self._phase is not StepMode.OFF:
                 self._add_gradients()
-        elif not self._grad_seen and self._phase != "off" and any(
+        elif not self._grad_seen and self._phase is not StepMode.OFF and any(
                 p.param.grad is not None for p in self.params):
             self._count_skipped()
         self._grad_seen = False
@@ -439,7 +438,7 @@ class Introspector:
         self._set_phase(self._phase_of(self.step_count + 1))
         self.pipeline.raise_stop()
 
-    # The ``pipeline.host.Collector`` protocol: what the pipeline asks between steps.
+    # The ``pipeline.pipeline.FrontEnd`` protocol: what the pipeline asks between steps.
 
     def current_step(self) -> int:
         return self.step_count

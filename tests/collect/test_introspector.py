@@ -59,7 +59,7 @@ def test_per_epoch_custom_loop(tmp_path, jit):
         begin[epoch] = [np.array(v) for v in model.trainable_variables]
         for x, y in data:
             losses.append(float(train_step(x, y)))
-            intro.end_step()
+            intro.step()
         end[epoch] = [np.array(v) for v in model.trainable_variables]
         intro.end_epoch()
     intro.close()
@@ -100,7 +100,7 @@ def test_every_n_steps_eager(tmp_path):
             opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             intro.record(variables=model.trainable_variables, gradients=grads,
                          outputs={"hidden": h}, metrics={"loss": loss})
-            intro.end_step()
+            intro.step()
             if len(grads) and intro.collector.current_step() == 3:
                 want = [np.array(g) for g in grads]
     run = lib.read_run(str(tmp_path))
@@ -118,7 +118,7 @@ def test_record_failure_never_breaks_the_loop(tmp_path):
     with pytest.warns(RuntimeWarning, match="record failed"):
         intro.record(variables=model.trainable_variables, gradients=[None])  # lengths differ
     intro.record(variables=model.trainable_variables, gradients=[])  # now a no-op
-    intro.end_step()
+    intro.step()
     intro.close()
 
 

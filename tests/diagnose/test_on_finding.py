@@ -250,7 +250,7 @@ def test_custom_loop_stop_raises_from_end_step_or_end_epoch(tmp_path) -> None:
         for _ in range(12):
             for i in range(0, 1024, BATCH):
                 train_step(x[i:i + BATCH], y[i:i + BATCH])
-                intro.end_step()
+                intro.step()
             intro.end_epoch()
             done += 1
     assert done < 12 and stopped.value.finding.severity in ACTS

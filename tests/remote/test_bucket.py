@@ -226,7 +226,7 @@ def test_a_custom_loop_writes_to_the_bucket(s3):
 
         for _ in range(3):
             train_step(tf.ones((8, 4)), tf.zeros((8, 2)))
-            intro.end_step()
+            intro.step()
         intro.end_epoch()
     assert point_steps(events(s3.client(), BUCKET, "custom/run/")) == [1, 2, 3]
 

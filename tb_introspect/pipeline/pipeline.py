@@ -1,14 +1,14 @@
 """What happens between training steps, the same for every framework.
 
-A framework's collector captures tensors and folds them on its device; between steps it
-answers three questions (the ``Collector`` protocol): which step is it, what is in the
+A framework's front-end captures tensors and folds them on its device; between steps it
+answers three questions (the ``FrontEnd`` protocol): which step is it, what is in the
 metric ring, and what are the statistics of the window since the last point. The
 ``Pipeline`` decides when to ask: it drains the metric ring before it could wrap and before
 each flush, logs a point at every N-th step or at each epoch's end, writes the epoch's
 activity maps and metric bands, keeps the event file flushed for TensorBoard's live view,
 and turns a failure into one warning with the part switched off. Only the chief (rank 0)
 has a sink; every process asks for the same points, since reading a distributed
-collector's state is a collective. With ``on_finding`` it hands what it wrote to
+front-end's state is a collective. With ``on_finding`` it hands what it wrote to
 ``findings.Watch``, which judges it off the training thread, and acts on what comes back
 between steps (``stop``: a finding the front-end ends training on).
 """
@@ -25,17 +25,17 @@ from threadpoolctl import ThreadpoolController
 
 from tb_introspect import summary_pb
 from tb_introspect.diagnose import Finding
-from tb_introspect.pipeline import point as points
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part, short_error, warn
 from tb_introspect.pipeline.findings import FindingStop, Watch, describe
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import Ring
-from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.plan import Plan, last_sampled
+from tb_introspect.pipeline.point import EpochActivity, Point, protos
 from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
 
 
-class Collector(Protocol):
-    """What a framework's collector answers between steps."""
+class FrontEnd(Protocol):
+    """What a framework's front-end answers between steps."""
 
     plan: Plan
     #: Steps the metric ring holds; the pipeline reads it before it could wrap.
@@ -47,7 +47,7 @@ class Collector(Protocol):
     def read_metrics(self) -> tuple[int, list[str], np.ndarray, np.ndarray]:
         """(steps done, metric names, totals ``[rows, metrics]``, counts), every replica's."""
 
-    def point(self, step: int) -> points.Point:
+    def point(self, step: int) -> Point:
         """The statistics of the window since the last point; starts a new window."""
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
@@ -57,13 +57,13 @@ class Collector(Protocol):
 class Pipeline:
     """Metric drains, logged points, activity maps, epoch bands and flushes of one run."""
 
-    def __init__(self, collector: Collector, sink: EventSink | None, *, lockstep: bool = False,
+    def __init__(self, front_end: FrontEnd, sink: EventSink | None, *, lockstep: bool = False,
                  governor: Governor | None = None):
-        self.c = collector
-        self.plan = collector.plan
+        self.front_end = front_end
+        self.plan = front_end.plan
         self.failures = self.plan.failures
         self.sink = sink
-        # Under a multi-worker strategy or several ranks every read of the collector is a
+        # Under a multi-worker strategy or several ranks every read of the front-end is a
         # collective: all processes read at the same steps, so reads are never triggered by
         # (process-local) wall-clock time.
         self.lockstep = bool(lockstep)
@@ -72,7 +72,7 @@ class Pipeline:
         asked = self.plan.options.flush_secs
         self.flush_secs = LOCAL_FLUSH_SECS if asked is None else float(asked)
         self.ring = Ring()
-        self.activity = points.EpochActivity()
+        self.activity = EpochActivity()
         # Each view's VIEW_SUMMARY rows, fixed at its first point, and which views' metadata
         # the current sink has had.
         self.summaries = summary_pb.ViewSummaries()
@@ -147,7 +147,7 @@ class Pipeline:
         # Drain before the ring could wrap during the next execution, and before each flush
         # so that what is on disk is complete up to now.
         drain_now = flush_due and not self.lockstep
-        if self.since_drain + int(steps) >= self.c.metric_rows or running or drain_now:
+        if self.since_drain + int(steps) >= self.front_end.metric_rows or running or drain_now:
             self._timed(self.guard, METRICS, self.drain, running)
         if not self.plan.per_epoch:
             self.guard(STATISTICS, self._log_due)
@@ -156,10 +156,10 @@ class Pipeline:
         self.act()
 
     def _log_due(self) -> None:
-        step = self.c.current_step()
-        last_sampled = step - step % int(self.plan.every)
-        if last_sampled > self.last_log_step:
-            self._timed(self.log, last_sampled)
+        step = self.front_end.current_step()
+        due = last_sampled(step, self.plan.every)
+        if due > self.last_log_step:
+            self._timed(self.log, due)
             if self.findings is not None and self.sink is not None:
                 if not self.lockstep:  # the metrics up to the point, as at an epoch's end
                     self.guard(METRICS, self.drain)
@@ -168,20 +168,20 @@ class Pipeline:
     def drain(self, running: Mapping[str, Any] | None = None) -> None:
         """Write the per-step metric values held since the last drain."""
         self.since_drain = 0
-        step, names, total, count = self.c.read_metrics()
+        step, names, total, count = self.front_end.read_metrics()
         self.write_steps(self.ring.steps(names, step, total, count, self.epoch, running))
 
     def log(self, step: int) -> None:
-        """One logged point at TensorBoard ``step``: the collector's window, written."""
+        """One logged point at TensorBoard ``step``: the front-end's window, written."""
         with _one_blas_thread():
             self._log(step)
 
     def _log(self, step: int) -> None:
-        point = self.c.point(step)
+        point = self.front_end.point(step)
         self.last_log_step = step
         self.activity.add(point.activity)
         if self.sink is not None:
-            self.write_steps([(step, points.protos(self.plan, point, self.epoch,
+            self.write_steps([(step, protos(self.plan, point, self.epoch,
                                                    self.summaries))])
 
     # -------------------------------------------------------------- per epoch
@@ -207,16 +207,17 @@ class Pipeline:
         self.flush()
 
     def _log_epoch(self) -> None:
-        step = self.c.current_step()
+        step = self.front_end.current_step()
         if step > self.last_log_step:
             self.log(step)
 
     def _write_activity(self) -> None:
-        protos = self.activity.take(self.plan, self.c.output_widths(), self.epoch)
-        self.write_steps([(self.c.current_step(), protos)])
+        maps = self.activity.take(self.plan, self.front_end.output_widths(), self.epoch)
+        self.write_steps([(self.front_end.current_step(), maps)])
 
     def _write_bands(self, extra: Mapping[str, Any] | None) -> None:
-        self.write_steps([(self.c.current_step(), self.ring.epoch_bands(self.epoch, extra))])
+        bands = self.ring.epoch_bands(self.epoch, extra)
+        self.write_steps([(self.front_end.current_step(), bands)])
 
     # -------------------------------------------------------------- findings that act
 
@@ -243,7 +244,7 @@ class Pipeline:
         if self.stop is None:
             self.stop = finding
             logging.getLogger("tb_introspect").warning(
-                "tb_introspect: stopping training at step %d: %s", self.c.current_step(),
+                "tb_introspect: stopping training at step %d: %s", self.front_end.current_step(),
                 describe(finding))
 
     def take_stop(self) -> Finding | None:
@@ -257,7 +258,7 @@ class Pipeline:
         """A training loop's stop: raise ``FindingStop`` when there is one to stop on."""
         stop = self.take_stop()
         if stop is not None:
-            raise FindingStop(stop, self.c.current_step())
+            raise FindingStop(stop, self.front_end.current_step())
 
     # -------------------------------------------------------------- writing
 
