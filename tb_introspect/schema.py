@@ -3,7 +3,7 @@
 ``schema()`` joins them with the format's names from :mod:`tb_introspect.metadata` into one
 JSON-able dict. The frontend holds no copy of these names and texts: it imports them from
 ``frontend/src/schema.js``, generated from ``schema()`` by ``python -m tb_introspect.schema_js``
-(``tests/test_schema.py`` fails when it is stale). Shared by both sides like ``metadata``,
+(``tests/format/test_schema.py`` fails when it is stale). Shared by both sides like ``metadata``,
 so it must never import TensorFlow.
 """
 

@@ -7,7 +7,7 @@ keeping copies. Regenerate it after editing ``metadata.py`` (the format's names)
     python -m tb_introspect.schema_js            # rewrite frontend/src/schema.js
     python -m tb_introspect.schema_js --check    # exit 1 when the committed file is stale
 
-``make frontend`` runs the first before bundling; ``tests/test_schema.py`` runs the second.
+``make frontend`` runs the first before bundling; ``tests/format/test_schema.py`` runs the second.
 """
 
 from __future__ import annotations

@@ -26,3 +26,16 @@ def test_torch_is_the_real_package() -> None:
 
     spec = importlib.util.find_spec("torch")
     assert spec is None or TESTS not in Path(spec.origin or "").resolve().parents
+
+
+def test_every_test_path_the_code_and_docs_name_exists() -> None:
+    """A docstring or a document that sends the reader to a test names a file that is there."""
+    import re
+
+    repo = TESTS.parent
+    sources = [p for folder in ("tb_introspect", "docs", "benchmarks", "demo")
+               for p in (repo / folder).rglob("*") if p.suffix in (".py", ".md")]
+    sources += [repo / "README.md", repo / "Makefile"]
+    named = {(src.relative_to(repo).as_posix(), path) for src in sources
+             for path in re.findall(r"\btests/[\w/]+\.py\b", src.read_text(encoding="utf-8"))}
+    assert sorted((src, path) for src, path in named if not (repo / path).is_file()) == []

@@ -1,7 +1,7 @@
 """Every private Keras and TensorFlow access the Keras front-end needs, in one place (the
 statistics engine's one, ``stats.numeric.in_xla_context``, lives with the engine).
 
-Each is a name Keras or TensorFlow may move in a release; ``tests/test_private.py`` checks
+Each is a name Keras or TensorFlow may move in a release; ``tests/collect/test_private.py`` checks
 each against the installed versions (``make test`` and ``make test-oldest`` run it on the
 newest and the oldest pins). Where one is missing, the fallback keeps training correct.
 """
