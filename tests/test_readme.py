@@ -23,6 +23,15 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 def test_readme_has_examples() -> None:
     assert len(BLOCKS) >= 3
+    # the quickstarts a newcomer copies are the ones that run here
+    for module in ("tb_introspect.keras", "tb_introspect.torch", "tb_introspect.transformers",
+                   "tb_introspect.lightning"):
+        assert any(f"from {module} import" in block for block in BLOCKS), module
+
+
+def test_readme_stays_short() -> None:
+    # read in five minutes: measurements go to docs/benchmarks.md, options to docs/options.md
+    assert len(README.splitlines()) <= 300
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
