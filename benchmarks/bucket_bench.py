@@ -13,7 +13,7 @@ A real S3 server on 127.0.0.1 (moto's server mode, the test extra). Two measurem
    objects; a TensorBoard without TensorFlow on each bucket prefix: seconds until the run
    list shows the last step (every object read once) and the ``./overview`` answer time.
 
-    python benchmarks/bucket_bench.py                 # the README figures
+    python benchmarks/bucket_bench.py                 # the figures of docs/benchmarks.md
     python benchmarks/bucket_bench.py --quick         # a fast smoke run
 """
 

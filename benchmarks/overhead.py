@@ -23,7 +23,7 @@ step and its statistics step, per step: where a model's added time comes from, w
 callback, logging or epoch in between; ``--op-profile N`` adds the N TensorFlow op types whose
 time (a profiler trace of the lean step and of the plain function) grows most.
 
-    python benchmarks/overhead.py                      # the README table
+    python benchmarks/overhead.py                      # the table of docs/benchmarks.md
     python benchmarks/overhead.py --models cnn --quick # a fast smoke run
 """
 

@@ -16,7 +16,7 @@ inverted residual blocks, ReLU6, width 1.0), both on 32x32x3 inputs, batch 64; a
 GPT-style language model (4 pre-LN causal ``nn.TransformerEncoderLayer`` blocks, width 128,
 4 heads, GELU MLP 512, vocabulary 1000, sequence 64, batch 32, next-token loss).
 
-    python benchmarks/torch_overhead.py --threads 1           # the README table
+    python benchmarks/torch_overhead.py --threads 1           # the table of docs/benchmarks.md
     python benchmarks/torch_overhead.py --on-finding --no-wandb  # on_finding's cost
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
     python benchmarks/torch_overhead.py --profile --models cnn,gpt  # where a step's time goes

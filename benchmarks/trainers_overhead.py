@@ -23,7 +23,7 @@ training, which includes the epoch's logged point and closing the writers: the s
 state, without the one-time start (model hooks, writers, wandb's run). Each figure is the
 median over rounds of the per-round ratio to the plain setup.
 
-    python benchmarks/trainers_overhead.py --rounds 5          # the README tables
+    python benchmarks/trainers_overhead.py --rounds 5          # the table of docs/benchmarks.md
     python benchmarks/trainers_overhead.py --quick --no-wandb  # a smoke run (16 steps)
 """
 

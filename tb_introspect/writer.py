@@ -33,7 +33,7 @@ class NumpyWriter:
     Usable from any framework (PyTorch: pass ``tensor.detach().cpu().numpy()``).
     Each instance writes its own ``events.out.tfevents.*`` file. ``logdir`` may be a bucket
     URL (``s3://bucket/runs/a``): each ``flush`` then puts what is new as one more object,
-    at most one per ``flush_secs`` (default 60 s; README, "Runs in a bucket").
+    at most one per ``flush_secs`` (default 60 s; docs/hosting.md).
     """
 
     def __init__(self, logdir: str | os.PathLike, filename_suffix: str = "", *,
