@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tb_introspect import metadata
-from tb_introspect.collect.collector import Collector
-from tb_introspect.collect.step import StepRecorder
+from tb_introspect.collect.front_end import KerasFrontEnd
 from tb_introspect.collect.workers import is_chief
 from tb_introspect.pipeline.failures import METRICS, warn
 from tb_introspect.pipeline.options import (
@@ -89,8 +88,8 @@ class Introspector:
         strategy = tf.distribute.get_strategy()
         self.writer = (EventSink(self.log_dir, upload_secs=options.flush_secs)
                        if is_chief(strategy) else None)
-        self.collector = Collector(options, strategy=strategy)
-        self.pipeline = Pipeline(self.collector, self.writer)
+        self.front_end = KerasFrontEnd(options, strategy=strategy)
+        self.pipeline = Pipeline(self.front_end, self.writer)
         self.pipeline.begin_epoch(initial_epoch)
         self.initial_step = int(initial_step)
         self._broken = False
@@ -121,31 +120,29 @@ class Introspector:
         output_gradients = dict(output_gradients or {})
         metrics = dict(metrics or {})
         try:
-            if not self.collector.built:
+            if not self.front_end.built:
                 with tf.init_scope():
                     self._build(list(variables), outputs, output_gradients, metrics)
-            rec = StepRecorder(self.collector, anchor=[list(gradients), list(outputs.values()),
-                                                       list(metrics.values())])
-            c = self.collector
+            rec = self.front_end.recorder(anchor=[list(gradients), list(outputs.values()),
+                                                  list(metrics.values())])
             if len(gradients) != len(variables):
                 raise ValueError(
                     f"{len(variables)} variables but {len(gradients)} gradients"
                 )
             rec.gradients(list(gradients), list(variables))
             for name, x in outputs.items():
-                j = c.out_index.get(sanitize(name))
+                j = rec.output_index(name)
                 if j is not None and x is not None:
                     rec.output_value(j, tf.convert_to_tensor(x))
             for name, dy in output_gradients.items():
-                j = c.out_index.get(sanitize(name))
+                j = rec.output_index(name)
                 if j is not None and dy is not None:
                     rec.output_gradient(j, tf.convert_to_tensor(dy))
-            if c.metric_names:
+            names = self.front_end.metric_ring.names
+            if names:
                 values = [tf.reshape(tf.cast(metrics[n], tf.float64), [])
-                          if n in metrics else tf.constant(0.0, tf.float64)
-                          for n in c.metric_names]
-                counts = [tf.constant(1.0 if n in metrics else 0.0, tf.float64)
-                          for n in c.metric_names]
+                          if n in metrics else tf.constant(0.0, tf.float64) for n in names]
+                counts = [tf.constant(1.0 if n in metrics else 0.0, tf.float64) for n in names]
                 rec.record_metrics(values, counts)
             rec.finish()
         except Exception as e:  # never break training
@@ -160,10 +157,11 @@ class Introspector:
         output_gradients: dict[str, Any],
         metrics: dict[str, Any],
     ) -> None:
-        c = self.collector
-        chosen = c.options.layers
+        front_end = self.front_end
+        plan = front_end.plan
+        chosen = plan.options.layers
         names = [n for n in list(outputs) + [n for n in output_gradients if n not in outputs]
-                 if c.plan.chosen(n)]
+                 if plan.chosen(n)]
         specs = []
         for depth, name in enumerate(names):
             t = outputs.get(name)
@@ -176,34 +174,33 @@ class Introspector:
                 shape=tuple(shape), dtype=t.dtype.name, has_grad=name in output_gradients,
                 # The outputs of a custom loop are the user's choice: all exact unless
                 # ``rectifiers`` says which are.
-                exact=c.options.rectifiers is None or c.plan.named_rectifier(name),
+                exact=plan.options.rectifiers is None or plan.named_rectifier(name),
             ))
-        c.set_outputs(specs)
+        front_end.set_outputs(specs)
         depth_of = {name: d for d, name in enumerate(names)}
-        var_names = [_variable_name(v) for v in variables]
-        layers = [n.rsplit("/", 1)[0] if "/" in n else n for n in var_names]
+        variable_names = [_variable_name(v) for v in variables]
+        layers = [n.rsplit("/", 1)[0] if "/" in n else n for n in variable_names]
         if chosen is not None:
-            keep = [i for i, layer in enumerate(layers) if c.plan.chosen(layer)]
+            keep = [i for i, layer in enumerate(layers) if plan.chosen(layer)]
             variables = [variables[i] for i in keep]
-            var_names, layers = [var_names[i] for i in keep], [layers[i] for i in keep]
+            variable_names, layers = [variable_names[i] for i in keep], [layers[i] for i in keep]
         for layer in layers:
             depth_of.setdefault(layer, len(depth_of))
-        c.set_variables(variables, var_names, layers, [depth_of[n] for n in layers])
-        c.set_metrics(list(metrics), rows=32)
-        c.build(initial_step=self.initial_step)
+        front_end.set_variables(variables, variable_names, layers, [depth_of[n] for n in layers])
+        front_end.build(list(metrics), metric_rows=32, initial_step=self.initial_step)
         self.pipeline.start(self.initial_step)
 
     # ------------------------------------------------------------------ host side
 
     def step(self) -> None:
         """After each training step (from Python): writes what is due."""
-        if self.collector.built and not self._broken:
+        if self.front_end.built and not self._broken:
             self.pipeline.after_steps(1)
             self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
 
     def end_epoch(self) -> None:
         """After each epoch (from Python): per-epoch statistics and metric bands."""
-        if self.collector.built and not self._broken:
+        if self.front_end.built and not self._broken:
             self.pipeline.end_epoch()
         self.pipeline.begin_epoch(self.pipeline.epoch + 1)
         self.pipeline.raise_stop()
@@ -213,7 +210,7 @@ class Introspector:
 
     def close(self) -> None:
         """Write what is pending and close the event file."""
-        if self.collector.built and not self._broken:
+        if self.front_end.built and not self._broken:
             self.pipeline.guard(METRICS, self.pipeline.drain)
         self.pipeline.close()
         self.writer = None

@@ -33,7 +33,7 @@ import tensorflow as tf
 from tb_introspect import metadata
 from tb_introspect.collect import capture, private
 from tb_introspect.collect import loss as compiled_loss
-from tb_introspect.collect.collector import Collector
+from tb_introspect.collect.front_end import KerasFrontEnd
 from tb_introspect.collect.install import Installation
 from tb_introspect.collect.step import StepRecorder
 from tb_introspect.collect.workers import is_chief, is_multi_worker
@@ -203,7 +203,7 @@ class Introspect(keras.callbacks.Callback):
         self.options = Options.of(views, every, options)
         self.log_dir = check_log_dir(log_dir)
         self.writer: EventSink | None = None
-        self.collector: Collector | None = None
+        self.front_end: KerasFrontEnd | None = None
         self.pipeline: Pipeline | None = None
         self.installation: Installation | None = None
         _live.add(self)
@@ -215,7 +215,7 @@ class Introspect(keras.callbacks.Callback):
             if self._reusable():
                 self._reinstall()
             else:
-                self.collector = self.pipeline = None
+                self.front_end = self.pipeline = None
                 self._setup()
         except Exception as e:
             warn(f"set-up failed ({type(e).__name__}: {e}); statistics are off for this"
@@ -228,23 +228,23 @@ class Introspect(keras.callbacks.Callback):
         self.chief = is_chief(self.strategy)
         if self.chief and self.writer is None:
             self.writer = EventSink(self.log_dir, upload_secs=self.options.flush_secs)
-        self.spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        self.steps_per_execution = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
         every = self.options.every
-        if every != "epoch" and every < self.spe:
-            warn(f"every={every} with steps_per_execution={self.spe}: logging every"
-                 f" {self.spe} steps (one point per execution)")
-            every = self.spe
+        if every != "epoch" and every < self.steps_per_execution:
+            warn(f"every={every} with steps_per_execution={self.steps_per_execution}: logging"
+                 f" every {self.steps_per_execution} steps (one point per execution)")
+            every = self.steps_per_execution
         loss_scaled = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-        self.collector = Collector(dataclasses.replace(self.options, every=every),
-                                   strategy=self.strategy, loss_scaled=loss_scaled)
+        self.front_end = KerasFrontEnd(dataclasses.replace(self.options, every=every),
+                                       strategy=self.strategy, loss_scaled=loss_scaled)
         lockstep = is_multi_worker(self.strategy)
         per_epoch = every == "epoch"
         # Workers must run the same train function at the same step (its collectives pair
         # up), so with several workers the cadence is the fixed one, not each one's clock.
         self.governor = Governor(self.options.overhead if per_epoch and not lockstep else None,
                                  self.options.stats_every if per_epoch else 1)
-        self.pipeline = Pipeline(self.collector, self.writer, lockstep=lockstep,
-                             governor=self.governor)
+        self.pipeline = Pipeline(self.front_end, self.writer, lockstep=lockstep,
+                                 governor=self.governor)
         try:  # what the loss is, for the findings; never worth failing the set-up for
             self.pipeline.ring.loss_info = compiled_loss.describe_model(model)
         except Exception:
@@ -269,7 +269,7 @@ class Introspect(keras.callbacks.Callback):
         """A later fit() of the same compiled model reuses the built instrumentation
         (no re-trace: `for ...: model.fit(epochs=1)` loops stay cheap)."""
         return (
-            self.collector is not None and self.collector.built
+            self.front_end is not None and self.front_end.built
             and getattr(self, "_built_signature", None) == self._signature()
         )
 
@@ -280,7 +280,7 @@ class Introspect(keras.callbacks.Callback):
         inst = self.installation
         inst.keep_original()
         inst.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
-        self.pipeline.start(self.collector.current_step())
+        self.pipeline.start(self.front_end.current_step())
         inst.route(self._run)
 
     def _install_lazy(self) -> None:
@@ -300,7 +300,7 @@ class Introspect(keras.callbacks.Callback):
         self.installation.route(first_call)
 
     def _build(self, iterator: Any) -> bool:
-        model, c = self.model, self.collector
+        model, front_end = self.model, self.front_end
         want_outputs = self.options.wants_outputs
         batch_spec = _batch_spec(iterator)
         private.symbolic_build(model, batch_spec)  # the variables and metrics, now
@@ -315,7 +315,7 @@ class Introspect(keras.callbacks.Callback):
             for v in entry.layer.trainable_variables:
                 owner.setdefault(id(v), entry.name)
         chosen = self.options.layers
-        self._captured = [e for e in every_layer if c.plan.chosen(e.name)]
+        self._captured = [e for e in every_layer if front_end.plan.chosen(e.name)]
         if chosen is not None and not self._captured:
             warn(f"layers={chosen!r} names none of the model's layers"
                  f" ({', '.join(e.name for e in every_layer[:8])}...): nothing is monitored")
@@ -350,20 +350,22 @@ class Introspect(keras.callbacks.Callback):
             s.depth = depth_of.get(s.layer, len(ranked))
             layer = by_name.get(s.layer)
             s.exact = (layer is not None and capture.is_rectifier(layer)) or (
-                c.plan.named_rectifier(s.layer))
-        c.set_outputs(specs)
+                front_end.plan.named_rectifier(s.layer))
+        front_end.set_outputs(specs)
         variables = list(model.trainable_variables)
         if chosen is not None:
             variables = [v for v in variables if id(v) in owner and owner[id(v)] in by_name]
         names = [getattr(v, "path", None) or v.name for v in variables]
         layers = [owner.get(id(v), model.name) for v in variables]
-        c.set_variables(variables, names, layers, [depth_of.get(n, len(ranked)) for n in layers])
+        front_end.set_variables(variables, names, layers,
+                                [depth_of.get(n, len(ranked)) for n in layers])
         self._metrics = _mean_metrics(model)
-        c.set_metrics([m.name for m in self._metrics], rows=max(32, 2 * self.spe + 2))
         initial = 0
         if inst.optimizer is not None:
             initial = int(inst.optimizer.iterations.numpy())
-        c.build(initial_step=initial)
+        front_end.build([m.name for m in self._metrics],
+                        metric_rows=max(32, 2 * self.steps_per_execution + 2),
+                        initial_step=initial)
         self.pipeline.start(initial)
         self._steps_done = initial
         inst.patch(layers=False, apply=self._apply_wrapper())
@@ -404,7 +406,7 @@ class Introspect(keras.callbacks.Callback):
                     try:
                         rec.gradients(list(grads), list(tv))
                     except Exception as e:
-                        rec.c.fail(Part("gradient"), e)
+                        rec.fail(Part("gradient"), e)
                 return original(grads, trainable_variables)
             return apply
 
@@ -418,8 +420,7 @@ class Introspect(keras.callbacks.Callback):
 
     def _instrumented_step(self, data: Any, mode: StepMode = StepMode.STATS) -> Any:
         """The user's train step, recorded (runs inside Keras' compiled step)."""
-        c = self.collector
-        rec = StepRecorder(c, loss_scale=self._loss_scale(), anchor=data, mode=mode)
+        rec = self.front_end.recorder(loss_scale=self._loss_scale(), anchor=data, mode=mode)
         before = [(m.total.value, m.count.value) for m in self._metrics]
         before = [(tf.identity(t), tf.identity(n)) for t, n in before]
         with capture.recording(rec):
@@ -441,7 +442,8 @@ class Introspect(keras.callbacks.Callback):
         """The installed train function: instrumented, falling back to the original."""
         try:
             logs = self.governor.run(self._instrumented_fn, self._lean_fn, iterator,
-                                     steps=self.spe, full=self._sampled_execution())
+                                     steps=self.steps_per_execution,
+                                     full=self._sampled_execution())
         except _CONTROL_FLOW:
             raise
         except Exception as e:
@@ -467,18 +469,19 @@ class Introspect(keras.callbacks.Callback):
     def _sampled_execution(self) -> bool | None:
         """With ``every=N``: does the next execution hold a sampled step? (None: the
         governor decides, ``every="epoch"``)."""
-        every = self.collector.every
+        every = self.front_end.plan.every
         if every == "epoch":
             return None
-        return sampled_between(self._steps_done, self.spe, every)
+        return sampled_between(self._steps_done, self.steps_per_execution, every)
 
     def _check_trace(self) -> None:
         """After the first statistics step: the outputs its backward pass reached are those
         of the output_gradient view."""
-        c = self.collector
-        for j, s in enumerate(c.out_specs):
-            s.has_grad = j in c.output_grad_seen
-        if self.options.want("output_gradient") and c.out_specs and not c.output_grad_seen:
+        outputs, states = self.front_end.plan.outputs, self.front_end.output_states
+        reached = states.gradient_reached if states is not None else set()
+        for j, s in enumerate(outputs):
+            s.has_grad = j in reached
+        if self.options.want("output_gradient") and outputs and not reached:
             warn("no gradient reaches any layer output (no trainable variables?); the"
                  " output_gradient view is off")
 
@@ -492,7 +495,7 @@ class Introspect(keras.callbacks.Callback):
         self._steps_done += steps
         running = None
         if logs and not self.pipeline.is_off(METRICS):
-            tracked = set(self.collector.metric_names)
+            tracked = set(self.front_end.metric_ring.names)
             running = {k: v for k, v in logs.items() if k not in tracked}
         self.pipeline.after_steps(steps, running or None)
         self._stop_on_finding()
@@ -504,7 +507,7 @@ class Introspect(keras.callbacks.Callback):
 
     def _collecting(self) -> bool:
         return (
-            self.pipeline is not None and self.collector is not None and self.collector.built
+            self.pipeline is not None and self.front_end is not None and self.front_end.built
             and self.installation is not None and self.installation.active
         )
 

@@ -101,7 +101,7 @@ def test_every_n_steps_eager(tmp_path):
             intro.record(variables=model.trainable_variables, gradients=grads,
                          outputs={"hidden": h}, metrics={"loss": loss})
             intro.step()
-            if len(grads) and intro.collector.current_step() == 3:
+            if len(grads) and intro.front_end.current_step() == 3:
                 want = [np.array(g) for g in grads]
     run = lib.read_run(str(tmp_path))
     assert lib.tags_of(run, "variable") == [] and lib.tags_of(run, "output_gradient") == []

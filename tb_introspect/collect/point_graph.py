@@ -1,0 +1,164 @@
+"""The Keras side's logged point: one traced function reads the window's accumulators and
+finalizes the layer outputs' states; the weights and gradient sums go to the host as they are.
+
+At logging time gradient sums are read with a SUM over replicas and the variables as they
+are (one host copy each: their statistics are the framework-neutral ``pipeline.params``'s,
+in numpy, as PyTorch's are); output states are gathered from all replicas (one
+``all_gather``), merged and finalized with ``stats.finalize`` (vectorised over tensors); the
+accumulators are reset. What happens to the vectors then is the framework-neutral
+pipeline's (``pipeline/point.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import stats
+from tb_introspect.collect import kernels, private
+from tb_introspect.collect.accumulators import GradientSums, OutputStates, StepCount
+from tb_introspect.pipeline.params import Params
+from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.point import Block, Point
+
+
+class PointGraph:
+    """The window's point from the accumulators it is handed (it only reads and resets
+    them); holds its traced function and the previous point's host copies (``Params``).
+
+    ``gradient_sums`` is None without the gradient view, ``output_states`` without an
+    output view or a monitored output; ``variables`` are the monitored weights."""
+
+    def __init__(self, plan: Plan, strategy: tf.distribute.Strategy, count: StepCount,
+                 gradient_sums: GradientSums | None, output_states: OutputStates | None,
+                 variables: Sequence[Any]):
+        self.plan = plan
+        self.strategy = strategy
+        self.count = count
+        self.gradient_sums = gradient_sums
+        self.output_states = output_states
+        self.weights = list(variables) if plan.want("variable") else []
+        # The previous point's weights and gradient sums live on the host, beside their
+        # statistics: the first update_ratio is the change since training began.
+        self.params = Params(plan, [np.asarray(value_of(v)) for v in self.weights]
+                             if plan.want("variable") else None, channels_first=False)
+        self._traced: dict[frozenset, Callable] = {}
+
+    def output_rows(self, view: str) -> list[int]:
+        """The rows of ``view`` a point writes (not off, a gradient reaches them)."""
+        return [j for j, spec in enumerate(self.plan.outputs) if self.plan.writes(view, spec)]
+
+    def point(self, step: int) -> Point:
+        """The window's statistics (every worker computes; the chief's sink writes)."""
+        # Traced once per set of switched-off tensors: reads, and the outputs' finalize
+        # vectorised over all of them, so the trace is short.
+        key = frozenset(self.plan.failures.off)
+        fn = self._traced.get(key)
+        if fn is None:
+            fn = tf.function(self._compute, autograph=False)
+            self._traced = {key: fn}
+        views = list(self.output_states.states) if self.output_states is not None else []
+        blocks = [(view, [self.plan.outputs[j] for j in rows])
+                  for view in views if (rows := self.output_rows(view))]
+        # Runs once per point: Grappler's optimization of its graph took longer than the
+        # graph runs in a whole training.
+        with self.strategy.scope(), private.without_graph_optimization():
+            vectors, (activity, window, stats_steps, skipped), weights, sums = fn()
+        activity_rows = ({} if self.output_states is None else
+                         self.output_states.layout.unpadded_activity(activity.numpy()))
+        skipped = skipped.numpy()
+        out = Point(window=int(window.numpy()), stats_steps=int(stats_steps.numpy()),
+                    activity=activity_rows, skipped=skipped if skipped.size else None)
+        self.params.add_blocks(out, [w.numpy() for w in weights] if weights else None,
+                               [g.numpy() for g in sums] if sums else None,
+                               self.plan.options.seed + step)
+        out.blocks += [Block(view, specs, v.numpy())
+                       for (view, specs), v in zip(blocks, vectors, strict=True)]
+        return out
+
+    def _compute(self) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor],
+                                list[tf.Tensor]]:
+        """The traced body: the output views' blocks (``point``'s), ``[activity, window,
+        stats_steps, skipped]``, the weights (``[]`` without the variable view) and the
+        gradient sums (``[]`` without the gradient view) of every variable."""
+        resets = []  # assignments that must wait for every read
+        skipped = tf.zeros([0, 3], tf.float64)
+        weights = [tf.convert_to_tensor(value_of(v)) for v in self.weights]
+        accumulators = self.gradient_sums.sums if self.gradient_sums is not None else []
+        sums = [accumulator.read_value() for accumulator in accumulators]  # SUM over replicas
+        for accumulator, value in zip(accumulators, sums, strict=True):
+            resets.append(lambda accumulator=accumulator, value=value:
+                          accumulator.assign(tf.zeros_like(value)))
+        skipped_counts = self.gradient_sums.skipped if self.gradient_sums is not None else None
+        if skipped_counts is not None:
+            skipped = skipped_counts.read_value()  # SUM over replicas
+            resets.append(lambda: skipped_counts.assign(tf.zeros_like(skipped)))
+        views = list(self.output_states.states) if self.output_states is not None else []
+        blocks = []
+        tail = [tf.zeros([0, 0], tf.float64), tf.constant(0.0, tf.float64),
+                tf.constant(0.0, tf.float64)]
+        if views:
+            results = self.strategy.run(functools.partial(
+                finalize_outputs, self.output_states, self.count, self.plan.options.quantiles))
+            results = [self.strategy.experimental_local_results(r)[0] for r in results]
+            tail = results[len(views):]
+            for view, block in zip(views, results[:len(views)], strict=True):
+                rows = self.output_rows(view)
+                if rows:
+                    blocks.append(tf.gather(block, rows))
+        tail.append(skipped)
+        with tf.control_dependencies([*blocks, *tail, *weights, *sums]):
+            for reset in resets:
+                reset()
+        return [tf.identity(b) for b in blocks], [tf.identity(t) for t in tail], weights, sums
+
+
+def finalize_outputs(output_states: OutputStates, count: StepCount,
+                     quantiles: Sequence[float]) -> list[tf.Tensor]:
+    """Replica context: merge every replica's output states (one all_gather) and finalize
+    them; reset the window. Returns each output view's block, then the activity counts
+    ``[outputs, 1 + channels + positions]`` (``[0, 0]`` without the output view), the
+    window's steps and its statistics steps."""
+    context = tf.distribute.get_replica_context()
+    layout, views = output_states.layout, list(output_states.states)
+    local = tf.stack([output_states.states[v].read_value() for v in views])  # [V, N, L]
+    replicas = context.num_replicas_in_sync if context is not None else 1
+    activity = (output_states.activity.read_value() if output_states.activity is not None
+                else None)
+    window = tf.cast(count.window.read_value(), tf.float64)
+    stats_steps = tf.cast(count.stats_steps.read_value(), tf.float64)
+    if replicas > 1:
+        gathered = context.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
+        gathered = tf.reshape(gathered, [replicas, len(views), layout.rows, sum(layout.sizes)])
+        if activity is not None:
+            activity = tf.reduce_sum(context.all_gather(activity[tf.newaxis], axis=0), 0)
+    blocks = []
+    for position, view in enumerate(views):
+        if replicas > 1:
+            state = stats.merge_stacked(layout.unpack(gathered[:, position]))
+        else:
+            state = layout.unpack(local[position])
+        if view == "output":  # the rectifiers' activity counts every step of the window
+            state = dict(state, **layout.activity_parts(activity))
+        blocks.append(kernels.finalize_many_fn(view, quantiles, layout.sample_size)(state))
+    tail = [activity if activity is not None else tf.zeros([0, 0], tf.float64),
+            window, stats_steps]
+    with tf.control_dependencies(blocks + tail):
+        for view in views:
+            output_states.states[view].assign(tf.constant(layout.empty))
+        if activity is not None:
+            output_states.activity.assign(tf.zeros_like(activity))
+        count.window.assign(0)
+        count.stats_steps.assign(0)
+    return [tf.identity(b) for b in blocks + tail]
+
+
+def value_of(v: Any) -> Any:
+    """The TF value of a Keras 3 variable (or a tf.Variable itself)."""
+    if isinstance(v, tf.Variable):
+        return v
+    return getattr(v, "value", v)
