@@ -37,7 +37,7 @@ OLDEST_TESTS := tests/collect/test_keras_callback.py tests/collect/test_introspe
   tests/plugin/test_plugin_overview.py tests/plugin/test_plugin_routes.py \
   tests/plugin/test_plugin_tensorboard.py tests/plugin/test_plugin_no_tensorflow.py \
   tests/collect/test_implicit_lr.py tests/collect/test_exact_activity.py \
-  tests/collect/test_private.py tests/collect/test_governor.py tests/collect/test_keras_plan.py
+  tests/collect/test_private.py tests/pipeline/test_governor.py tests/collect/test_keras_plan.py
 
 venv: $(STAMP)
 

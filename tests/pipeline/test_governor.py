@@ -1,10 +1,12 @@
-"""The overhead governor, driven by an injected clock: deterministic."""
+"""The overhead governor (``pipeline/governor.py``), shared by the Keras callback and the
+PyTorch ``Introspector``: which steps are statistics steps, driven by an injected clock
+(deterministic)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tb_introspect.pipeline.governor import Governor
+from tb_introspect.pipeline.governor import Governor, StepMode
 
 
 class FakeClock:
@@ -141,3 +143,26 @@ def test_the_more_lean_instrumentation_the_fewer_statistics_steps():
                       log=0.0, lean_added=lean_added)
         counts.append(sum(taken[-1]))
     assert counts[0] > counts[1] > counts[2] >= 1
+
+
+def test_run_calls_the_chosen_function_and_accounts_it():
+    clock = FakeClock()
+    gov = Governor(None, spacing=2, clock=clock)
+
+    def cost(kind: str, seconds: float):
+        def fn(x):
+            clock.now += seconds
+            return kind, x
+        return fn
+
+    out = [gov.run(cost("stats", 0.3), cost("lean", 0.1), i, steps=2) for i in range(5)]
+    assert out == [("stats", 0), ("lean", 1), ("stats", 2), ("lean", 3), ("stats", 4)]
+    # The first call of each function compiles: timed apart, per execution; the rest per step.
+    assert gov.compile_seconds == {True: pytest.approx(0.3), False: pytest.approx(0.1)}
+    assert list(gov.full) == pytest.approx([0.15, 0.15]) and list(gov.lean) == pytest.approx([0.05])
+    assert gov.cadence() == (3, 5)
+    assert gov.run(cost("stats", 0.3), cost("lean", 0.1), 5, full=False) == ("lean", 5)
+
+
+def test_the_step_modes_are_the_front_ends_names():
+    assert [m.value for m in StepMode] == ["stats", "lean", "off", "auto"]
