@@ -80,6 +80,8 @@ def as_float(value: Any) -> float | None:
     try:
         if hasattr(value, "detach"):  # a torch tensor: its mean, on the host
             value = value.detach().float().mean().item()
-        return float(np.asarray(value))
+        array = np.asarray(value)
+        # float() of a shape-(1,) array is a TypeError since numpy 2.4: take its one value.
+        return float(array.item() if array.size == 1 else array)
     except (TypeError, ValueError, RuntimeError):
         return None

@@ -127,15 +127,8 @@ def test_a_band_is_over_the_finite_values():
     assert v[1] == 1.0 and v[5] == 3.0 and v[6] == 2.0 and v[7] == 2  # min, max, mean, count
 
 
-ONE_VALUE_ARRAY = pytest.param(
-    np.array([4.0]), 4.0, marks=pytest.mark.xfail(
-        strict=True, reason="as_float drops an array of one value of shape (1,) (its docstring:"
-        " 'a numpy or framework tensor of one value'): float() of a 1-d array is a TypeError"
-        " since numpy 2.4 (a DeprecationWarning before); a torch tensor goes through .mean()"))
-
-
 @pytest.mark.parametrize(("value", "want"), [(2, 2.0), (np.float32(0.5), 0.5),
-                                             (np.array(1.5), 1.5), ONE_VALUE_ARRAY,
+                                             (np.array(1.5), 1.5), (np.array([4.0]), 4.0),
                                              ("x", None), (None, None), ([1.0, 2.0], None)])
 def test_as_float(value, want):
     assert as_float(value) == want
