@@ -105,17 +105,17 @@ def discover_outputs(model: keras.Model, x_spec: Any) -> _Discovery:
     """Trace ``model(x, training=True)`` once (nothing runs): the outputs there are to
     capture. Which of them a gradient reaches, the statistics step's trace tells: a
     backward pass here as well cost MobileNetV2 2 of its 4 CPU-seconds of discovery."""
-    disc = _Discovery()
+    discovery = _Discovery()
 
     def forward(x):
-        with capture.recording(disc):
+        with capture.recording(discovery):
             model(x, training=True)
         return tf.constant(0)
 
     tf.function(forward, autograph=False).get_concrete_function(
         tf.nest.map_structure(lambda s: s, x_spec)
     )
-    return disc
+    return discovery
 
 
 def _mean_metrics(model: keras.Model) -> list[Any]:
@@ -277,11 +277,11 @@ class Introspect(keras.callbacks.Callback):
         if self.chief and self.writer is None:
             self.writer = EventSink(self.log_dir, upload_secs=self.options.flush_secs)
             self.pipeline.set_sink(self.writer)
-        inst = self.installation
-        inst.keep_original()
-        inst.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
+        installation = self.installation
+        installation.keep_original()
+        installation.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
         self.pipeline.start(self.front_end.current_step())
-        inst.route(self._run)
+        installation.route(self._run)
 
     def _install_lazy(self) -> None:
         """Defer the real set-up to the first step: it needs the data's shapes."""
@@ -319,29 +319,29 @@ class Introspect(keras.callbacks.Callback):
         if chosen is not None and not self._captured:
             warn(f"layers={chosen!r} names none of the model's layers"
                  f" ({', '.join(e.name for e in every_layer[:8])}...): nothing is monitored")
-        inst = self.installation
-        inst.capture_layers(self._captured)
-        disc = None
+        installation = self.installation
+        installation.capture_layers(self._captured)
+        discovery = None
         if want_outputs:
-            inst.patch(layers=True, apply=None)
+            installation.patch(layers=True, apply=None)
             try:
                 x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
-                disc = discover_outputs(model, tf.nest.map_structure(_any_batch, x_spec))
+                discovery = discover_outputs(model, tf.nest.map_structure(_any_batch, x_spec))
             except Exception as e:
-                disc = None
+                discovery = None
                 warn(f"layer outputs of {type(model).__name__} could not be traced"
                      f" ({type(e).__name__}: {e}); the output and output_gradient views"
                      " are off, variables and gradients go on")
-            if disc is not None and not disc.specs:
+            if discovery is not None and not discovery.specs:
                 warn("no layer output could be captured; the output and output_gradient"
                      " views are off")
-            if disc is not None and disc.skipped:
-                warn(f"non-tensor outputs not monitored: {', '.join(disc.skipped[:5])}")
-        specs = disc.specs if disc else []
+            if discovery is not None and discovery.skipped:
+                warn(f"non-tensor outputs not monitored: {', '.join(discovery.skipped[:5])}")
+        specs = discovery.specs if discovery else []
         # Depth: forward order of a layer's first output; layers never seen go last.
         order = {}
         for k, entry in enumerate(self._captured):
-            first = disc.first_index.get(entry.name) if disc else None
+            first = discovery.first_index.get(entry.name) if discovery else None
             order[entry.name] = (0, first) if first is not None else (1, k)
         ranked = sorted(order, key=lambda n: order[n])
         depth_of = {name: d for d, name in enumerate(ranked)}
@@ -361,17 +361,17 @@ class Introspect(keras.callbacks.Callback):
                                 [depth_of.get(n, len(ranked)) for n in layers])
         self._metrics = _mean_metrics(model)
         initial = 0
-        if inst.optimizer is not None:
-            initial = int(inst.optimizer.iterations.numpy())
+        if installation.optimizer is not None:
+            initial = int(installation.optimizer.iterations.numpy())
         front_end.build([m.name for m in self._metrics],
                         metric_rows=max(32, 2 * self.steps_per_execution + 2),
                         initial_step=initial)
         self.pipeline.start(initial)
         self._steps_done = initial
-        inst.patch(layers=False, apply=self._apply_wrapper())
+        installation.patch(layers=False, apply=self._apply_wrapper())
         self._instrumented_fn = self._make_train_function(StepMode.STATS)
         self._lean_fn = self._make_train_function(StepMode.LEAN)
-        inst.route(self._run)
+        installation.route(self._run)
         self._checked_trace = False
         self._built_signature = self._signature()
         return True
@@ -400,11 +400,11 @@ class Introspect(keras.callbacks.Callback):
             def apply(grads, trainable_variables=None):
                 rec = capture.active_recorder()
                 if isinstance(rec, StepRecorder):
-                    tv = trainable_variables
-                    if tv is None:
-                        tv = private.optimizer_variables(opt)
+                    variables = trainable_variables
+                    if variables is None:
+                        variables = private.optimizer_variables(opt)
                     try:
-                        rec.gradients(list(grads), list(tv))
+                        rec.gradients(list(grads), list(variables))
                     except Exception as e:
                         rec.fail(Part("gradient"), e)
                 return original(grads, trainable_variables)

@@ -49,23 +49,24 @@ def as_activation(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
     return stats.as_canonical(x, canonical)
 
 
-def _state_signature(k: int | None, stacked: bool = False) -> dict[str, tf.TensorSpec]:
-    """Any state with a ``k``-value sample (channel/spatial widths left open; ``None``: any
-    sample size)."""
+def _state_signature(sample_size: int | None, stacked: bool = False
+                     ) -> dict[str, tf.TensorSpec]:
+    """Any state with a ``sample_size``-value sample (channel/spatial widths left open;
+    ``None``: any sample size)."""
     lead = [None] if stacked else []
     sig = {}
     for key in stats.STATE_MERGE:
         if key in ("channel_nnz", "spatial_nnz"):
             sig[key] = tf.TensorSpec(lead + [None], tf.float64)
         elif key in ("sample_keys", "sample_values"):
-            sig[key] = tf.TensorSpec(lead + [k], tf.float64)
+            sig[key] = tf.TensorSpec(lead + [sample_size], tf.float64)
         else:
             sig[key] = tf.TensorSpec(lead, tf.float64)
     return sig
 
 
 @functools.cache
-def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
+def activation_parts_fn(rank: int, dtype: str, sample_size: int, xla: bool):
     """``(x[canonical], seed) -> state`` of one layer output (``stats.batch_state``)."""
 
     @tf.function(
@@ -73,24 +74,24 @@ def activation_parts_fn(rank: int, dtype: str, k: int, xla: bool):
         autograph=False, jit_compile=True if xla else None, experimental_attributes=_attrs(xla),
     )
     def activation_parts(x, seed):
-        return stats.batch_state(x, k, seed)
+        return stats.batch_state(x, sample_size, seed)
 
     return activation_parts
 
 
-def finalize_many_fn(view: str | None, quantiles: tuple[float, ...], k: int):
-    """States stacked on a leading axis (counts padded), with samples of at most ``k``
-    values -> one stats vector per row (``view`` None: the slots every view shares). A
-    larger ``k`` costs a few more rounds of the percentile search, not another trace:
-    callers with several sample sizes pass the largest."""
-    shared = _finalize_shared_fn(tuple(quantiles), k)
+def finalize_many_fn(view: str | None, quantiles: tuple[float, ...], sample_size: int):
+    """States stacked on a leading axis (counts padded), with samples of at most
+    ``sample_size`` values -> one stats vector per row (``view`` None: the slots every view
+    shares). A larger ``sample_size`` costs a few more rounds of the percentile search,
+    not another trace: callers with several sample sizes pass the largest."""
+    shared = _finalize_shared_fn(tuple(quantiles), sample_size)
     if view is None:
         return shared
     return lambda stacked: stats.with_extra_slots(shared(stacked), view, quantiles)
 
 
 @functools.cache
-def _finalize_shared_fn(quantiles: tuple[float, ...], k: int):
+def _finalize_shared_fn(quantiles: tuple[float, ...], sample_size: int):
     # One graph for every view, any number of tensors and every sample class: tracing it is
     # most of a first point's cost (tf.vectorized_map of a one-state finalize took seconds
     # to convert; a graph per sample class was a dozen traces on MobileNetV2, one per view
@@ -98,7 +99,7 @@ def _finalize_shared_fn(quantiles: tuple[float, ...], k: int):
     @tf.function(input_signature=[_state_signature(None, stacked=True)],
                  autograph=False, experimental_attributes=_NOINLINE)
     def finalize_many(stacked):
-        return stats.finalize(stacked, None, quantiles=quantiles, sample_bound=k)
+        return stats.finalize(stacked, None, quantiles=quantiles, sample_bound=sample_size)
 
     return finalize_many
 
