@@ -7,7 +7,7 @@ and finalizes them with ``stats_np``'s algebra, so every slot's formula lives th
 
 A segment of a tensor with ``C`` channels, ``P`` spatial positions and sample size ``k``:
 
-* additive part (summed over steps and calls): ``ADD`` counts and sums, then the
+* additive part (summed over steps and calls): ``ADDITIVE_SLOTS`` counts and sums, then the
   non-zero count of each channel and of each position;
 * extremes (merged with a minimum): ``min`` and ``-max``;
 * the bottom-``k`` sample: ``k`` keys then ``k`` values. Each statistics step offers ``k``
@@ -34,9 +34,17 @@ import torch
 
 from tb_introspect import stats_np
 
-#: The additive scalars of a segment, in order.
-ADD = ("count", "nan", "posinf", "neginf", "pos", "neg", "sum", "m2", "nmm", "act_count")
-EXT = ("min", "neg_max")
+#: The additive scalars of a segment, in order: the element count, the non-finite counts,
+#: the finite values' sign counts and sum, ``m2`` (each fold's sum of squared deviations
+#: from its own mean), ``count_mean_squared`` (each fold's finite count times its mean
+#: squared: with ``sum`` it gives the spread between the folds' means, ``to_state``) and
+#: ``act_count`` (the elements the activity counts are over).
+ADDITIVE_SLOTS = ("count", "nan", "posinf", "neginf", "pos", "neg", "sum", "m2",
+                  "count_mean_squared", "act_count")
+#: The slots merged with a minimum.
+EXTREME_SLOTS = ("min", "neg_max")
+_ADDITIVE_LEN = len(ADDITIVE_SLOTS)
+_EXTREMES_LEN = len(EXTREME_SLOTS)
 _MOD = 2**31
 
 
@@ -54,21 +62,21 @@ class Segment:
 
     @property
     def length(self) -> int:
-        return len(ADD) + self.channels + self.positions + len(EXT) + 2 * self.k
+        return _ADDITIVE_LEN + self.channels + self.positions + _EXTREMES_LEN + 2 * self.k
 
     @property
-    def ext_at(self) -> int:
-        return self.offset + len(ADD) + self.channels + self.positions
+    def extremes_at(self) -> int:
+        return self.offset + _ADDITIVE_LEN + self.channels + self.positions
 
     @property
     def sample_at(self) -> int:
-        return self.ext_at + len(EXT)
+        return self.extremes_at + _EXTREMES_LEN
 
     def empty(self, device: torch.device | str = "cpu") -> torch.Tensor:
         seg = torch.zeros(self.length, dtype=torch.float64, device=device)
-        e = len(ADD) + self.channels + self.positions
-        seg[e:e + len(EXT)] = math.inf
-        seg[e + len(EXT):e + len(EXT) + self.k] = math.inf
+        e = _ADDITIVE_LEN + self.channels + self.positions
+        seg[e:e + _EXTREMES_LEN] = math.inf
+        seg[e + _EXTREMES_LEN:e + _EXTREMES_LEN + self.k] = math.inf
         return seg
 
 
@@ -170,6 +178,25 @@ def _finite_sum(flat: torch.Tensor, big: bool) -> torch.Tensor | None:
     return total if math.isfinite(float(total)) else None
 
 
+def finite_on_host(x: torch.Tensor) -> bool | None:
+    """Whether every value of ``x`` is finite, where a CPU tells with one sum (a finite sum
+    has finite terms; one that overflows reads as non-finite). None on a GPU, where knowing
+    would make the step wait for the device, and in a compiled graph."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return math.isfinite(float(x.detach().sum(dtype=dtype)))
+
+
+def _finite_nonzero(flat: torch.Tensor, finite: bool, out: torch.Tensor) -> torch.Tensor:
+    """``out``: 1.0 where ``flat`` holds a finite non-zero value, else 0.0. ``finite``: the
+    caller knows it holds no NaN or Inf, so no pass zeroes them."""
+    if finite:
+        return torch.ne(flat, 0, out=out)
+    torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=out)
+    return out.ne_(0)
+
+
 def _columns(active: torch.Tensor, seg: Segment) -> torch.Tensor:
     """The non-zero counts of every channel, then of every position, from the 0/1 float
     tensor ``active`` (summed over the batch first, in one pass: a vector-matrix product
@@ -221,8 +248,10 @@ class ActivityTally:
         return (seg.rank >= 2 and x.shape[0] < self.LIMIT
                 and not torch.compiler.is_compiling())
 
-    def add(self, buf: torch.Tensor, seg: Segment, xf: torch.Tensor) -> None:
-        """Count the finite non-zero values of float tensor ``xf`` per column."""
+    def add(self, buf: torch.Tensor, seg: Segment, xf: torch.Tensor,
+            finite: bool = False) -> None:
+        """Count the finite non-zero values of float tensor ``xf`` per column (``finite``:
+        it holds no NaN or Inf)."""
         batch, n = xf.shape[0], xf.numel()
         if self.cols is not None and (self.rows + batch > self.LIMIT
                                       or self.cols.dtype != xf.dtype
@@ -230,13 +259,13 @@ class ActivityTally:
             self.settle(buf, seg)
             self.cols = None
         (act,) = _scratch(xf, n, 1)
-        torch.nan_to_num(xf.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0, out=act)
+        _finite_nonzero(xf.reshape(-1), finite, act)
         if self.cols is None:
             self.cols = torch.zeros(n // batch, dtype=xf.dtype, device=xf.device)
             self.shape = tuple(xf.shape[1:])
         if self.ones is None or self.ones.numel() != batch or self.ones.dtype != xf.dtype:
             self.ones = torch.ones(batch, dtype=xf.dtype, device=xf.device)
-        self.cols.addmv_(act.ne_(0).view(batch, -1).t(), self.ones)
+        self.cols.addmv_(act.view(batch, -1).t(), self.ones)
         self.rows += batch
         self.count += n
 
@@ -245,7 +274,7 @@ class ActivityTally:
         column order for any shape of the same widths: the channel axis does not move)."""
         if not self.count or self.cols is None:
             return
-        a = seg.offset + len(ADD)
+        a = seg.offset + _ADDITIVE_LEN
         cols = self.cols.to(torch.float64).view(self.shape)
         buf[a:a + seg.channels + seg.positions].add_(_channels_and_positions(cols, seg))
         buf[a - 1].add_(float(self.count))
@@ -254,11 +283,13 @@ class ActivityTally:
 
 
 def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
-         full: bool, arange: torch.Tensor, tally: ActivityTally | None = None) -> None:
+         full: bool, arange: torch.Tensor, tally: ActivityTally | None = None,
+         finite: bool = False) -> None:
     """Add tensor ``x`` to its segment of ``buf``. ``full``: every part (a statistics step);
     otherwise only the activity counts (``act_count`` and the channel/position counts of
-    finite non-zero values): two elementwise passes and a column sum, into ``tally`` when
-    given (the caller settles it before reading ``buf``).
+    finite non-zero values): two elementwise passes and a column sum (one pass fewer when
+    the caller knows ``x`` is ``finite``), into ``tally`` when given (the caller settles it
+    before reading ``buf``).
 
     Every part is an elementwise float op or a float reduction (boolean reductions are
     several times slower), written into two work tensors of ``x``'s size (``_scratch``):
@@ -273,7 +304,7 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     xf = x.detach()
     if xf.dtype != torch.float64:
         xf = xf.float()
-    a = o + len(ADD)
+    a = o + _ADDITIVE_LEN
     n = xf.numel()
     if n == 0:  # adds nothing (and aminmax has no identity)
         return
@@ -281,11 +312,11 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     flat = xf.reshape(-1)
     if not full:
         if tally is not None and tally.accepts(xf, seg):
-            tally.add(buf, seg, xf)
+            tally.add(buf, seg, xf, finite)
             return
         (act,) = _scratch(flat, n, 1)
-        torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=act)
-        buf[a:a + c + p].add_(_columns(act.ne_(0).view(xf.shape), seg))
+        active = _finite_nonzero(flat, finite, act)
+        buf[a:a + c + p].add_(_columns(active.view(xf.shape), seg))
         buf[a - 1].add_(float(n))
         return
     xz, work = _scratch(flat, n, 2)
@@ -332,8 +363,8 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         (nnz + balance) / 2, (nnz - balance) / 2, total, m2, nfin * mean * mean, full_n,
     ])
     buf[o:a + c + p].add_(torch.cat([parts, cols]))
-    e = seg.ext_at
-    buf[e:e + len(EXT)] = torch.minimum(buf[e:e + len(EXT)], ext)
+    e = seg.extremes_at
+    buf[e:e + _EXTREMES_LEN] = torch.minimum(buf[e:e + _EXTREMES_LEN], ext)
 
 
 def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: torch.Tensor,
@@ -369,11 +400,11 @@ def to_state(segment: np.ndarray, seg: Segment, activity_rates: bool = True) -> 
     steps' non-finite values (a lean step's are zeros, not activity). Otherwise they are
     over the finite values of the statistics steps, which is the same for a segment of full
     folds only (the output-gradient view)."""
-    v = dict(zip(ADD, segment[:len(ADD)], strict=True))
+    v = dict(zip(ADDITIVE_SLOTS, segment[:_ADDITIVE_LEN], strict=True))
     c, p = seg.channels, seg.positions
-    a = len(ADD) + c + p
+    a = _ADDITIVE_LEN + c + p
     vmin, vmax = segment[a], -segment[a + 1]
-    s, k = a + len(EXT), seg.k
+    s, k = a + _EXTREMES_LEN, seg.k
     keys, values = segment[s:s + k], segment[s + k:s + 2 * k]
     taken = np.isfinite(keys)  # empty slots have infinite keys; zeros stay as placeholders
     keys, values = keys[taken], values[taken]
@@ -384,7 +415,8 @@ def to_state(segment: np.ndarray, seg: Segment, activity_rates: bool = True) -> 
         count=v["count"], finite_count=nfin, posinf_count=v["posinf"],
         neginf_count=v["neginf"], pos_count=v["pos"], neg_count=v["neg"],
         activity_count=v["act_count"] - (v["count"] - nfin) if activity_rates else nfin,
-        channel_nnz=segment[len(ADD):len(ADD) + c], spatial_nnz=segment[len(ADD) + c:a],
+        channel_nnz=segment[_ADDITIVE_LEN:_ADDITIVE_LEN + c],
+        spatial_nnz=segment[_ADDITIVE_LEN + c:a],
         channels=np.float64(c), positions=np.float64(p),
         # the smallest non-zero magnitude: exact while the sample holds every non-zero
         # value, otherwise at or above the true one (the Keras side's rule)
@@ -404,7 +436,7 @@ def to_state(segment: np.ndarray, seg: Segment, activity_rates: bool = True) -> 
     mean = v["sum"] / nfin
     # The segment sums each step's two-pass m2 and n * mean**2; what they leave over the
     # merged mean is the spread between steps.
-    between = max(v["nmm"] - nfin * mean * mean, 0.0)
+    between = max(v["count_mean_squared"] - nfin * mean * mean, 0.0)
     f = 2.0 ** -stats_np.scale_exponent(vmin, vmax)
     with np.errstate(over="ignore"):  # a device sum that overflowed stays infinite
         m2 = (v["m2"] + between) * f * f
@@ -424,21 +456,21 @@ def from_state(st: stats_np.State, seg: Segment) -> np.ndarray:
     f = 2.0 ** stats_np.state_exp(st)
     with np.errstate(over="ignore"):
         m2 = float(st["m2"]) * f * f
-    out[:len(ADD)] = [
+    out[:_ADDITIVE_LEN] = [
         count, count - nfin - st["posinf_count"] - st["neginf_count"], st["posinf_count"],
         st["neginf_count"], st["pos_count"], st["neg_count"], total, m2,
         # the same expression to_state subtracts: nothing is left between steps
         nfin * mean * mean, st["activity_count"] + (count - nfin),
     ]
     c, p = seg.channels, seg.positions
-    out[len(ADD):len(ADD) + c] = st["channel_nnz"]
-    out[len(ADD) + c:len(ADD) + c + p] = st["spatial_nnz"]
-    e, k = seg.ext_at - seg.offset, seg.k
-    out[e:e + len(EXT)] = st["min"], -st["max"]
+    out[_ADDITIVE_LEN:_ADDITIVE_LEN + c] = st["channel_nnz"]
+    out[_ADDITIVE_LEN + c:_ADDITIVE_LEN + c + p] = st["spatial_nnz"]
+    e, k = seg.extremes_at - seg.offset, seg.k
+    out[e:e + _EXTREMES_LEN] = st["min"], -st["max"]
     keys, values = st["sample_keys"], st["sample_values"]
-    out[e + len(EXT):e + len(EXT) + k] = np.inf
-    out[e + len(EXT):e + len(EXT) + keys.size] = keys
-    out[e + len(EXT) + k:e + len(EXT) + k + values.size] = values
+    out[e + _EXTREMES_LEN:e + _EXTREMES_LEN + k] = np.inf
+    out[e + _EXTREMES_LEN:e + _EXTREMES_LEN + keys.size] = keys
+    out[e + _EXTREMES_LEN + k:e + _EXTREMES_LEN + k + values.size] = values
     return out
 
 

@@ -197,7 +197,7 @@ def test_governor_spaces_statistics_steps_by_their_cost(tmp_path):
             intro.governor.clock = lambda: now[0]
             for _ in range(3):
                 for x, y in ts.batches(steps):
-                    now[0] += 1.1 if intro._phase is StepMode.STATS else 0.1
+                    now[0] += 1.1 if intro.phase is StepMode.STATS else 0.1
                     loss = nn.functional.cross_entropy(model(x), y)
                     opt.zero_grad()
                     loss.backward()

@@ -179,7 +179,7 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
         tally.settle(tallied, seg)
         assert tally.count == 0
         np.testing.assert_array_equal(tallied.numpy(), plain.numpy())
-        assert tallied[len(state.ADD) - 1] == sum(x.numel() for x in calls)
+        assert tallied[len(state.ADDITIVE_SLOTS) - 1] == sum(x.numel() for x in calls)
 
 
 def test_finite_fold_equals_the_general_fold(monkeypatch):

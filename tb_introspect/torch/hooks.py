@@ -1,0 +1,156 @@
+"""The step phase (``StepMode``) and the hooks it turns on: a forward hook on each leaf
+module the phase reads, a tensor hook on each output a statistics step folds the gradient
+of, the optimizer's pre-step hook; and the host time they take, for the governor.
+
+The hooks fold straight into the parts that own the buffers (``OutputStates``,
+``ParameterViews``): no call in between, as they run per module call and per step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tb_introspect.pipeline.failures import Part
+from tb_introspect.pipeline.governor import Governor, StepMode
+from tb_introspect.pipeline.plan import Plan, is_sampled
+from tb_introspect.torch import modules
+from tb_introspect.torch.outputs import OutputStates
+from tb_introspect.torch.parameters import ParameterViews
+
+
+class StepHooks:
+    """Which steps read what, and the hooks that read it.
+
+    With ``every="epoch"`` the governor chooses each step's phase (statistics or lean);
+    with ``every=N`` a step is a statistics step or reads nothing. ``instrumented`` is the
+    host time of the hooks (and of ``step()``) since the step began."""
+
+    def __init__(self, plan: Plan, model: nn.Module, governor: Governor,
+                 outputs: OutputStates, parameters: ParameterViews,
+                 optimizer: torch.optim.Optimizer | None) -> None:
+        self.plan = plan
+        self.failures = plan.failures
+        self.model = model
+        self.governor = governor
+        self.outputs = outputs
+        self.parameters = parameters
+        self.phase: StepMode | None = None
+        self.instrumented = 0.0
+        self.optimizer_ran = False  # the pre-step hook ran in this step
+        self.compile_skipped = False  # output gradients left out under torch.compile
+        self.uncaptured: set[str] = set()  # leaves whose output is no float tensor
+        self._last_step_end: float | None = None
+        self._forward = [self._forward_hook(spec) for spec in outputs.specs]
+        self._hooked: dict[int, Any] = {}  # output index -> its forward hook's handle
+        self._optimizer_hook = (optimizer.register_step_pre_hook(self._pre_step)
+                                if parameters.sums is not None and optimizer is not None
+                                else None)
+
+    # ------------------------------------------------------------------ the phase
+
+    def enter(self, step: int) -> None:
+        """Make the phase of ``step`` (1-based) the current one."""
+        if self.plan.every == "epoch":
+            self._set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN)
+        else:
+            self._set_phase(StepMode.STATS if is_sampled(step, self.plan.every)
+                            else StepMode.OFF)
+
+    def _set_phase(self, phase: StepMode) -> None:
+        """Forward hooks on the modules ``phase`` reads only: every monitored leaf on a
+        statistics step, the rectifiers of exact activity on a lean one, none on an
+        ``every=N`` step between two points. A module with a forward hook leaves PyTorch's
+        fast call path, which on a small model costs more than the hook that returns at
+        once."""
+        if phase == self.phase:
+            return
+        self.phase = phase
+        for j, spec in enumerate(self.outputs.specs):
+            on = phase is StepMode.STATS or (phase is StepMode.LEAN and spec.exact)
+            handle = self._hooked.get(j)
+            if on and handle is None:
+                self._hooked[j] = spec.module.register_forward_hook(self._forward[j])
+            elif handle is not None and not on:
+                handle.remove()
+                del self._hooked[j]
+
+    def take_optimizer_ran(self) -> bool:
+        """Whether the optimizer stepped since the last call."""
+        ran, self.optimizer_ran = self.optimizer_ran, False
+        return ran
+
+    # ------------------------------------------------------------------ timing
+
+    def step_ended(self) -> None:
+        """Hand the governor the host time of the step that just ended and of the
+        instrumentation in it (not across an epoch end: evaluation and logging run there)."""
+        now = self.governor.clock()
+        if self.plan.every == "epoch":
+            seconds = None if self._last_step_end is None else now - self._last_step_end
+            self.governor.ran(self.phase is StepMode.STATS, seconds,
+                              instrumented=self.instrumented)
+        self._last_step_end = now
+        self.instrumented = 0.0
+
+    def restart_timing(self) -> None:
+        """An epoch ended: the next step is not timed from this one."""
+        self._last_step_end = None
+        self.instrumented = 0.0
+
+    # ------------------------------------------------------------------ the hooks
+
+    def _forward_hook(self, spec: modules.OutputSpec) -> Callable:
+        model, outputs, failures = self.model, self.outputs, self.failures
+        gradient_hook = outputs.gradient_hook(spec) if outputs.folds_gradients else None
+
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            # Training forward passes only: evaluation (``no_grad``, ``eval()``) is not.
+            if not (torch.is_grad_enabled() and model.training):
+                return
+            # Under torch.compile the hook is traced into the graph: no host time to take.
+            start = None if torch.compiler.is_compiling() else time.perf_counter()
+            x = modules.first_tensor(output)
+            if x is None or not (x.is_floating_point() and x.dim() >= 1):
+                # Said once per module: which layer is missing from the views, and why.
+                self.uncaptured.add(spec.name)
+                failures.warn_once(f"not captured {spec.name}", f"layer output {spec.name}"
+                                   f" is not monitored: {modules.not_captured(output)}")
+                return
+            full = self.phase is StepMode.STATS
+            try:
+                if ((full or spec.exact) and outputs.add(spec, x, full) and full
+                        and gradient_hook is not None and x.requires_grad
+                        and not failures.is_off("output_gradient", spec.name)):
+                    if torch.compiler.is_compiling():
+                        self.compile_skipped = True  # warned from the host, in step()
+                    else:
+                        x.register_hook(gradient_hook)
+            except Exception as e:  # never break training
+                failures.fail(Part("output", spec.name), e)
+            if start is not None:
+                self.instrumented += time.perf_counter() - start
+        return hook
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Gradients are read here: after DDP's all-reduce and ``GradScaler``'s unscale."""
+        self.optimizer_ran = True
+        if self.phase is not StepMode.OFF and not self.failures.is_off("gradient"):
+            start = time.perf_counter()
+            try:
+                self.parameters.add()
+            except Exception as e:
+                self.failures.fail(Part("gradient"), e)
+            self.instrumented += time.perf_counter() - start
+
+    def close(self) -> None:
+        """Remove every hook."""
+        handles = [*self._hooked.values()]
+        if self._optimizer_hook is not None:
+            handles.append(self._optimizer_hook)
+        for handle in handles:
+            handle.remove()
+        self._hooked, self._optimizer_hook = {}, None

@@ -1,0 +1,152 @@
+"""The layer outputs' and output gradients' statistics states on the device: one float64
+buffer per view, a segment per monitored output (``state``), laid out as each output is
+first seen, folded into by the hooks and read once per logged point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tb_introspect import stats_np
+from tb_introspect.pipeline.failures import Failures, Part
+from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.point import Block, Point
+from tb_introspect.torch import private, state
+from tb_introspect.torch.modules import OutputSpec
+from tb_introspect.torch.ranks import Ranks
+
+_ADDITIVE = len(state.ADDITIVE_SLOTS)
+
+
+class OutputStates:
+    """The ``output`` and ``output_gradient`` views' buffers (those the plan wants), their
+    empty copies a point resets them to, and the rectifier outputs' lean-step tallies.
+
+    ``grad_scaler`` (a ``GradScaler``) unscales the output gradients; ``gradient_scale``
+    multiplies them (DDP: a rank's share of the mean loss)."""
+
+    def __init__(self, plan: Plan, specs: Sequence[OutputSpec], device: torch.device, *,
+                 grad_scaler: Any = None, gradient_scale: float = 1.0) -> None:
+        self.plan = plan
+        self.failures: Failures = plan.failures
+        self.specs = list(specs)
+        self.views = plan.output_views
+        self.device = device
+        self.grad_scaler = grad_scaler
+        self.gradient_scale = gradient_scale
+        self.buffers = {v: torch.zeros(0, dtype=torch.float64, device=device)
+                        for v in self.views}
+        self.empty = {v: b.clone() for v, b in self.buffers.items()}
+        self.tallies: dict[str, state.ActivityTally] = {}
+        self.folds_output = "output" in self.buffers
+        self.folds_gradients = "output_gradient" in self.buffers
+        # the draws' seed: a statistics fold advances it, a lean one leaves it alone
+        self.salt = torch.zeros((), dtype=torch.int64, device=device)
+        self.arange = torch.arange(plan.options.step_sample_size, device=device)
+        # The non-finite rule (``StepMode``) is read on a CPU only: one sum tells there,
+        # where a GPU would make each lean step wait for the device.
+        self.checks_finite = device.type == "cpu"
+        self.nonfinite_seen = False
+
+    def add(self, spec: OutputSpec, x: torch.Tensor, full: bool) -> bool:
+        """Fold one call's output ``x`` (``full``: a statistics step's every part, else the
+        activity counts). A lean step's output with NaN or Inf values is folded whole and
+        marked for ``take_nonfinite`` (CPU only). False: left out, as its shape is not the
+        first call's."""
+        if not spec.segments:
+            self._add_segments(spec, x)
+        seg = spec.segments[self.views[0]]
+        if state.widths(x.shape, spec.channels_first) != (seg.channels, seg.positions):
+            self.failures.warn_once(f"shape {spec.name}", f"layer output {spec.name}: shape"
+                                    f" {tuple(x.shape)} differs from the first call's"
+                                    f" {spec.shape}; calls of that shape are left out")
+            return False
+        if self.folds_output and not self.failures.is_off("output", spec.name):
+            finite = state.finite_on_host(x) if not full and self.checks_finite else None
+            if finite is False:
+                full = self.nonfinite_seen = True
+            state.fold(self.buffers["output"], spec.segments["output"], x,
+                       self.salt.add_(1) if full else self.salt, full, self.arange,
+                       self.tallies.get(spec.name), finite=bool(finite))
+        return True
+
+    def take_nonfinite(self) -> bool:
+        """Whether a lean step's output held NaN or Inf since the last call."""
+        seen, self.nonfinite_seen = self.nonfinite_seen, False
+        return seen
+
+    def gradient_hook(self, spec: OutputSpec) -> Callable[[torch.Tensor], None]:
+        """The tensor hook that folds ``spec``'s output gradient (made here so that it folds
+        with no call in between)."""
+        def hook(grad: torch.Tensor) -> None:
+            try:
+                if self.grad_scaler is not None:
+                    scale = private.scaler_scale(self.grad_scaler)
+                    if scale is not None:
+                        grad = grad.float() / scale.to(grad.device)
+                if self.gradient_scale != 1.0:
+                    grad = grad * self.gradient_scale
+                state.fold(self.buffers["output_gradient"], spec.segments["output_gradient"],
+                           grad, self.salt.add_(1), True, self.arange)
+            except Exception as e:  # never break training
+                self.failures.fail(Part("output_gradient", spec.name), e)
+        return hook
+
+    def _add_segments(self, spec: OutputSpec, x: torch.Tensor) -> None:
+        """Append the segments of a layer output seen for the first time to the buffers."""
+        spec.shape = state.channels_last_shape(x.shape, spec.channels_first)
+        spec.dtype = str(x.dtype).replace("torch.", "")
+        for view in self.views:
+            seg = state.layout(x.shape, spec.channels_first,
+                               self.plan.options.step_sample_size)
+            seg.offset = self.buffers[view].numel()
+            empty = seg.empty(self.device)
+            self.buffers[view] = torch.cat([self.buffers[view], empty])
+            self.empty[view] = torch.cat([self.empty[view], empty])
+            spec.segments[view] = seg
+        if spec.exact and "output" in spec.segments:
+            self.tallies[spec.name] = state.ActivityTally()
+
+    def widths(self) -> dict[int, tuple[int, int]]:
+        """Channels and positions of each output seen so far, by index."""
+        widths = {}
+        for j, spec in enumerate(self.specs):
+            seg = spec.segments.get(self.views[0]) if self.views else None
+            if seg is not None:
+                widths[j] = (seg.channels, seg.positions)
+        return widths
+
+    def add_blocks(self, out: Point, ranks: Ranks) -> None:
+        """The window's blocks and activity into ``out`` (rank 0): one host copy per view,
+        the ranks' segments merged; the buffers start again on every rank."""
+        for spec in self.specs:
+            tally = self.tallies.get(spec.name)
+            if tally is not None:
+                tally.settle(self.buffers["output"], spec.segments["output"])
+        for view in self.views:
+            buf = self.buffers[view]
+            copies = ranks.gathered(buf) if buf.numel() else None
+            buf.copy_(self.empty[view])
+            if copies is None or not ranks.writes:
+                continue
+            specs, states = [], []
+            for j, spec in enumerate(self.specs):
+                seg = spec.segments.get(view)
+                if seg is None or not self.plan.writes(view, spec):
+                    continue
+                merged = state.merge_ranks(copies[:, seg.offset:seg.offset + seg.length], seg)
+                activity = _ADDITIVE - 1  # act_count, then the channel and position counts
+                if merged[0] == 0 and merged[activity] == 0:
+                    continue  # not called in this window
+                if view == "output":
+                    out.activity[j] = merged[activity:_ADDITIVE + seg.channels
+                                             + seg.positions].copy()
+                if merged[0] == 0:
+                    continue
+                specs.append(spec)
+                states.append(state.to_state(merged, seg, activity_rates=view == "output"))
+            if specs:
+                out.blocks.append(Block(view, specs, stats_np.finalize_many(
+                    states, view, quantiles=self.plan.options.quantiles)))
