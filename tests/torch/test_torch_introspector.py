@@ -137,6 +137,46 @@ def test_nonfinite_gradient_is_counted(tmp_path):
     assert out["nan_count"] > 0
 
 
+def test_nonfinite_rectifier_output_on_a_lean_step(tmp_path):
+    """The non-finite rule (``StepMode``), PyTorch's half: a lean step's rectifier output
+    holding NaN is folded whole, so its NaN count is in the written statistics, and the
+    next step is a statistics step for every output; the step after is lean again."""
+    torch.manual_seed(0)
+    model = ts.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = ts.batches(6)
+    bad_step = 3  # 0-based: a lean step (only each epoch's first is a statistics step)
+    data[bad_step][0][0, 0, 0, 0] = float("nan")  # through BatchNorm: every value NaN
+    nans = []
+    model[2].register_forward_hook(  # the ReLU after BatchNorm: what it hands on
+        lambda m, i, out: nans.append(int(torch.isnan(out).sum())))
+    phases, leaves_hooked = [], []
+    with Introspector(str(tmp_path), model, opt, stats_every=1000, overhead=None) as intro:
+        for i, (x, y) in enumerate(data):
+            phases.append(intro.phase)
+            leaves_hooked.append(sum(bool(m._forward_hooks) for m in model))
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if i != bad_step:  # as GradScaler would: the weights stay finite
+                opt.step()
+            intro.step(loss=loss)
+        intro.end_epoch()
+    lean, stats = StepMode.LEAN, StepMode.STATS
+    assert phases == [stats, lean, lean, lean, stats, lean]
+    # a lean step hooks the three rectifiers only (and the test's own hook on one)
+    assert leaves_hooked[bad_step] == 3 and leaves_hooked[bad_step + 1] == len(model)
+    assert nans[bad_step] == data[bad_step][0][:, :1].numel() * 8  # the whole output
+    run = ts.read_run(str(tmp_path))
+    out = ts.by_name(run, "output")
+    relu = ts.point(out["2"], len(data))
+    assert relu["stats_steps"] == 2
+    assert relu["nan_count"] == nans[bad_step]
+    # counted over the two statistics steps and the lean step taken whole
+    assert relu["count"] == 3 * nans[bad_step]
+    assert ts.point(out["0"], len(data))["nan_count"] == 0  # no rectifier: not read there
+
+
 def test_eval_not_counted(tmp_path):
     """``no_grad`` and ``eval()`` forward passes add nothing to the output views."""
     def run(evaluate: bool, path):
