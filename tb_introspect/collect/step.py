@@ -137,7 +137,7 @@ class StepRecorder:
     def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
         output_states, failures = self.output_states, self.failures
         name = self.plan.outputs[j].name
-        if self.mode is StepMode.LEAN and self.plan.every != "epoch":
+        if self.mode is StepMode.LEAN and not self.plan.per_epoch:
             return x  # nothing between sampled steps
         if "output" in output_states.states and not failures.is_off("output", name):
             self.output_value(j, x)
@@ -197,7 +197,7 @@ class StepRecorder:
         if in_xla_context():
             self._limit_for_xla()
         none = self._no_activity()
-        if self.plan.every != "epoch":
+        if not self.plan.per_epoch:
             rows = self._fold_stats() if self.sampled is True else tf.cond(
                 self.sampled, self._fold_stats, lambda: none)
         elif self.mode is StepMode.STATS:
