@@ -163,10 +163,10 @@ def _log_row(model, cb, repeats: int, name: str) -> None:
         model.fit(dataset(2, 16), epochs=1, verbose=0, callbacks=[cb])
     finally:
         Pipeline.log = log
-    c = cb.collector
+    plan = cb.front_end.plan
     steps = iter(range(10**6))
-    w, cpu = timed(lambda: cb.host.log(next(steps)), repeats)
-    tensors = len(c.var_specs) * 2 + len(c.out_specs) * 2
+    w, cpu = timed(lambda: cb.pipeline.log(next(steps)), repeats)
+    tensors = len(plan.variables) * 2 + len(plan.outputs) * 2
     print(f"| `Pipeline.log`, the first point (traced), {name} ({tensors} tensors) |"
           f" {first[0][0]:.0f} | {first[0][1]:.0f} |")
     print(f"| `Pipeline.log`, one point, {name} ({tensors} tensors) | {w:.0f} | {cpu:.0f} |")

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tb_introspect.keras import Introspect  # noqa: E402
-from tb_introspect.pipeline import host  # noqa: E402
+from tb_introspect.pipeline import pipeline as host  # noqa: E402
 
 TARGETS = {"epoch": 1.05, "16": 1.05, "1": 1.25}
 ONCE = 10**9  # a stats_every no epoch reaches
@@ -174,11 +174,9 @@ def rss_mib() -> float:
 
 def state_bytes(cb: Introspect) -> tuple[int, int]:
     """(bytes of every in-step accumulator, number of monitored tensors)."""
-    c = cb.collector
-    vs = [c.counter, c.metric_total, c.metric_count, *c.grad_acc,
-          *c.out_vars.values(), *([c.act_var] if hasattr(c, "act_var") else [])]
-    total = sum(int(np.prod(v.shape)) * v.dtype.size for v in vs)
-    return total, 2 * len(c.var_specs) + 2 * len(c.out_specs)
+    front_end = cb.front_end
+    total = sum(int(np.prod(v.shape)) * v.dtype.size for v in front_end.device_variables())
+    return total, 2 * len(front_end.plan.variables) + 2 * len(front_end.plan.outputs)
 
 
 def param_bytes(model: keras.Model) -> int:
@@ -257,7 +255,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
             rows[i].setdefault("epoch_s", []).append(wall[i])
     for row, cb in zip(rows, cbs, strict=True):
         ours = [c for c in cb if isinstance(c, Introspect)]
-        row["state"] = state_bytes(ours[0]) if ours and ours[0].collector else None
+        row["state"] = state_bytes(ours[0]) if ours and ours[0].front_end else None
         row["compile"] = dict(ours[0].governor.compile_seconds) if ours else {}
         for c in ours:
             c.close()

@@ -39,9 +39,11 @@ class StepMode(enum.Enum):
     holds a NaN or an infinity is taken as a statistics step, so those values are counted in
     the outputs' states, not lost in a lean step's activity counts. Where the step can still
     decide (Keras: the compiled lean step holds the statistics branch), that step is a
-    statistics step for every output. Where it cannot (PyTorch: a lean step hooks only the
-    rectifiers, before it runs), the rectifier output that holds it is taken whole on that
-    step, and :meth:`Governor.force` makes the next step a statistics step for every output.
+    statistics step for every output; under XLA, which compiles both branches of a
+    condition, the lean step holds none, and its non-finite columns count nothing. Where it
+    cannot (PyTorch: a lean step hooks only the rectifiers, before it runs), the rectifier
+    output that holds it is taken whole on that step, and :meth:`Governor.force` makes the
+    next step a statistics step for every output.
     """
 
     #: Every statistic of every monitored output and output gradient.
