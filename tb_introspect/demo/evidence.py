@@ -1,7 +1,8 @@
 """The numbers that show each demo situation, read back from a run's event files (no TensorFlow).
 
-``tests/test_demo.py`` asserts on them and ``tb-introspect demo`` prints them after training,
-so what the demo claims is checked against what was actually logged.
+``tests/test_demo.py`` asserts on them, so what the demo claims is checked against what was
+actually logged. :func:`story_problems` checks a run's findings against its scenario's story
+(``Scenario.story`` in ``models.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tb_introspect.demo.models import SERIOUS, get_scenario
 from tb_introspect.plugin.reader import RunSeries, Series
+
+
+def serious_kinds(run: RunSeries) -> set[str]:
+    """Kinds of ``run``'s warning and critical findings."""
+    from tb_introspect.diagnose import find_issues
+
+    return {f.kind for f in find_issues(run) if f.severity in SERIOUS}
+
+
+def scenario_of(run_name: str) -> str:
+    """``2_lr_too_high_cnn`` (or ``2_lr_too_high_cnn_3``, a later demo's) -> its scenario."""
+    stem = run_name.split("_", 1)[1]
+    head, _, tail = stem.rpartition("_")
+    return head if tail.isdigit() else stem
+
+
+def story_problems(run_name: str, kinds: set[str]) -> list[str]:
+    """Why the serious finding ``kinds`` of demo run ``run_name`` do not tell its
+    scenario's story; empty when they do."""
+    return get_scenario(scenario_of(run_name)).story_problems(kinds)
 
 
 @dataclass(frozen=True)

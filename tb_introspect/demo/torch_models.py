@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from tb_introspect.demo.models import HEALTHY_LR, MOMENTUM
+from tb_introspect.demo.models import (
+    HEALTHY_LR,
+    MOMENTUM,
+    TOO_HIGH_LR,
+    WARMUP_START,
+    WARMUP_STEPS,
+)
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu, "sigmoid": torch.sigmoid, "linear": lambda x: x,
@@ -84,7 +90,12 @@ def build(name: str, total_steps: int) -> tuple[nn.Module, torch.optim.Optimizer
         return model, _sgd(model, HEALTHY_LR), None
     if name == "lr_too_high_cnn":
         model = cnn()
-        return model, _sgd(model, 0.1), None
+        opt = _sgd(model, WARMUP_START)
+        # Keras's one-epoch linear warm-up to the too-high rate, then constant.
+        peak = TOO_HIGH_LR / WARMUP_START
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: 1.0 + (peak - 1.0) * min(step, WARMUP_STEPS) / WARMUP_STEPS)
+        return model, opt, sched
     if name == "dying_relu_mlp":
         model = mlp(64, 4, "relu")
         opt = _sgd(model, 0.01)
