@@ -72,3 +72,48 @@ def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -
             or m.startswith(("tb_introspect.diagnose", "tb_introspect.plugin",
                              "tb_introspect.pipeline.findings", "tb_introspect.rundata"))
             ] == [], loaded
+
+
+#: The parts of docs/design.md's dependency block: the first name of a module's path after
+#: ``tb_introspect`` that names a part, or the part it belongs to.
+PARTS = {"keras": "collect", "summary": "collect", "transformers": "trainers",
+         "lightning": "trainers", "metadata": "format", "proto": "format",
+         "summary_pb": "format", "schema": "format", "schema_js": "format",
+         "json_values": "rundata"}
+
+
+def _part(module: str) -> str | None:
+    names = module.split(".")
+    if names[0] != "tb_introspect" or len(names) == 1:
+        return None
+    return PARTS.get(names[1], names[1])
+
+
+def test_the_design_documents_every_dependency_between_parts() -> None:
+    import ast
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    block = re.search(r"Dependencies point one way.*?```text\n(.*?)```",
+                      (repo / "docs" / "design.md").read_text(encoding="utf-8"), re.S).group(1)
+    documented = {(line.split("->")[0].strip(), target) for line in block.splitlines()
+                  for target in line.split("->")[1].split()}
+    imported = set()
+    for path in (repo / "tb_introspect").rglob("*.py"):
+        module = ".".join(path.relative_to(repo).with_suffix("").parts)
+        source = _part(module.removesuffix(".__init__"))
+        if source is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [_part(node.module)]
+                if node.module == "tb_introspect":
+                    targets = [_part(f"tb_introspect.{n.name}") for n in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [_part(n.name) for n in node.names]
+            else:
+                continue
+            imported |= {(source, t) for t in targets if t not in (None, source, "__version__")}
+    assert sorted(imported - documented) == [], "imports the design does not list"
+    assert sorted(documented - imported) == [], "the design lists imports that are gone"
