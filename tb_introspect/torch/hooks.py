@@ -55,17 +55,17 @@ class StepHooks:
     def enter(self, step: int) -> None:
         """Make the phase of ``step`` (1-based) the current one."""
         if self.plan.every == "epoch":
-            self._set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN)
+            self.set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN)
         else:
-            self._set_phase(StepMode.STATS if is_sampled(step, self.plan.every)
+            self.set_phase(StepMode.STATS if is_sampled(step, self.plan.every)
                             else StepMode.OFF)
 
-    def _set_phase(self, phase: StepMode) -> None:
-        """Forward hooks on the modules ``phase`` reads only: every monitored leaf on a
-        statistics step, the rectifiers of exact activity on a lean one, none on an
-        ``every=N`` step between two points. A module with a forward hook leaves PyTorch's
-        fast call path, which on a small model costs more than the hook that returns at
-        once."""
+    def set_phase(self, phase: StepMode) -> None:
+        """Make ``phase`` the current one, with forward hooks on the modules it reads only:
+        every monitored leaf on a statistics step, the rectifiers of exact activity on a
+        lean one, none on an ``every=N`` step between two points. A module with a forward
+        hook leaves PyTorch's fast call path, which on a small model costs more than the
+        hook that returns at once."""
         if phase == self.phase:
             return
         self.phase = phase

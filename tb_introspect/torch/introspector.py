@@ -5,7 +5,10 @@ Where each view comes from:
 * layer outputs: a forward hook on every leaf module (module order gives the depth); a
   module called several times per forward pass adds every call. The hooks are on only for
   the steps that read them: every leaf's on a statistics step, the rectifiers' (exact
-  activity) on a lean one;
+  activity) on a lean one. The non-finite rule (``StepMode``): a lean step's rectifier
+  output holding NaN or Inf is folded whole, and a lean step with such an output or loss
+  makes the next step a statistics step; read on a CPU only, where one sum tells (on a GPU
+  it would make every lean step wait for the device);
 * output gradients: a tensor hook on each captured output, on statistics steps;
 * gradients: ``optimizer.register_step_pre_hook``, so they are read after
   ``DistributedDataParallel``'s all-reduce and ``GradScaler``'s unscale; a step the

@@ -64,12 +64,14 @@ class OutputStates:
                                     f" {spec.shape}; calls of that shape are left out")
             return False
         if self.folds_output and not self.failures.is_off("output", spec.name):
-            finite = state.finite_on_host(x) if not full and self.checks_finite else None
-            if finite is False:
-                full = self.nonfinite_seen = True
+            finite = False
+            if not full and self.checks_finite and not torch.compiler.is_compiling():
+                finite = state.is_finite(x)
+                if not finite:
+                    full = self.nonfinite_seen = True
             state.fold(self.buffers["output"], spec.segments["output"], x,
                        self.salt.add_(1) if full else self.salt, full, self.arange,
-                       self.tallies.get(spec.name), finite=bool(finite))
+                       self.tallies.get(spec.name), finite=finite)
         return True
 
     def take_nonfinite(self) -> bool:

@@ -54,13 +54,13 @@ class ParameterViews:
         if accs:
             private.add_all(accs, grads)
 
-    def end_step(self, counted: bool, optimizer: bool, optimizer_ran: bool) -> None:
+    def end_step(self, counted: bool, has_optimizer: bool, optimizer_ran: bool) -> None:
         """A training step ended. ``counted``: its gradients count (not an ``every=N`` step
         between two points). Without an optimizer its gradients are added now; with one that
         never ran (``GradScaler`` found Inf/NaN), their non-finite counts only."""
         if self.sums is None or not counted:
             return
-        if not optimizer:
+        if not has_optimizer:
             self.add()
         elif not optimizer_ran and any(p.param.grad is not None for p in self.specs):
             self._count_skipped()

@@ -178,14 +178,15 @@ def _finite_sum(flat: torch.Tensor, big: bool) -> torch.Tensor | None:
     return total if math.isfinite(float(total)) else None
 
 
-def finite_on_host(x: torch.Tensor) -> bool | None:
-    """Whether every value of ``x`` is finite, where a CPU tells with one sum (a finite sum
-    has finite terms; one that overflows reads as non-finite). None on a GPU, where knowing
-    would make the step wait for the device, and in a compiled graph."""
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
-        return None
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return math.isfinite(float(x.detach().sum(dtype=dtype)))
+def is_finite(x: torch.Tensor) -> bool:
+    """Whether every value of ``x`` is finite, from one sum (a finite sum has finite terms;
+    one that overflows reads as non-finite). On a CPU only: a GPU would make the step wait
+    for the device."""
+    return math.isfinite(x.detach().sum(dtype=_SUM_DTYPES.get(x.dtype, torch.float32)))
+
+
+#: What ``is_finite`` sums in: float32 but for float64 (a half sum would overflow).
+_SUM_DTYPES = {torch.float64: torch.float64}
 
 
 def _finite_nonzero(flat: torch.Tensor, finite: bool, out: torch.Tensor) -> torch.Tensor:
