@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.torch import Introspector
 
 _WATCHED = itertools.count()
@@ -271,7 +272,8 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
         if phase == "plain":
             _train_step(plain, opt_plain, x, y)
             return
-        intro._phase = phase  # the phase the governor would have chosen
+        # The phase the governor would have chosen, its hooks in place before the forward.
+        intro.hooks.set_phase(StepMode.LEAN if phase == "activity" else StepMode.STATS)
         intro.step(loss=_train_step(model, opt, x, y))
 
     def point() -> None:
