@@ -3,8 +3,8 @@
 The settings were chosen on the 8×8 digits so that each run shows its situation by a wide
 margin, with any seed, thread count and CPU, not on one lucky trajectory: ``story`` names
 the finding kinds that mean the situation (one of them must show) and ``contradicts`` those
-that would tell another one. ``tests/test_demo.py``, ``tests/test_demo_story.py`` and
-``tests/torch/test_torch_demo.py`` check them for the quick variant:
+that would tell another one. ``tests/test_demo.py`` and ``tests/torch/test_torch_demo.py``
+check them for the quick variant, the latter under two thread counts and two seeds:
 
 * ``healthy_cnn``: a small CNN with SGD + momentum at a comfortable learning rate;
 * ``lr_too_high_cnn``: the same CNN whose rate warms up over the first epoch to 0.15, 5× the
