@@ -421,7 +421,7 @@ SCENARIOS: dict[str, Scenario] = {
                                       note="demo: 8 sigmoid layers", in_tests=False),
     "lr_too_high_cnn": Scenario(_demo("lr_too_high_cnn"), digits, 8,
                                 {"gradient_oscillation": ("warning", _anti_aligned_onset)},
-                                note="demo: SGD 3x too high", in_tests=False),
+                                note="demo: warm-up to 5x the healthy rate", in_tests=False),
     "saturated_tanh_mlp": Scenario(_saturated, digits, 4, {"saturated_units": ("warning", 0)},
                                    note="tanh, N(0, 1) kernels", in_tests=False),
     "lstm_lr_too_high": Scenario(build_lstm_lr_too_high, digit_rows, 6,
