@@ -32,7 +32,13 @@ PROTO_VERSION = 3
 VIEWS = ("variable", "gradient", "output", "output_gradient")
 #: The findings' severities, most severe first.
 SEVERITIES = ("critical", "warning", "info")
-CADENCES = ("step", "epoch")
+#: A point's cadence (``PluginData.cadence``): ``step``, the statistics of sampled steps
+#: (``every=N``); ``epoch``, aggregated over the epoch's steps; ``window``, aggregated the
+#: same way over the steps since the previous point (``window=N``: every N steps and at
+#: each epoch's end; the output views' ``steps`` slot holds the window's length).
+CADENCES = ("step", "epoch", "window")
+#: The cadences whose points aggregate every step of their window.
+AGGREGATED_CADENCES = ("epoch", "window")
 
 TENSOR_STATS = plugin_data_pb2.PluginData.TENSOR_STATS
 METRIC = plugin_data_pb2.PluginData.METRIC
@@ -312,7 +318,7 @@ def metric_tag(name: str, per_epoch: bool = False) -> str:
 
 def _check_cadence(cadence: str) -> None:
     if cadence not in CADENCES:
-        raise ValueError(f"unknown cadence {cadence!r}; expected 'step' or 'epoch'")
+        raise ValueError(f"unknown cadence {cadence!r}; expected one of {', '.join(CADENCES)}")
 
 
 def _check_view(view: str) -> None:

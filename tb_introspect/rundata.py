@@ -138,7 +138,8 @@ class Aligned:
     steps: np.ndarray
     #: per column, the largest ``epoch`` slot of the tensors logged there (NaN if none)
     epochs: np.ndarray
-    #: ``epoch`` when every tensor was aggregated per epoch, else ``step``
+    #: ``epoch`` when every tensor was aggregated per epoch, ``window`` when aggregated per
+    #: window of steps (some per epoch), else ``step``
     cadence: str = "step"
     _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _cols: list = field(default_factory=list, repr=False)
@@ -222,7 +223,9 @@ def align(view: str, series: Sequence[Series]) -> Aligned:
     series = list(series)
     parts = [s.steps for s in series if len(s)]
     steps = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
-    cadence = "epoch" if {s.info.cadence for s in series} == {"epoch"} else "step"
+    cadences = {s.info.cadence for s in series}
+    cadence = ("step" if not cadences <= set(metadata.AGGREGATED_CADENCES)
+               else "window" if "window" in cadences else "epoch")
     a = Aligned(view, series, steps, np.empty(0), cadence)
     epochs = np.fmax.reduce(a.raw("epoch"), axis=0, initial=-np.inf)
     epochs[np.isneginf(epochs)] = np.nan  # no tensor has an epoch there

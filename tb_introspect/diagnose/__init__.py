@@ -78,6 +78,9 @@ def find_issues(
                 most = max(most, n)
                 continue
         findings.extend(r.check(rv))
+    if rv.step_based:  # a run measured in steps names its findings by step
+        for f in findings:
+            f.first_epoch = None
     if short:
         findings.append(_insufficient(short, most, thresholds.min_points))
     return sort_findings(findings)

@@ -56,8 +56,7 @@ def loss_at_chance(rv: RunView) -> list[Finding]:
     j = med.size - n
     acc = _accuracy_at_end(rv, task, epochs)
     k = task.classes
-    since = (f"epoch {_epoch_of(epochs[j])}" if _epoch_of(epochs[j]) is not None
-             else f"step {int(steps[j])}")
+    since = rv.when(steps[j], epochs[j])
     acc_text = f", accuracy {pct(acc)} (1/{max(k, 2)} = {pct(task.chance_accuracy)})" \
         if acc is not None else ""
     return [Finding(
@@ -137,7 +136,8 @@ def early_instability(rv: RunView) -> list[Finding]:
         kind="early_instability",
         severity="info" if settled else "warning",
         title=(f"Unstable from the start: the loss jumped to {fmt_num(v0[peak])}"
-               f" ({jump:.1f}x its start) in epoch {int(e0)}, whose mean {fmt_num(mean0)}"
+               f" ({jump:.1f}x its start) in {rv.when(st[first][peak], e0)}, whose mean"
+               f" {fmt_num(mean0)}"
                f" is above chance (ln {max(task.classes, 2)} = {chance:.3f})"
                + (", and has fallen steadily since" if settled else "")),
         first_step=int(st[first][peak]), first_epoch=int(e0),

@@ -201,9 +201,24 @@ class RunView:
         return int(min(max(2, math.ceil(t.sustain_fraction * n)), t.sustain_max_points))
 
     def step_epoch(self, a: Aligned, j: int) -> tuple[int, int | None]:
-        """(step, epoch) of column ``j`` of ``a``."""
+        """(step, epoch) of column ``j`` of ``a``; no epoch in a step-based run."""
         e = a.epochs[j]
-        return int(a.steps[j]), (int(e) if np.isfinite(e) else None)
+        return int(a.steps[j]), (int(e) if np.isfinite(e) and not self.step_based else None)
+
+    @property
+    def step_based(self) -> bool:
+        """Whether the run is measured in steps: its points are windows of steps
+        (``window=N``), read as epochs are, and named by their step."""
+        if "step_based" not in self.memo:
+            self.memo["step_based"] = any(
+                s.info.cadence == "window" for ts in self.run.tensors.values() for s in ts)
+        return self.memo["step_based"]
+
+    def when(self, step: float, epoch: float | None) -> str:
+        """"epoch E", or "step S" where the run is step-based or the epoch is not known."""
+        if epoch is not None and np.isfinite(epoch) and not self.step_based:
+            return f"epoch {int(epoch)}"
+        return f"step {int(step)}"
 
 
 # ---------------------------------------------------------------- helpers

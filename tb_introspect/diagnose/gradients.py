@@ -26,6 +26,7 @@ from tb_introspect.diagnose.core import (
     rule,
     trailing_run,
 )
+from tb_introspect.metadata import AGGREGATED_CADENCES
 
 
 def _gradient_scales(rv: RunView):
@@ -125,7 +126,7 @@ def exploding_gradients(rv: RunView) -> list[Finding]:
         return []
     a, logs = got
     t = rv.t
-    per_step = np.log10(a.span) if a.cadence == "epoch" else np.zeros(a.n_points)
+    per_step = np.log10(a.span) if a.cadence in AGGREGATED_CADENCES else np.zeros(a.n_points)
     low = logs - per_step  # log10 of a lower bound of the per-step RMS
     med = nanmedian(low, axis=0)
     have = np.isfinite(med)
@@ -165,8 +166,8 @@ def exploding_gradients(rv: RunView) -> list[Finding]:
             "start_median_layer_rms_per_step": pow10(base),
             "growth_orders": float(np.nanmax(growth)),
             "largest_layer_rms_per_step": pow10(np.nanmax(low[:, peak])),
-            "per_step_scale": "lower bound (epoch sums divided by steps)"
-            if a.cadence == "epoch" else "logged step",
+            "per_step_scale": "lower bound (window sums divided by steps)"
+            if a.cadence in AGGREGATED_CADENCES else "logged step",
             "threshold_rms": t.exploding_rms,
             "threshold_growth_orders": t.exploding_growth_orders,
         },
@@ -335,7 +336,7 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
         return []
     a, logs = got
     t = rv.t
-    per_step = np.log10(a.span) if a.cadence == "epoch" else np.zeros(a.n_points)
+    per_step = np.log10(a.span) if a.cadence in AGGREGATED_CADENCES else np.zeros(a.n_points)
     med = nanmedian(logs - per_step, axis=0)
     if not np.isfinite(med).all() or med.size < t.min_points:
         return []
@@ -365,8 +366,8 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
             "points_rising": int(n),
             "median_layer_rms_per_step_at_start": pow10(med[j]),
             "median_layer_rms_per_step_at_end": pow10(med[-1]),
-            "per_step_scale": "lower bound (epoch sums divided by steps)"
-            if a.cadence == "epoch" else "logged step",
+            "per_step_scale": "lower bound (window sums divided by steps)"
+            if a.cadence in AGGREGATED_CADENCES else "logged step",
             "threshold_orders": t.pileup_orders,
             "threshold_step_orders": t.pileup_step_orders,
         },

@@ -3,7 +3,7 @@
 A collector keeps ``rows`` steps of per-metric totals and counts on its device (row
 ``(step - 1) % rows``), so a training step never waits for the host. The host copies the
 ring now and then (``Ring``) and writes each step's value, ``total / count``; a metric's
-values of an epoch become its per-epoch band at the epoch's end.
+values of a window (an epoch, or ``window=N`` steps) become its band at the window's end.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Ring:
 
     def __init__(self) -> None:
         self.last_step = 0  # the last step whose values were written
-        self.epoch_values: dict[str, list[float]] = {}
+        self.epoch_values: dict[str, list[float]] = {}  # of the window
         #: The training loss's description (``metadata.loss_json``), written in the
         #: metadata of the ``loss`` metric; set by the front-end before the first step.
         self.loss_info = ""
@@ -30,8 +30,11 @@ class Ring:
     def start(self, step: int) -> None:
         self.last_step = int(step)
 
-    def begin_epoch(self) -> None:
+    def begin_window(self) -> None:
+        """A new window (an epoch, or ``window=N`` steps): its band starts empty."""
         self.epoch_values = {}
+
+    begin_epoch = begin_window
 
     def steps(self, names: Sequence[str], step: int, total: np.ndarray, count: np.ndarray,
               epoch: int, running: Mapping[str, Any] | None = None
@@ -64,7 +67,8 @@ class Ring:
 
     def epoch_bands(self, epoch: int, extra: Mapping[str, Any] | None = None
                     ) -> list[summary_pb2.Summary]:
-        """Each metric's per-epoch band, and ``extra`` values (``val_loss``) as written."""
+        """Each metric's band over the window (an epoch's, or ``window=N`` steps'), and
+        ``extra`` values (``val_loss``) as written."""
         protos = [summary_pb.metric_epoch_pb(name, values, epoch, self._loss(name))
                   for name, values in self.epoch_values.items() if values]
         for name, value in (extra or {}).items():

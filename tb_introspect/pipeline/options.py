@@ -75,6 +75,12 @@ class OptionArgs(TypedDict, total=False):
         not called again; one that raises ``FindingStop`` stops.
     on_finding_severity: ``"critical"``, ``"warning"`` (default: warnings
         and critical findings) or ``"info"`` (every finding).
+    window: with ``every="epoch"``, also close the aggregated window every
+        ``window`` steps: a point per window of N steps, aggregated as an
+        epoch is (gradients summed over its steps, outputs over its statistics
+        steps, rectifiers' activity over every step, activity maps and metric
+        bands per window); epoch ends still close a window. None: per epoch.
+        Not with ``every=N``, which samples one step in N.
     """
 
     sample_size: int
@@ -88,6 +94,7 @@ class OptionArgs(TypedDict, total=False):
     overhead: float | None
     on_finding: str | Callable[[Any], None] | None
     on_finding_severity: str
+    window: int | None
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class Options:
     overhead: float | None = DEFAULT_OVERHEAD
     on_finding: str | Callable[[Any], None] | None = None
     on_finding_severity: str = "warning"
+    window: int | None = None
 
     @classmethod
     def make(
@@ -124,12 +132,14 @@ class Options:
         overhead: float | None = DEFAULT_OVERHEAD,
         on_finding: str | Callable[[Any], None] | None = None,
         on_finding_severity: str = "warning",
+        window: int | None = None,
     ) -> Options:
         """Validated options; raises ``ValueError`` naming the bad argument."""
         q = tuple(float(x) for x in quantiles)
         metadata.tensor_stats_fields("variable", q)
+        every = check_every(every)
         return cls(
-            views=check_views(views), every=check_every(every),
+            views=check_views(views), every=every, window=check_window(window, every),
             sample_size=check_positive("sample_size", sample_size),
             step_sample_size=check_positive("step_sample_size", step_sample_size),
             stats_every=check_positive("stats_every", stats_every),
@@ -209,6 +219,18 @@ def check_every(every: str | int) -> str | int:
     if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
         raise ValueError(f"every must be 'epoch' or a positive number of steps, got {every!r}")
     return int(every)
+
+
+def check_window(window: int | None, every: str | int) -> int | None:
+    """None, or a positive number of steps, with ``every="epoch"`` only."""
+    if window is None:
+        return None
+    window = check_positive("window", window)
+    if every != "epoch":
+        raise ValueError(f"window={window} aggregates windows of steps as every='epoch'"
+                         f" aggregates epochs; every={every!r} samples one step in {every}:"
+                         " give one of the two")
+    return window
 
 
 def check_positive(name: str, value: int) -> int:

@@ -4,8 +4,9 @@ A framework's front-end captures tensors and folds them on its device; between s
 answers three questions (the ``FrontEnd`` protocol): which step is it, what is in the
 metric ring, and what are the statistics of the window since the last point. The
 ``Pipeline`` decides when to ask: it drains the metric ring before it could wrap and before
-each flush, logs a point at every N-th step or at each epoch's end, writes the epoch's
-activity maps and metric bands, keeps the event file flushed for TensorBoard's live view,
+each flush, logs a point at every N-th step or at each window's end (an epoch's end, and
+with ``window=N`` every N steps), writes the window's activity maps and metric bands, keeps
+the event file flushed for TensorBoard's live view (a window's end always flushes),
 and turns a failure into one warning with the part switched off. Only the chief (rank 0)
 has a sink; every process asks for the same points, since reading a distributed
 front-end's state is a collective. With ``on_finding`` it hands what it wrote to
@@ -29,7 +30,7 @@ from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part, 
 from tb_introspect.pipeline.findings import FindingStop, Watch, describe
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import Ring
-from tb_introspect.pipeline.plan import Plan, last_sampled
+from tb_introspect.pipeline.plan import Plan, last_sampled, window_due
 from tb_introspect.pipeline.point import EpochActivity, Point, protos
 from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
 
@@ -55,7 +56,7 @@ class FrontEnd(Protocol):
 
 
 class Pipeline:
-    """Metric drains, logged points, activity maps, epoch bands and flushes of one run."""
+    """Metric drains, logged points, activity maps, window bands and flushes of one run."""
 
     def __init__(self, front_end: FrontEnd, sink: EventSink | None, *, lockstep: bool = False,
                  governor: Governor | None = None):
@@ -78,6 +79,9 @@ class Pipeline:
         self.summaries = summary_pb.ViewSummaries()
         self.epoch = 0
         self.last_log_step = 0
+        #: Steps done, counted on the host from ``after_steps`` (the window rule needs no
+        #: read of the device's count).
+        self.steps_done = 0
         self.since_drain = 0
         self._last_flush = time.monotonic()
         options = self.plan.options
@@ -95,7 +99,7 @@ class Pipeline:
     def start(self, step: int) -> None:
         """Training (re)starts after ``step`` steps."""
         self.ring.start(step)
-        self.last_log_step = int(step)
+        self.last_log_step = self.steps_done = int(step)
 
     def is_off(self, part: str) -> bool:
         return Part(part) in self.failures.off
@@ -143,6 +147,7 @@ class Pipeline:
         """Call after ``steps`` training steps ran (one Keras execution, one loop step);
         ``running``: metrics that are not running means, written at the current step."""
         self.since_drain += int(steps)
+        self.steps_done += int(steps)
         flush_due = time.monotonic() - self._last_flush >= self.flush_secs
         # Drain before the ring could wrap during the next execution, and before each flush
         # so that what is on disk is complete up to now.
@@ -151,6 +156,9 @@ class Pipeline:
             self._timed(self.guard, METRICS, self.drain, running)
         if not self.plan.per_epoch:
             self.guard(STATISTICS, self._log_due)
+        elif window_due(self.last_log_step, self.steps_done, self.plan.window):
+            self.end_window()
+            return
         if flush_due:
             self.flush()
         self.act()
@@ -184,26 +192,36 @@ class Pipeline:
             self.write_steps([(step, protos(self.plan, point, self.epoch,
                                                    self.summaries))])
 
-    # -------------------------------------------------------------- per epoch
+    # -------------------------------------------------------------- per window
 
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
-        self.ring.begin_epoch()
+        self.ring.begin_window()
 
     def end_epoch(self, extra: Mapping[str, Any] | None = None) -> None:
-        """Drain; the epoch's point (``every="epoch"``), activity maps and metric bands
-        (``extra``: values such as ``val_loss`` written at this step); flush."""
-        self._timed(self._end_epoch, extra)
+        """Drain; the epoch's point (``every="epoch"``: the window since the last point),
+        activity maps and metric bands (``extra``: values such as ``val_loss`` written at
+        this step); flush."""
+        self.end_window(extra)
+
+    def end_window(self, extra: Mapping[str, Any] | None = None) -> None:
+        """The end of a window (an epoch's, or ``window=N``'s every N steps): drain, the
+        window's point (``every="epoch"``), activity maps and metric bands; flush. The
+        next window's first step is a statistics step (``Governor.begin_window``)."""
+        self._timed(self._end_window, extra)
+        if self.governor is not None and self.plan.per_epoch:
+            self.governor.begin_window()
         if self.findings is not None and self.sink is not None:
             self.findings.point()
         self.act()
 
-    def _end_epoch(self, extra: Mapping[str, Any] | None) -> None:
+    def _end_window(self, extra: Mapping[str, Any] | None) -> None:
         self.guard(METRICS, self.drain)
         if self.plan.per_epoch:
             self.guard(STATISTICS, self._log_epoch)
         self.guard(STATISTICS, self._write_activity)
         self.guard(METRICS, self._write_bands, extra)
+        self.ring.begin_window()
         self.flush()
 
     def _log_epoch(self) -> None:

@@ -8,6 +8,7 @@ written, is its activity counted on every step, which cadence does the metadata 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,41 @@ def sampled_between(done: int, steps: int, every: str | int) -> bool:
     """Whether steps ``done + 1`` to ``done + steps`` (one execution of several steps)
     hold a sampled step."""
     return every == "epoch" or last_sampled(done + steps, every) > done
+
+
+def window_due(last_point: int, step: int, window: int | None) -> bool:
+    """The window rule (``window=N`` beside ``every="epoch"``), for every front-end: a window
+    closes, and its point is logged, at the first step boundary at or after each multiple
+    of N past the last point (an execution of several steps that crosses one closes it at
+    its end), as well as at each epoch's end. Without ``window`` only epoch ends close one."""
+    return bool(window) and last_sampled(step, window) > last_point
+
+
+#: The trainers' default (``every="auto"``): at least about this many points per run...
+MIN_POINTS = 20
+#: ... and at most this many (unless ``window`` or ``every`` says otherwise).
+MAX_POINTS = 300
+
+
+def auto_window(epochs: float | None, steps: float | None,
+                log_every: int | None = None) -> int | None:
+    """The window a trainer's run gets by default: None (a point per epoch) where it has
+    ``MIN_POINTS`` to ``MAX_POINTS`` planned ``epochs`` or its planned ``steps`` are not
+    known, else about ``steps / MIN_POINTS`` steps, aligned to the trainer's logging
+    interval ``log_every`` (a multiple of it, or a divisor of it when shorter), never fewer
+    than ``steps / MAX_POINTS``."""
+    if epochs is not None and MIN_POINTS <= epochs <= MAX_POINTS:
+        return None
+    if steps is None or not math.isfinite(steps) or steps < 1:
+        return None
+    steps = int(steps)
+    window = max(steps // MIN_POINTS, 1)
+    if log_every and log_every > 1:
+        if window >= log_every:
+            window -= window % log_every
+        else:
+            window = max(d for d in range(1, window + 1) if log_every % d == 0)
+    return max(window, -(-steps // MAX_POINTS))
 
 
 def sanitize(name: str) -> str:
@@ -79,12 +115,21 @@ class Plan:
 
     @property
     def per_epoch(self) -> bool:
+        """Aggregated points (``every="epoch"``, with or without ``window``), not sampled."""
         return self.options.every == "epoch"
 
     @property
+    def window(self) -> int | None:
+        """``window=N``: the aggregated windows also close every N steps (``window_due``)."""
+        return self.options.window
+
+    @property
     def cadence(self) -> str:
-        """The metadata's cadence: a point per epoch or per N steps."""
-        return "epoch" if self.per_epoch else "step"
+        """The metadata's cadence: a point per epoch, per window of steps (aggregated as an
+        epoch is) or per N steps (sampled)."""
+        if not self.per_epoch:
+            return "step"
+        return "window" if self.window else "epoch"
 
     @property
     def stats_every(self) -> int:

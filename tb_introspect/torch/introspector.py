@@ -203,6 +203,8 @@ class Introspector:
                                     " output_gradient view is off under compile, the other"
                                     " views go on")
         self.pipeline.after_steps(1)
+        if self._window == 0:  # a point was logged: its time is not the next step's
+            hooks.restart_timing()
         hooks.enter(self.step_count + 1)
         self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
 
