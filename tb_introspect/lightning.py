@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,11 @@ class Introspect(Callback):
 
     ``log_dir`` defaults to the ``TensorBoardLogger``'s ``log_dir`` (``lightning_logs/
     version_N``), beside the logger's scalars; with another logger, the trainer's
-    ``log_dir``. ``every``, ``views`` and the keyword options are the ``Introspector``'s.
+    ``log_dir``. ``every``, ``views`` and the keyword options are the ``Introspector``'s;
+    ``every="auto"`` (the default) follows the run: a point per epoch where it plans 20
+    epochs or more, else per window of steps (``window``) from
+    ``trainer.estimated_stepping_batches``, aligned to ``log_every_n_steps``
+    (``pipeline.plan.auto_window``).
     A step is an optimizer step (``trainer.global_step``: ``accumulate_grad_batches``'
     micro-batches are one step, their layer outputs all counted, their losses summed as
     Lightning scales them); gradients are read after the optimizer step, as it applied
@@ -53,7 +58,7 @@ class Introspect(Callback):
     def __init__(
         self,
         log_dir: str | os.PathLike | None = None,
-        every: str | int = "epoch",
+        every: str | int = "auto",
         *,
         views: Sequence[str] = metadata.VIEWS,
         **options: Unpack[OptionArgs],
@@ -72,7 +77,7 @@ class Introspect(Callback):
         self._loss, self._val = None, {}
         self.introspector = self.args.make(
             _log_dir(trainer), model, None, initial_step=trainer.global_step,
-            initial_epoch=trainer.current_epoch)
+            initial_epoch=trainer.current_epoch, planned=_planned(trainer))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -122,6 +127,20 @@ class Introspect(Callback):
         if self.introspector is not None:
             self.introspector.close()
             self.introspector = None
+
+
+def _planned(trainer: pl.Trainer) -> tuple[float | None, float | None, int | None]:
+    """The fit's planned epochs and optimizer steps, and its logging interval
+    (``auto_window``)."""
+    try:
+        steps = float(trainer.estimated_stepping_batches)
+    except Exception:  # no length known: per epoch
+        return None, None, None
+    per_epoch = float(trainer.num_training_batches) / max(trainer.accumulate_grad_batches, 1)
+    epochs = steps / per_epoch if math.isfinite(per_epoch) and per_epoch > 0 else None
+    if epochs is not None and trainer.max_epochs is not None and trainer.max_epochs > 0:
+        epochs = min(epochs, trainer.max_epochs)
+    return epochs, steps if math.isfinite(steps) else None, trainer.log_every_n_steps
 
 
 def _log_dir(trainer: pl.Trainer) -> str:

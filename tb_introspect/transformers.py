@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import glob
+import math
 import os
 import socket
 import time
@@ -43,15 +44,18 @@ class IntrospectCallback(TrainerCallback):
 
     ``log_dir`` defaults to the directory ``report_to="tensorboard"`` writes to
     (``tensorboard_dir``), so the tab's data sits beside the trainer's scalars. ``every``,
-    ``views`` and the keyword options are the ``Introspector``'s. A step is an optimizer
-    step (``state.global_step``: gradient accumulation's micro-batches are one step, their
-    layer outputs all counted); the model and the optimizer are the trainer's; gradients
-    are read in the optimizer's step pre-hook, after clipping (``max_grad_norm``);
-    ``loss``, ``learning_rate`` and ``grad_norm`` (the norm before clipping) are the
-    trainer's logs (every ``logging_steps``); ``on_evaluate``'s ``eval_*`` metrics are
-    written as ``val_*``. Only the main process writes. ``on_finding="stop"`` ends the
-    training through the trainer (``control.should_training_stop``) after the step that
-    showed the finding.
+    ``views`` and the keyword options are the ``Introspector``'s; ``every="auto"`` (the
+    default) follows the run: a point per epoch where it plans 20 epochs or more, else per
+    window of steps (``window``) from ``state.max_steps``, aligned to ``logging_steps``,
+    at least about 20 points and at most a few hundred (``pipeline.plan.auto_window``).
+    A step is an optimizer step (``state.global_step``: gradient accumulation's
+    micro-batches are one step, their layer outputs all counted); the model and the
+    optimizer are the trainer's; gradients are read in the optimizer's step pre-hook, after
+    clipping (``max_grad_norm``); ``loss``, ``learning_rate`` and ``grad_norm`` (the norm
+    before clipping) are the trainer's logs (every ``logging_steps``); ``on_evaluate``'s
+    ``eval_*`` metrics are written as ``val_*``. Only the main process writes.
+    ``on_finding="stop"`` ends the training through the trainer
+    (``control.should_training_stop``) after the step that showed the finding.
 
     Example:
         >>> cb = IntrospectCallback(every=16, layers=r"transformer\\.h\\.0\\..*")
@@ -62,7 +66,7 @@ class IntrospectCallback(TrainerCallback):
     def __init__(
         self,
         log_dir: str | os.PathLike | None = None,
-        every: str | int = "epoch",
+        every: str | int = "auto",
         *,
         views: Sequence[str] = metadata.VIEWS,
         **options: Unpack[OptionArgs],
@@ -86,7 +90,8 @@ class IntrospectCallback(TrainerCallback):
         self._reset()
         self.introspector = self.args.make(
             tensorboard_dir(args, state), model, _torch_optimizer(optimizer),
-            initial_step=int(state.global_step), initial_epoch=int(state.epoch or 0))
+            initial_step=int(state.global_step), initial_epoch=int(state.epoch or 0),
+            planned=_planned(args, state))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._settle(control)
@@ -179,6 +184,18 @@ def tensorboard_dir(args: Any, state: Any = None) -> str:
     if os.path.isdir(named) or not recent:
         return named
     return max(recent, key=os.path.getmtime)
+
+
+def _planned(args: Any, state: Any) -> tuple[float | None, float | None, int | None]:
+    """The run's planned epochs, optimizer steps and logging interval (``auto_window``)."""
+    steps = getattr(state, "max_steps", None) or None
+    epochs = getattr(state, "num_train_epochs", None) or None
+    every = getattr(state, "logging_steps", None) or getattr(args, "logging_steps", None)
+    if every is not None and 0 < every < 1 and steps:  # a ratio of the run's steps
+        every = math.ceil(steps * every)
+    if str(getattr(args, "logging_strategy", "steps")).split(".")[-1].lower() != "steps":
+        every = None
+    return epochs, steps, int(every) if every else None
 
 
 def _is_curve(name: str, value: Any) -> bool:

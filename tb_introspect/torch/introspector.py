@@ -45,7 +45,7 @@ from tb_introspect.pipeline.options import (
     check_log_dir,
 )
 from tb_introspect.pipeline.pipeline import Pipeline
-from tb_introspect.pipeline.plan import Plan
+from tb_introspect.pipeline.plan import Plan, auto_window
 from tb_introspect.pipeline.point import Point
 from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.torch import modules, state
@@ -281,19 +281,29 @@ class Introspector:
 
 class IntrospectorArgs:
     """An ``Introspector``'s arguments, checked when given, for a trainer's callback that
-    makes the ``Introspector`` when training starts (``make``)."""
+    makes the ``Introspector`` when training starts (``make``). ``every="auto"`` (the
+    trainers' default) is ``every="epoch"`` with the ``window`` that the run's planned
+    epochs and steps call for (``plan.auto_window``), unless ``window`` is given."""
 
     def __init__(self, log_dir: str | os.PathLike | None, every: str | int,
                  views: Sequence[str], options: dict[str, Any]) -> None:
-        Options.of(views, every, dict(options))  # a bad option fails here, not in training
+        # a bad option fails here, not in training
+        Options.of(views, "epoch" if every == "auto" else every, dict(options))
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.every, self.views, self.options = every, tuple(views), dict(options)
 
     def make(self, default_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+             *, planned: tuple[float | None, float | None, int | None] = (None, None, None),
              **kwargs: Any) -> Introspector:
-        """The ``Introspector``, writing to ``log_dir`` or else ``default_dir``."""
-        return Introspector(self.log_dir or default_dir, model, optimizer, self.every,
-                            views=self.views, **kwargs, **self.options)
+        """The ``Introspector``, writing to ``log_dir`` or else ``default_dir``;
+        ``planned``: the run's planned epochs, steps and logging interval (``auto_window``)."""
+        every, options = self.every, self.options
+        if every == "auto":
+            every = "epoch"
+            if "window" not in options:
+                options = {**options, "window": auto_window(*planned)}
+        return Introspector(self.log_dir or default_dir, model, optimizer, every,
+                            views=self.views, **kwargs, **options)
 
 
 def _device_of(model: nn.Module, params: Sequence[modules.ParamSpec]) -> torch.device:

@@ -102,7 +102,7 @@ def train_gpt2(out: Path, lr: float = GPT_LR, **options) -> Trainer:
                                               max_grad_norm=1.0),
                       train_dataset=lm_data(GPT_TRAIN, 0), eval_dataset=lm_data(EVAL, 1),
                       compute_metrics=_token_accuracy,
-                      callbacks=[IntrospectCallback(**options)])
+                      callbacks=[IntrospectCallback(**{"every": "epoch", **options})])
     trainer.train()
     return trainer
 
@@ -120,7 +120,7 @@ def train_bert(out: Path, lr: float = BERT_LR, **options) -> Trainer:
         type_vocab_size=1))
     trainer = Trainer(model=model, args=_args(out, lr), train_dataset=cls_data(BERT_TRAIN, 0),
                       eval_dataset=cls_data(EVAL, 1), compute_metrics=_class_accuracy,
-                      callbacks=[IntrospectCallback(**options)])
+                      callbacks=[IntrospectCallback(**{"every": "epoch", **options})])
     trainer.train()
     return trainer
 

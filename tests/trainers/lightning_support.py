@@ -94,7 +94,8 @@ def fit(root: Path, lr: float = LR, strategy="auto", devices: int = 1,
     trainer = L.Trainer(
         max_epochs=EPOCHS, accelerator="cpu", devices=devices, strategy=strategy,
         precision="bf16-mixed", accumulate_grad_batches=ACCUMULATE, gradient_clip_val=1.0,
-        logger=TensorBoardLogger(str(root)), callbacks=[Introspect(**options)],
+        logger=TensorBoardLogger(str(root)),
+        callbacks=[Introspect(**{"every": "epoch", **options})],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(root))
     train, val = loaders(devices)
