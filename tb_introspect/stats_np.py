@@ -366,6 +366,50 @@ def merge_states(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> St
     return out
 
 
+#: The scalars of a packed state (``pack_state``), in order.
+PACKED_SCALARS = ("count", "finite_count", "posinf_count", "neginf_count", "pos_count",
+                  "neg_count", "mean", "m2", "min", "max", "min_abs", "activity_count")
+
+
+def packed_length(channels: int, positions: int, k: int) -> int:
+    """The length of ``pack_state``'s vector for these widths and sample bound."""
+    return len(PACKED_SCALARS) + channels + positions + 2 * k
+
+
+def pack_state(st: Mapping[str, np.ndarray], channels: int, positions: int, k: int
+               ) -> np.ndarray:
+    """A state as one fixed-length float64 vector (``packed_length``), so that the states of
+    many tensors and ranks travel in one buffer: the scalars, the per-channel and
+    per-position counts (``channels`` / ``positions`` wide), then ``k`` sample keys (``inf``
+    where not taken) and ``k`` values. The sample must hold at most ``k`` entries."""
+    out = np.zeros(packed_length(channels, positions, k))
+    s = len(PACKED_SCALARS)
+    out[:s] = [float(st[key]) for key in PACKED_SCALARS]
+    out[s:s + channels] = st["channel_nnz"]
+    out[s + channels:s + channels + positions] = st["spatial_nnz"]
+    keys, values = st["sample_keys"], st["sample_values"]
+    a = s + channels + positions
+    out[a:a + k] = np.inf
+    out[a:a + keys.size] = keys
+    out[a + k:a + k + values.size] = values
+    return out
+
+
+def unpack_state(vec: np.ndarray, channels: int, positions: int, k: int) -> State:
+    """The state ``pack_state`` packed (bit for bit)."""
+    st = empty_state(sample_size=k)
+    s = len(PACKED_SCALARS)
+    st.update({key: np.float64(v) for key, v in zip(PACKED_SCALARS, vec[:s], strict=True)})
+    st["channel_nnz"] = vec[s:s + channels].copy()
+    st["spatial_nnz"] = vec[s + channels:s + channels + positions].copy()
+    st["channels"], st["positions"] = np.float64(channels), np.float64(positions)
+    a = s + channels + positions
+    keys = vec[a:a + k]
+    taken = np.isfinite(keys)
+    st["sample_keys"], st["sample_values"] = keys[taken].copy(), vec[a + k:a + 2 * k][taken].copy()
+    return st
+
+
 def _rescale_m2(m2: float, e_from: float, e_to: float) -> float:
     """m2 in units of 4**e_from -> units of 4**e_to (two steps: 4**d may overflow)."""
     f = 2.0 ** (e_from - e_to)
@@ -702,11 +746,56 @@ def implicit_lrs(dws: Sequence[np.ndarray], gsums: Sequence[np.ndarray],
         gs.append(g)
     d, starts = _flat64(ds)
     g, _ = _flat64(gs)
+    rate, kept = _rates(d, g, steps_per_sample)
+    rows = np.split(rate[kept], np.cumsum(_segment_sums(kept, starts)).astype(np.int64)[:-1])
+    return ilr_quantiles(rows, quantiles)
+
+
+def _rates(d: np.ndarray, g: np.ndarray, steps_per_sample: float
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """|d| / |g * steps| and where it counts (the gradient sum non-zero, the rate finite)."""
     d, g = np.abs(d), np.abs(g) * steps_per_sample
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = d / g
-    kept = (g > 0) & np.isfinite(rate)
-    rows = np.split(rate[kept], np.cumsum(_segment_sums(kept, starts)).astype(np.int64)[:-1])
+    return rate, (g > 0) & np.isfinite(rate)
+
+
+def ilr_shard_sample(dw: np.ndarray, gsum: np.ndarray, steps_per_sample: float,
+                     seed: Sequence[int], k: int = ILR_SAMPLE) -> np.ndarray:
+    """The implicit learning rates of one shard of a variable as a fixed-length vector of
+    ``k`` keys (``inf`` where none) then ``k`` rates: a bottom-``k`` uniform sample (every
+    rate while they fit), which ``ilr_merge`` merges over shards into a uniform sample of
+    the whole variable's rates (exact when it has at most ``k`` elements)."""
+    rate, kept = _rates(np.reshape(dw, -1).astype(np.float64),
+                        np.reshape(gsum, -1).astype(np.float64), steps_per_sample)
+    rate = rate[kept]
+    keys = np.random.default_rng(list(seed)).random(rate.size)
+    if rate.size > k:
+        pick = np.argpartition(keys, k - 1)[:k]
+        keys, rate = keys[pick], rate[pick]
+    out = np.full(2 * k, np.inf)
+    out[:keys.size] = keys
+    out[k:k + rate.size] = rate
+    return out
+
+
+def ilr_merge(samples: Sequence[np.ndarray], k: int,
+              quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+    """``[Q]``: the ``ilr_q<p>`` slots of one variable from its shards' ``ilr_shard_sample``
+    vectors (the ``k`` smallest keys of their union)."""
+    keys = np.concatenate([s[:k] for s in samples])
+    rates = np.concatenate([s[k:2 * k] for s in samples])
+    taken = np.isfinite(keys)
+    keys, rates = keys[taken], rates[taken]
+    if keys.size > k:
+        rates = rates[np.argpartition(keys, k - 1)[:k]]
+    return ilr_quantiles([rates], quantiles)[0]
+
+
+def ilr_quantiles(rows: Sequence[np.ndarray],
+                  quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+    """``[len(rows), Q]``: the percentiles of each row of implicit learning rates (NaN for
+    an empty row)."""
     p = np.asarray(quantiles, dtype=np.float64) / 100.0
     m = np.array([r.size for r in rows], dtype=np.float64)[:, None]
     out = _Sorted(rows).select(np.maximum(p * (m - 1), 0))

@@ -15,6 +15,13 @@ each window's first statistics step; Keras compiles its lean work into the step 
 none). First calls of each function compile and are not counted.
 
 Deterministic given its clock, so tests inject one.
+
+Several processes (``lockstep``) must agree on every step, whatever their own clocks say:
+each one's decisions then come from step counts only (the window's first step, then every
+``shared_spacing``-th), and the spacing is decided once, by rank 0's budget
+(``spacing_to_share``), and handed to every rank at each logged point (``share``, in the
+point's one exchange). A forced statistics step (the non-finite rule) stays local: it
+changes what that rank folds, not which collectives it makes.
 """
 
 from __future__ import annotations
@@ -84,6 +91,8 @@ class Governor:
         self.forced = False
         self.window_runs = 0
         self.window_stats_runs = 0
+        #: Several processes: the spacing they all use (None: one process, the budget).
+        self.shared_spacing: int | None = None
 
     # -------------------------------------------------------------- decisions
 
@@ -101,6 +110,8 @@ class Governor:
         """True: the next execution computes statistics."""
         if self.window_start or self.forced:
             return True
+        if self.shared_spacing is not None:
+            return self.since_stats + 1 >= self.shared_spacing
         if self.since_stats + 1 < self.spacing:
             return False
         if self.overhead is None:
@@ -109,6 +120,31 @@ class Governor:
         if extra is None:  # no estimate yet: the densest cadence
             return True
         return self.credit >= extra
+
+    def lockstep(self) -> None:
+        """Several processes: decide from step counts, at the densest cadence until the
+        first shared spacing."""
+        self.shared_spacing = self.spacing
+
+    def spacing_to_share(self) -> float:
+        """The spacing this governor's budget affords (rank 0's, shared with every rank):
+        one statistics step per that many steps keeps its extra time, with the lean steps'
+        instrumentation and the logged points', within ``overhead`` of the plain step."""
+        extra, plain = self.extra_per_stats_step(), self.plain_step()
+        if self.overhead is None or extra is None or not plain:
+            return float(self.spacing)
+        added = statistics.median(self.lean_added) if self.lean_added else 0.0
+        log = statistics.median(self.log_seconds) if self.log_seconds else 0.0
+        steps = max(self.window_runs, 1)
+        spare = self.overhead * plain - added - log / steps
+        if spare <= 0:
+            return float(2**31)
+        return float(min(max(self.spacing, math.ceil(extra / spare)), 2**31))
+
+    def share(self, spacing: float) -> None:
+        """The spacing rank 0 decided (``spacing_to_share``), used from the next step."""
+        if self.shared_spacing is not None and math.isfinite(spacing) and spacing >= 1:
+            self.shared_spacing = int(spacing)
 
     def extra_per_stats_step(self) -> float | None:
         """Seconds a statistics step takes beyond a plain one (median estimates): what it

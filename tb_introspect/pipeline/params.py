@@ -11,11 +11,22 @@ The previous point's weights and sums stay on the host (``Params``), not on the 
 PyTorch keeps a weight's output channels on axis 0 (``Linear``: ``(out, in)``, ``Conv2d``:
 ``(out, in, kh, kw)``); the statistics read it with that axis moved last, where the
 format's dead rate looks for the channels (Keras's kernels are ``(..., in, out)`` already).
+
+A variable split over processes (a ``Shard``: PyTorch's FSDP2 and tensor parallelism) is
+never gathered whole: each process takes the state of the block it holds (``stats_np``'s
+algebra, its per-channel and per-position counts placed where the block sits in the whole)
+and the partial sums of the two-point slots (sum of w², of Δw², of g², of g_prev², of
+g·g_prev), packs them into one fixed-length float64 vector (``local_vector``), and the
+writing process merges every process's vectors (``add_blocks``'s ``shared``): counts, sums,
+moments and extremes exactly, percentiles from the merged bottom-k samples, the implicit
+learning rate's percentiles from merged samples of each block's rates (exact up to
+``stats_np.ILR_SAMPLE`` elements).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,10 +34,25 @@ from tb_introspect import metadata, stats_np, summary_pb
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 
+#: The partial sums a shard adds for the two-point slots: the variable's (sum of w², of
+#: Δw²) and the gradient's (sum of g², of g_prev², of g·g_prev).
+_W_PARTIALS, _G_PARTIALS = 2, 3
+
 
 def channels_last(a: np.ndarray) -> np.ndarray:
     """A PyTorch weight with its output-channel axis (0) moved last."""
     return np.moveaxis(a, 0, -1) if a.ndim >= 2 else a
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The block of a variable this process holds: the whole variable's ``shape``, the
+    ``offset`` of the block in it (one per axis), and whether this copy ``counts`` (False
+    on all but the first of the processes holding the same block)."""
+
+    shape: tuple[int, ...]
+    offset: tuple[int, ...]
+    counts: bool = True
 
 
 class Params:
@@ -34,56 +60,205 @@ class Params:
     and of the window's gradient sums; holds the previous point's copies (the first
     ``update_ratio`` is the change since ``weights``, the weights training started from).
 
-    ``channels_first``: the weights keep their output channels on axis 0 (PyTorch)."""
+    ``channels_first``: the weights keep their output channels on axis 0 (PyTorch).
+    ``shards``: per variable, the ``Shard`` this process holds, None for a whole copy (the
+    weights and sums handed in are then the local blocks of the sharded ones)."""
 
     def __init__(self, plan: Plan, weights: Sequence[np.ndarray] | None, *,
-                 channels_first: bool) -> None:
+                 channels_first: bool, shards: Sequence[Shard | None] | None = None) -> None:
         self.plan = plan
         self.channels_first = channels_first
+        n = len(plan.variables)
+        self.shards = list(shards) if shards is not None else [None] * n
+        self.sharded = [i for i, sh in enumerate(self.shards) if sh is not None]
         self.w_prev = None if weights is None else [_f64(w) for w in weights]
-        self.g_prev: list[np.ndarray] | None = None
+        self.g_prev: list[np.ndarray | None] = [None] * n
+        o = plan.options
+        self.k = {i: min(int(np.prod(self.shards[i].shape, dtype=np.int64)) or 1,
+                         o.sample_size, o.step_sample_size) for i in self.sharded}
+        self.k_ilr = {i: min(int(np.prod(self.shards[i].shape, dtype=np.int64)) or 1,
+                             stats_np.ILR_SAMPLE) for i in self.sharded}
+
+    # ------------------------------------------------------------- sharded variables
+
+    def _units(self, i: int) -> tuple[int, int]:
+        shape = self.shards[i].shape
+        if not shape:
+            return 1, 0
+        return shape[0], int(np.prod(shape[2:], dtype=np.int64)) if len(shape) >= 3 else 0
+
+    def _layout(self, i: int, weights: bool, gsums: bool) -> list[tuple[str, int]]:
+        c, p = self._units(i)
+        state = stats_np.packed_length(c, p, self.k[i])
+        parts = []
+        if weights:
+            parts += [("w", state), ("wp", _W_PARTIALS)]
+            if gsums:
+                parts.append(("ilr", 2 * self.k_ilr[i]))
+        if gsums:
+            parts += [("g", state), ("gp", _G_PARTIALS)]
+        return parts
+
+    def _global_state(self, i: int, local: np.ndarray) -> stats_np.State:
+        """The state of this process's block of variable ``i``, its per-unit counts placed
+        where the block sits (the identity where this copy does not count)."""
+        sh, k = self.shards[i], self.k[i]
+        c, p = self._units(i)
+        empty = stats_np.empty_state(sample_size=k)
+        empty.update(channel_nnz=np.zeros(c), spatial_nnz=np.zeros(p),
+                     channels=np.float64(c), positions=np.float64(p))
+        if not sh.counts or local.size == 0:
+            return empty
+        st = stats_np.tensor_state(self._view(local), sample_size=k)
+        if local.ndim >= 1:
+            empty["channel_nnz"][sh.offset[0]:sh.offset[0] + local.shape[0]] = st["channel_nnz"]
+        if p:
+            grid = np.zeros(sh.shape[2:])
+            where = tuple(slice(o, o + n) for o, n in zip(sh.offset[2:], local.shape[2:],
+                                                         strict=True))
+            grid[where] = st["spatial_nnz"].reshape(local.shape[2:])
+            empty["spatial_nnz"] = grid.reshape(-1)
+        st.update(channel_nnz=empty["channel_nnz"], spatial_nnz=empty["spatial_nnz"],
+                  channels=np.float64(c), positions=np.float64(p))
+        return st
+
+    def local_vector(self, weights: Sequence[np.ndarray] | None,
+                     gsums: Sequence[np.ndarray] | None, seed: int) -> np.ndarray:
+        """Every process: this process's fixed-length vector of its sharded variables'
+        states and partial sums (empty when none is sharded); keeps the blocks for the next
+        point's two-point slots."""
+        parts = []
+        steps = self._steps()
+        for i in self.sharded:
+            sh, c, p = self.shards[i], *self._units(i)
+            w = None if weights is None else _f64(weights[i])
+            g = None if gsums is None else _f64(gsums[i])
+            counts = sh.counts
+            if w is not None:
+                dw = w - self.w_prev[i]
+                parts.append(stats_np.pack_state(self._global_state(i, w), c, p, self.k[i]))
+                parts.append(np.array([np.dot(w.ravel(), w.ravel()),
+                                       np.dot(dw.ravel(), dw.ravel())]) * counts)
+                if g is not None:
+                    k = self.k_ilr[i]
+                    parts.append(stats_np.ilr_shard_sample(dw, g, steps, [seed, i, *sh.offset],
+                                                           k) if counts else
+                                 np.full(2 * k, np.inf))
+                self.w_prev[i] = w
+            if g is not None:
+                prev = self.g_prev[i]
+                gp = (np.array([np.dot(g.ravel(), g.ravel()), np.nan, np.nan]) if prev is None
+                      else np.array([np.dot(g.ravel(), g.ravel()),
+                                     np.dot(prev.ravel(), prev.ravel()),
+                                     np.dot(g.ravel(), prev.ravel())]))
+                parts.append(stats_np.pack_state(self._global_state(i, g), c, p, self.k[i]))
+                parts.append(gp * counts)
+                self.g_prev[i] = g
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _merged(self, shared: np.ndarray, weights: bool, gsums: bool) -> dict:
+        """{(i, part): merged state or summed partials or merged ilr slots} of the sharded
+        variables, from every process's ``local_vector`` (``shared``: ``[processes, L]``)."""
+        out, at = {}, 0
+        q = self.plan.options.quantiles
+        for i in self.sharded:
+            c, p = self._units(i)
+            for part, n in self._layout(i, weights, gsums):
+                block = shared[:, at:at + n]
+                at += n
+                if part in ("w", "g"):
+                    st = stats_np.unpack_state(block[0], c, p, self.k[i])
+                    for row in block[1:]:
+                        st = stats_np.merge_states(st, stats_np.unpack_state(row, c, p,
+                                                                             self.k[i]))
+                    out[i, part] = st
+                elif part == "ilr":
+                    out[i, part] = stats_np.ilr_merge(list(block), self.k_ilr[i], q)
+                else:
+                    out[i, part] = block.sum(axis=0)
+        return out
+
+    # ------------------------------------------------------------- the blocks
 
     def add_blocks(self, out: Point, weights: Sequence[np.ndarray] | None,
-                   gsums: Sequence[np.ndarray] | None, seed: int) -> None:
+                   gsums: Sequence[np.ndarray] | None, seed: int,
+                   shared: np.ndarray | None = None) -> None:
         """Append the gradient block of ``gsums`` (the window's sums, every variable) and
         the variable block of ``weights`` (every variable) to ``out``; either may be None
         (view not wanted, or not this process's to write). Each view's statistics are
-        computed for all its tensors at once (``stats_np.tensor_stats_many``)."""
+        computed for all its tensors at once (``stats_np.tensor_states``). Sharded
+        variables come from ``shared``, every process's ``local_vector``."""
         plan, o = self.plan, self.plan.options
         specs = plan.variables
+        merged = (self._merged(shared, weights is not None, gsums is not None)
+                  if self.sharded and shared is not None else {})
+        whole = [sh is None for sh in self.shards]
         if gsums is not None:
             keep = [i for i, s in enumerate(specs) if plan.writes("gradient", s)]
             if keep:
-                g = [gsums[i] for i in keep]
-                cos = (np.nan if self.g_prev is None
-                       else stats_np.cos_prevs(g, [self.g_prev[i] for i in keep]))
+                cos = np.full(len(keep), np.nan)
+                plain = [j for j, i in enumerate(keep) if whole[i] and self.g_prev[i] is not None]
+                if plain:
+                    cos[plain] = stats_np.cos_prevs([gsums[keep[j]] for j in plain],
+                                                    [self.g_prev[keep[j]] for j in plain])
+                for j, i in enumerate(keep):
+                    if not whole[i]:
+                        gg, pp, gp = merged[i, "gp"]
+                        with np.errstate(divide="ignore", invalid="ignore"):
+                            cos[j] = gp / np.sqrt(gg * pp)
                 out.blocks.append(Block("gradient", [specs[i] for i in keep], summary_pb.fill_slots(
-                    self._stats(g, "gradient", [specs[i] for i in keep]), "gradient",
+                    self._stats(keep, gsums, "gradient", merged, "g"), "gradient",
                     o.quantiles, cos_prev=cos)))
-            self.g_prev = list(gsums)
+            for i in range(len(specs)):
+                if whole[i]:
+                    self.g_prev[i] = gsums[i]
         if weights is not None:
             keep = [i for i, s in enumerate(specs) if plan.writes("variable", s)]
-            w64 = [_f64(w) for w in weights]  # once: the change, its ratio, the next point
+            w64 = {i: _f64(weights[i]) for i in range(len(specs)) if whole[i]}
             if keep:
-                w = [weights[i] for i in keep]
-                dw = [w64[i] - self.w_prev[i] for i in keep]
-                extras = {"update_ratio": stats_np.update_ratios(w, dw)}
+                plain = [j for j, i in enumerate(keep) if whole[i]]
+                dw = {keep[j]: w64[keep[j]] - self.w_prev[keep[j]] for j in plain}
+                ratio = np.full(len(keep), np.nan)
+                if plain:
+                    ratio[plain] = stats_np.update_ratios([weights[keep[j]] for j in plain],
+                                                          [dw[keep[j]] for j in plain])
+                ilr = np.full((len(keep), len(o.quantiles)), np.nan)
+                if gsums is not None and plain:
+                    ilr[plain] = stats_np.implicit_lrs([dw[keep[j]] for j in plain],
+                                                       [gsums[keep[j]] for j in plain],
+                                                       o.quantiles, self._steps(), seed)
+                for j, i in enumerate(keep):
+                    if not whole[i]:
+                        ww, dd = merged[i, "wp"]
+                        with np.errstate(divide="ignore", invalid="ignore"):
+                            ratio[j] = np.sqrt(dd) / np.sqrt(ww)
+                        if gsums is not None:
+                            ilr[j] = merged[i, "ilr"]
+                extras = {"update_ratio": ratio}
                 if gsums is not None:
-                    steps = float(o.every) if isinstance(o.every, int) else 1.0
-                    ilr = stats_np.implicit_lrs(dw, [gsums[i] for i in keep], o.quantiles,
-                                                steps, seed)
                     extras.update({metadata.ILR_PREFIX + metadata.quantile_field(q): ilr[:, k]
                                    for k, q in enumerate(o.quantiles)})
-                vecs = summary_pb.fill_slots(self._stats(w, "variable", [specs[i] for i in keep]),
+                vecs = summary_pb.fill_slots(self._stats(keep, weights, "variable", merged, "w"),
                                              "variable", o.quantiles, **extras)
                 out.blocks.append(Block("variable", [specs[i] for i in keep], vecs))
-            self.w_prev = w64
+            for i, w in w64.items():
+                self.w_prev[i] = w
 
-    def _stats(self, arrays: list[np.ndarray], view: str, specs: list) -> np.ndarray:
+    def _steps(self) -> float:
+        every = self.plan.options.every
+        return float(every) if isinstance(every, int) else 1.0
+
+    def _stats(self, keep: list[int], arrays: Sequence[np.ndarray], view: str,
+               merged: dict, part: str) -> np.ndarray:
         o = self.plan.options
-        return stats_np.tensor_stats_many([self._view(a) for a in arrays], view,
-                                          quantiles=o.quantiles, sample_size=o.sample_size,
-                                          names=[s.name for s in specs])
+        specs = self.plan.variables
+        plain = [i for i in keep if self.shards[i] is None]
+        states = dict(zip(plain, stats_np.tensor_states(
+            [self._view(arrays[i]) for i in plain], sample_size=o.sample_size,
+            names=[specs[i].name for i in plain]), strict=True))
+        return stats_np.finalize_many(
+            [states[i] if i in states else merged[i, part] for i in keep], view,
+            quantiles=o.quantiles)
 
     def _view(self, a: np.ndarray) -> np.ndarray:
         return channels_last(a) if self.channels_first else a

@@ -48,13 +48,13 @@ from tb_introspect.pipeline.pipeline import Pipeline
 from tb_introspect.pipeline.plan import Plan, auto_window
 from tb_introspect.pipeline.point import Point
 from tb_introspect.pipeline.sink import EventSink
-from tb_introspect.torch import modules, state
+from tb_introspect.torch import modules, sharding, state
 from tb_introspect.torch.hooks import StepHooks
 from tb_introspect.torch.loss import describe as criterion_info
 from tb_introspect.torch.metrics import MetricRing
 from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.parameters import ParameterViews
-from tb_introspect.torch.ranks import Ranks
+from tb_introspect.torch.ranks import Broken, Ranks
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -125,6 +125,9 @@ class Introspector:
         self.model = modules.unwrap(model)
         self.optimizer = optimizer
         self.ranks = Ranks()
+        # A failed collective or a rank's failure: the tool is off on every rank.
+        self.ranks.on_broken = lambda: self.failures.off.update((Part(STATISTICS), Part(METRICS)))
+        self._failed: Exception | None = None  # rank 0's write side failed: said at the next point
         self.log_dir = check_log_dir(os.fspath(log_dir))
         self.step_count = int(initial_step)
         self.epoch = int(initial_epoch)
@@ -146,10 +149,12 @@ class Introspector:
         self.parameter_views = ParameterViews(self.plan, self.params, device, self.ranks)
         # DDP averages the ranks' gradients: the loss it trains is the mean of the ranks'
         # losses, so a rank's output gradient of that loss is its own divided by the ranks.
-        ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        ddp = sharding.data_parallel(model)  # DDP or FSDP2's fully_shard
         self.output_states = OutputStates(
             self.plan, self.outputs, device, grad_scaler=grad_scaler,
             gradient_scale=1.0 / self.ranks.world if ddp else 1.0)
+        if self.ranks.world > 1:  # every rank's steps decided alike (Governor.lockstep)
+            self.governor.lockstep()
         self.hooks = StepHooks(self.plan, self.model, self.governor, self.output_states,
                                self.parameter_views, optimizer)
         self.metric_ring = MetricRing(device)
@@ -247,10 +252,44 @@ class Introspector:
                 self.failures.warn_once("uncalled", f"{len(idle)} layer output(s) not"
                                         " monitored: no training forward pass called them"
                                         f" before the first point ({', '.join(idle)})")
-        self.output_states.add_blocks(out, self.ranks)
-        self.parameter_views.add_blocks(out, seed=self.options.seed + self.step_count)
+        self._exchange(out, seed=self.options.seed + self.step_count)
         self._window = self._stats_steps = 0
         return out
+
+    def _exchange(self, out: Point, seed: int) -> None:
+        """The point's one exchange between ranks (``Ranks.exchange``): every rank's output
+        states and sharded parameters' states, and rank 0's governor spacing; a part that
+        failed on any rank switches the statistics off on every rank (``ranks.Broken``)."""
+        ranks, failed = self.ranks, self._failed
+        payload, n_out = None, 0
+        if failed is None:
+            try:
+                payload = self.output_states.local_payload()
+                n_out = payload.size
+                payload = np.concatenate([payload, self.parameter_views.local_payload(seed)])
+            except Exception as e:
+                failed = e
+                payload = None
+        spacing = self.governor.spacing_to_share() if ranks.writes else math.nan
+        try:
+            copies, spacing = ranks.exchange(payload, spacing)
+        except Broken:
+            if failed is not None and ranks.world == 1:
+                raise failed from None
+            raise
+        if ranks.world > 1:
+            self.governor.share(spacing)
+        if not ranks.writes:
+            return
+        try:
+            self.output_states.add_blocks(out, copies[:, :n_out])
+            self.parameter_views.add_blocks(out, copies[:, n_out:], seed)
+        except Exception as e:
+            if ranks.world == 1:
+                raise
+            # said on every rank at the next point: the statistics stop together
+            self._failed = e
+            out.blocks.clear()
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         return self.output_states.widths()

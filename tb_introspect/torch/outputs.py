@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from tb_introspect import stats_np
@@ -15,7 +16,7 @@ from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.torch import private, state
 from tb_introspect.torch.modules import OutputSpec
-from tb_introspect.torch.ranks import Ranks
+from tb_introspect.torch.ranks import host
 
 _ADDITIVE = len(state.ADDITIVE_SLOTS)
 
@@ -120,25 +121,38 @@ class OutputStates:
                 widths[j] = (seg.channels, seg.positions)
         return widths
 
-    def add_blocks(self, out: Point, ranks: Ranks) -> None:
-        """The window's blocks and activity into ``out`` (rank 0): one host copy per view,
-        the ranks' segments merged; the buffers start again on every rank."""
+    def local_payload(self) -> np.ndarray:
+        """This rank's buffers, one host copy (every view's, in ``views`` order); the
+        buffers start again."""
         for spec in self.specs:
             tally = self.tallies.get(spec.name)
             if tally is not None:
                 tally.settle(self.buffers["output"], spec.segments["output"])
+        if not self.views:
+            return np.zeros(0)
+        flat = torch.cat([self.buffers[v] for v in self.views])
+        copy = host(flat)
         for view in self.views:
-            buf = self.buffers[view]
-            copies = ranks.gathered(buf) if buf.numel() else None
-            buf.copy_(self.empty[view])
-            if copies is None or not ranks.writes:
+            self.buffers[view].copy_(self.empty[view])
+        return copy
+
+    def add_blocks(self, out: Point, copies: np.ndarray) -> None:
+        """The window's blocks and activity into ``out`` (the writing rank), from every
+        rank's ``local_payload`` (``[ranks, length]``), the ranks' segments merged."""
+        at = 0
+        for view in self.views:
+            n = self.empty[view].numel()
+            view_copies = copies[:, at:at + n]
+            at += n
+            if not n:
                 continue
             specs, states = [], []
             for j, spec in enumerate(self.specs):
                 seg = spec.segments.get(view)
                 if seg is None or not self.plan.writes(view, spec):
                     continue
-                merged = state.merge_ranks(copies[:, seg.offset:seg.offset + seg.length], seg)
+                merged = state.merge_ranks(view_copies[:, seg.offset:seg.offset + seg.length],
+                                           seg)
                 activity = _ADDITIVE - 1  # act_count, then the channel and position counts
                 if merged[0] == 0 and merged[activity] == 0:
                     continue  # not called in this window

@@ -1,6 +1,12 @@
 """The variable and gradient views of a PyTorch model's trainable parameters: the window's
 gradient sums in one flat float32 device buffer, the non-finite counts of the steps the
-optimizer skipped, and the weights, copied to the host when a point is logged."""
+optimizer skipped, and the weights, copied to the host when a point is logged.
+
+A parameter split over ranks (a ``DTensor``: FSDP2, tensor parallelism; ``sharding``) is
+read as the block this rank holds: its gradient sum is the block's, and at a point every
+rank hands its blocks' states and partial sums (``pipeline.params.Params.local_vector``)
+to the point's one exchange; rank 0 merges them. Whole parameters (one process, DDP's
+replicas) are read on rank 0 only."""
 
 from __future__ import annotations
 
@@ -11,34 +17,58 @@ import numpy as np
 import torch
 
 from tb_introspect.pipeline import params
+from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Point
-from tb_introspect.torch import private
+from tb_introspect.torch import private, sharding
 from tb_introspect.torch.modules import ParamSpec
 from tb_introspect.torch.ranks import Ranks, host
 
 
 class ParameterViews:
     """The gradient sums (``gradient`` view wanted, else None) and the host side that makes
-    both views' blocks (``pipeline.params.Params``, rank 0 only)."""
+    both views' blocks (``pipeline.params.Params``)."""
 
     def __init__(self, plan: Plan, specs: Sequence[ParamSpec], device: torch.device,
                  ranks: Ranks) -> None:
         self.plan = plan
         self.specs = list(specs)
         self.ranks = ranks
-        self.reads_weights = plan.want("variable")
-        sums = plan.want("gradient")
-        total = sum(p.size for p in self.specs)
-        self.sums = torch.zeros(total, dtype=torch.float32, device=device) if sums else None
-        # each parameter's slice of ``sums``, shaped like it (the optimizer hook adds into it)
-        self._slices = ([self.sums[p.offset:p.offset + p.size].view(p.param.shape)
-                         for p in self.specs] if sums else [])
+        try:
+            reason = sharding.unreadable([f"{s.layer}.{s.name}" for s in self.specs],
+                                         [s.param for s in self.specs])
+            shards = [sharding.shard(s.param) for s in self.specs] if reason is None else []
+        except ValueError as e:
+            reason, shards = (f"a parameter's {e} cannot be read; the variable and gradient"
+                              " views are off (layer outputs go on)"), []
+        if reason is not None:
+            plan.failures.warn_once("unreadable parameters", reason)
+            for view in ("variable", "gradient"):
+                plan.failures.switch_off(Part(view))
+            self.specs, plan.variables = [], []
+        self.shards = shards
+        self.sharded = any(sh is not None for sh in shards)
+        self.reads_weights = plan.want("variable") and reason is None
+        sums = plan.want("gradient") and reason is None
+        local = [sharding.local(p.param) for p in self.specs]
+        self.local_shapes = [tuple(t.shape) for t in local]
+        sizes = [t.numel() for t in local]
+        self.offsets = np.cumsum([0, *sizes])[:-1].tolist()
+        self.sizes = sizes
+        self.sums = torch.zeros(sum(sizes), dtype=torch.float32, device=device) if sums else None
+        # each parameter's slice of ``sums``, shaped like its local block (the optimizer
+        # hook adds into it)
+        self._slices = ([self.sums[o:o + n].view(shape) for o, n, shape in
+                         zip(self.offsets, sizes, self.local_shapes, strict=True)]
+                        if sums else [])
         self.skipped = (torch.zeros((len(self.specs), 3), dtype=torch.float64, device=device)
                         if sums else None)
+        # every rank keeps its blocks of the sharded parameters; rank 0 the whole ones
+        self.local_reads = ranks.writes or self.sharded
         self._host_side = params.Params(
-            plan, self.weights() if self.reads_weights and ranks.writes else None,
-            channels_first=True)
+            plan, self.weights() if self.reads_weights and self.local_reads else None,
+            channels_first=True, shards=shards or None)
+        self._pending: tuple | None = None
 
     def add(self) -> None:
         """Add the parameters' gradients to the sums (one fused add)."""
@@ -47,6 +77,7 @@ class ParameterViews:
             g = spec.param.grad
             if g is None:
                 continue
+            g = sharding.local(g)
             if g.is_sparse:
                 g = g.to_dense()
             accs.append(acc)
@@ -73,38 +104,66 @@ class ParameterViews:
             if g is None:
                 rows.append(torch.zeros(3, dtype=torch.float64, device=self.skipped.device))
                 continue
-            g = g.detach()
+            g = sharding.local(g).detach()
             rows.append(torch.stack([torch.isnan(g).sum(), (g == math.inf).sum(),
                                      (g == -math.inf).sum()]).to(torch.float64))
         if rows:
             self.skipped.add_(torch.stack(rows))
 
-    def add_blocks(self, out: Point, seed: int) -> None:
-        """The window's gradient and variable blocks into ``out`` (rank 0), one host copy
-        each; the sums start again on every rank."""
-        sums = self._read_sums(out) if self.sums is not None else None
-        if self.ranks.writes:
+    def local_payload(self, seed: int) -> np.ndarray:
+        """Every rank, at a point: this rank's share of the point's exchange (its sharded
+        blocks' states and partial sums, and their skipped steps' counts; empty when no
+        parameter is sharded). The sums start again."""
+        weights = sums = skipped = None
+        if self.local_reads:
             weights = self.weights() if self.reads_weights else None
-            self._host_side.add_blocks(out, weights, sums, seed=seed)
+            if self.sums is not None:
+                flat = host(self.sums)
+                sums = [flat[o:o + n].reshape(shape) for o, n, shape in
+                        zip(self.offsets, self.sizes, self.local_shapes, strict=True)]
+                skipped = host(self.skipped)
+        if self.sums is not None:
+            self.sums.zero_()
+            self.skipped.zero_()
+        self._pending = (weights, sums, skipped)
+        if not self.sharded:
+            return np.zeros(0)
+        vec = self._host_side.local_vector(weights, sums, seed)
+        if skipped is None:
+            return vec
+        # each parameter's non-finite counts once: a block from each rank whose copy
+        # counts, a whole parameter from rank 0
+        keep = np.array([(sh.counts if sh is not None else self.ranks.writes)
+                         for sh in self.shards], dtype=np.float64)
+        return np.concatenate([vec, (skipped * keep[:, None]).reshape(-1)])
 
-    def _read_sums(self, out: Point) -> list[np.ndarray] | None:
-        """Each parameter's gradient sum (rank 0; None elsewhere), and the skipped steps'
-        counts into ``out``."""
-        sums = None
-        if self.ranks.writes:
-            flat = host(self.sums)
-            out.skipped = host(self.skipped)
-            sums = [flat[p.offset:p.offset + p.size].reshape(p.param.shape).copy()
-                    for p in self.specs]
-        self.sums.zero_()
-        self.skipped.zero_()
-        return sums
+    def add_blocks(self, out: Point, copies: np.ndarray | None, seed: int) -> None:
+        """The writing rank: the window's gradient and variable blocks into ``out``, from
+        its own copies and (sharded parameters) every rank's ``local_payload``
+        (``copies``: ``[ranks, length]``)."""
+        weights, sums, skipped = self._pending or (None, None, None)
+        self._pending = None
+        if not self.ranks.writes:
+            return
+        shared = None
+        if self.sharded and copies is not None:
+            if skipped is not None:
+                n = skipped.size
+                skipped = copies[:, copies.shape[1] - n:].sum(axis=0).reshape(skipped.shape)
+                copies = copies[:, :copies.shape[1] - n]
+            shared = copies
+        if skipped is not None:
+            out.skipped = skipped
+        self._host_side.add_blocks(out, weights, sums, seed=seed, shared=shared)
 
     def weights(self) -> list[np.ndarray]:
-        """Every monitored weight, one device-to-host copy."""
+        """Every monitored weight (this rank's block of a sharded one), one device-to-host
+        copy."""
         if not self.specs:
             return []
         with torch.no_grad():
-            flat = torch.cat([p.param.detach().reshape(-1).float() for p in self.specs])
+            flat = torch.cat([sharding.local(p.param).detach().reshape(-1).float()
+                              for p in self.specs])
         copy = host(flat)
-        return [copy[p.offset:p.offset + p.size].reshape(p.param.shape) for p in self.specs]
+        return [copy[o:o + n].reshape(shape) for o, n, shape in
+                zip(self.offsets, self.sizes, self.local_shapes, strict=True)]

@@ -33,3 +33,12 @@ def add_all(accumulators: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor
         return
     for acc, t in zip(accumulators, tensors, strict=True):
         acc.add_(t)
+
+
+def dtensor_offset(t: Any) -> tuple[int, ...]:
+    """Where a ``DTensor``'s local block starts in the whole tensor, per axis
+    (``torch.distributed.tensor._utils.compute_local_shape_and_global_offset``)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return tuple(int(o) for o in offset)
