@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tb_introspect import metadata
@@ -180,3 +181,48 @@ def test_on_finding_stop_ends_the_training_through_the_trainer(tmp_path: Path, c
         trainer = hs.train_gpt2(tmp_path, 100 * hs.GPT_LR, on_finding="stop")
     assert trainer.state.global_step < hs.EPOCHS * hs.GPT_STEPS
     assert any("stopping training" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_step_based_run_gets_windows_readable_while_it_trains(tmp_path: Path):
+    """``max_steps=300`` over an ``IterableDataset`` with ``logging_steps=10`` and the
+    callback's defaults (``every="auto"``): windows of 10 steps (300 / 20, aligned to the
+    logging interval), each point readable from the event file while training goes on."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from tb_introspect.transformers import IntrospectCallback
+
+    data = hs.lm_data(64, 0)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            while True:
+                yield from (data[i] for i in range(len(data)))
+
+    seen: dict[int, list[int]] = {}
+
+    class ReadMidway(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 150:
+                run = ts.read_run(str(tmp_path / "tb"))
+                seen[150] = [int(s) for s in run.tensors["gradient"][0].steps]
+
+    torch.manual_seed(0)
+    args = TrainingArguments(
+        str(tmp_path / "out"), max_steps=300, per_device_train_batch_size=4,
+        learning_rate=hs.GPT_LR, logging_steps=10, save_strategy="no", report_to="none",
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    Trainer(model=hs.gpt2(), args=args, train_dataset=Stream(),
+            callbacks=[IntrospectCallback(tmp_path / "tb"), ReadMidway()]).train()
+    run = ts.read_run(str(tmp_path / "tb"))
+    grad = run.tensors["gradient"][0]
+    assert grad.info.cadence == "window"
+    assert list(grad.steps) == list(range(10, 301, 10))  # 30 points, one per window
+    # While it trained: the windows up to the step before (a step is told to the
+    # Introspector when the next one begins), none later.
+    assert seen[150] and seen[150][-1] >= 130 and max(seen[150]) <= 150, seen
+    assert len(seen[150]) >= 10
+    out = ts.by_name(run, "output")
+    steps = next(iter(out.values())).field("steps")
+    assert set(steps) == {10}
+    # The loss band per window holds the window's one logged value (logging_steps=10).
+    assert len(run.metric_epochs["loss"]) == 30

@@ -152,3 +152,38 @@ def test_on_finding_stop_ends_the_fit_through_the_trainer(tmp_path: Path, caplog
         trainer = ls.fit(tmp_path, 100 * ls.LR, on_finding="stop")
     assert trainer.current_epoch < ls.EPOCHS
     assert any("stopping training" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
+    """``max_steps=100`` with ``log_every_n_steps=5`` and the callback's defaults
+    (``every="auto"``): about 6 epochs, so windows of 5 steps (100 / 20, aligned to the
+    logging interval) that also close at the epochs' ends, readable while it trains."""
+    import lightning as L
+
+    from tb_introspect.lightning import Introspect
+
+    seen: dict[int, list[int]] = {}
+
+    class ReadMidway(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 50 and 50 not in seen:
+                run = ts.read_run(str(tmp_path / "tb"))
+                seen[50] = [int(s) for s in run.tensors["gradient"][0].steps]
+
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(max_steps=100, accelerator="cpu", logger=False,
+                        callbacks=[Introspect(tmp_path / "tb"), ReadMidway()],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, log_every_n_steps=5, limit_val_batches=0)
+    train, _ = ls.loaders()
+    trainer.fit(ls.digits_cnn(), train)
+    run = ts.read_run(str(tmp_path / "tb"))
+    grad = run.tensors["gradient"][0]
+    per_epoch = ls.TRAIN // ls.BATCH
+    ends = sorted(set(range(5, 101, 5)) | set(range(per_epoch, 101, per_epoch)))
+    assert grad.info.cadence == "window"
+    assert list(grad.steps) == ends
+    out = next(iter(ts.by_name(run, "output").values()))
+    np.testing.assert_array_equal(out.field("steps"), np.diff([0, *ends]))
+    # Written while it trained: the windows up to step 50 (the band at its end included).
+    assert len(seen[50]) >= 10 and seen[50][-1] == 50, seen
