@@ -1,0 +1,111 @@
+"""One rank of the sharded-training tests (``tests/torch/test_torch_fsdp.py``): gloo on CPU,
+each rank trains on its share of every global batch. ``mode`` picks the run:
+
+* ``fsdp``: FSDP2 (``fully_shard`` on each Linear and the root), ``every="epoch"``;
+* ``every3``: the same with ``every=3``;
+* ``slow``: ``every="epoch"`` with the overhead governor on, rank 1 sleeping in every step;
+* ``fault``: the tool's point raises on rank 1 (the tool goes off on every rank, training
+  goes on);
+* ``tp``: tensor parallelism (``ColwiseParallel`` then ``RowwiseParallel``) on the hidden
+  layers, every rank on the whole batch.
+
+Each rank writes what it trained (its losses) to ``<log_dir>/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tb_introspect.torch import Introspector
+from tb_introspect.torch import parameters as parameters_module
+
+STEPS, EPOCHS, GLOBAL_BATCH, FEATURES, CLASSES = 6, 2, 16, 12, 5
+
+
+def mlp() -> nn.Sequential:
+    """The middle Linear has 2560 weights: more than the shards' sample (2048) holds."""
+    return nn.Sequential(nn.Linear(FEATURES, 40), nn.ReLU(), nn.Linear(40, 64), nn.ReLU(),
+                         nn.Linear(64, CLASSES))
+
+
+def batches(steps: int = STEPS, batch: int = GLOBAL_BATCH, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, FEATURES, generator=g),
+             torch.randint(0, CLASSES, (batch,), generator=g)) for _ in range(steps)]
+
+
+def train(model, opt, data, intro, epochs: int = EPOCHS, sleep: float = 0.0) -> list[float]:
+    losses = []
+    for _ in range(epochs):
+        for x, y in data:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sleep:
+                time.sleep(sleep)
+            intro.step(loss=loss)
+            losses.append(float(loss.detach()))
+        intro.end_epoch()
+    return losses
+
+
+def rank_main(rank: int, world: int, init: str, log_dir: str, mode: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ["TB_INTROSPECT_COLLECTIVE_TIMEOUT"] = "20"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = _train(rank, world, log_dir, mode)
+    said = [str(w.message) for w in caught if "tb_introspect" in str(w.message)]
+    with open(os.path.join(log_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"losses": losses, "warnings": said}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _train(rank: int, world: int, log_dir: str, mode: str) -> list[float]:
+    torch.manual_seed(0)
+    model = mlp()
+    data = batches()
+    if mode == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+        mesh = init_device_mesh("cpu", (world,))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    if mode != "tp":
+        share = GLOBAL_BATCH // world
+        data = [(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share])
+                for x, y in data]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    every = 3 if mode == "every3" else "epoch"
+    options = {"overhead": 0.05} if mode == "slow" else {"overhead": None, "stats_every": 2}
+    if mode == "fault" and rank == 1:
+        def broken(self, seed):
+            raise RuntimeError("injected fault")
+        parameters_module.ParameterViews.local_payload = broken
+    with Introspector(log_dir, model, opt, every=every, **options) as intro:
+        return train(model, opt, data, intro,
+                     sleep=0.02 if mode == "slow" and rank == 1 else 0.0)
