@@ -11,7 +11,7 @@ export const TAG_PREFIX = "introspect/";
 
 export const VIEWS = ["variable", "gradient", "output", "output_gradient"];
 
-export const CADENCES = ["step", "epoch"];
+export const CADENCES = ["step", "epoch", "window"];
 
 export const DEFAULT_QUANTILES = [0.0, 12.5, 25.0, 37.5, 50.0, 62.5, 75.0, 87.5, 100.0];
 
