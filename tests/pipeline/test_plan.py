@@ -11,10 +11,12 @@ from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.plan import (
     Monitored,
     Plan,
+    auto_window,
     is_sampled,
     last_sampled,
     sampled_between,
     sanitize,
+    window_due,
 )
 
 
@@ -97,3 +99,33 @@ def test_which_layers_are_chosen_and_named_rectifiers():
                                            ("/a b\tc/", "a_b_c"), ("//", "tensor")])
 def test_sanitize(name, tag):
     assert sanitize(name) == tag
+
+
+def test_the_window_rule_closes_at_each_multiple_past_the_last_point():
+    # window=4: a step boundary at or past 4, 8, ... closes the window once.
+    assert [s for s in range(1, 13) if window_due(4 * ((s - 1) // 4), s, 4)] == [4, 8, 12]
+    assert window_due(8, 10, 4) is False and window_due(6, 8, 4)  # after an epoch's end at 6
+    assert window_due(3, 9, 4)  # an execution of several steps that crosses 4 and 8: once
+    assert not window_due(0, 100, None)  # per epoch only
+    plan = Plan(Options.make(window=4))
+    assert plan.per_epoch and plan.window == 4 and plan.cadence == "window"
+    assert Plan(Options.make()).cadence == "epoch" and Plan(Options.make(every=4)).cadence == "step"
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="window"):
+            Options.make(window=bad)
+    with pytest.raises(ValueError, match="window"):
+        Options.make(every=4, window=4)
+
+
+def test_the_trainers_default_window_follows_the_run():
+    # A streaming run (epochs unknown or huge) of 300 steps, logging every 10: windows of 10.
+    assert auto_window(2**63, 300, 10) == auto_window(None, 300, 10) == 10
+    assert auto_window(30, 3000, 50) is None  # 20 to 300 epochs: per epoch
+    assert auto_window(3, 18, 1) == 1  # a tiny run: every step, 18 points
+    assert auto_window(1, 1000, 500) == 50  # shorter than the interval: one of its divisors
+    assert auto_window(1, 10**6, 50) == 50_000  # 20 points
+    assert auto_window(None, None, None) is None
+    for steps, every in ((300, 10), (1000, 7), (10**5, 1), (12345, 100), (50, 1000)):
+        w = auto_window(None, steps, every)
+        assert 15 <= steps / w <= 300, (steps, every, w)
+        assert w % every == 0 or every % w == 0
