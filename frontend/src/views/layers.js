@@ -16,6 +16,9 @@ import { NONFINITE_FIELDS, SLOT_LABELS } from "../schema.js";
 import { ilrField, quantileField as qField } from "../slots.js";
 import { overviewEpochMap } from "./shared.js";
 
+// What one point of an aggregated cadence covers (the panel's tag says which).
+const AGGREGATED = { epoch: "per epoch", window: "per window of steps" };
+
 // Browsers open at most 6 HTTP/1.1 connections per host (TensorBoard's server
 // closes each after one response): split the tensors into at most that many
 // requests, so none waits for a free connection.
@@ -176,11 +179,11 @@ function panel(L, t) {
       title: `Download every point of this tensor (step, epoch and every statistic) as ${format.toUpperCase()}`,
     }, format.toUpperCase())));
   const meta = h("div.panel-meta", {
-    title: [t.layer ? `layer ${t.layer}` : "", t.dtype || "", t.cadence === "epoch" ? "logged per epoch" : ""]
+    title: [t.layer ? `layer ${t.layer}` : "", t.dtype || "", AGGREGATED[t.cadence] ? `logged ${AGGREGATED[t.cadence]}` : ""]
       .filter(Boolean).join(" · "),
   },
   h("span.shape", `shape ${shapeText(t.shape)}`),
-  t.cadence === "epoch" ? " · per epoch" : "");
+  AGGREGATED[t.cadence] ? ` · ${AGGREGATED[t.cadence]}` : "");
   const el = h("div.panel", { dataset: { tag: t.tag, mode, state: "loading" } },
     h("div.panel-head", h("div.panel-name", { title: t.tag }, t.name), tools),
     h("div.panel-bar", meta, switcher),
