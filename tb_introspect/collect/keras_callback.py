@@ -36,7 +36,7 @@ from tb_introspect.collect import loss as compiled_loss
 from tb_introspect.collect.front_end import KerasFrontEnd
 from tb_introspect.collect.install import Installation
 from tb_introspect.collect.step import StepRecorder
-from tb_introspect.collect.workers import is_chief, is_multi_worker
+from tb_introspect.collect.workers import MULTI_WORKER, is_chief, is_multi_worker, tf_config_tasks
 from tb_introspect.pipeline.failures import METRICS, Part, warn
 from tb_introspect.pipeline.governor import Governor, StepMode
 from tb_introspect.pipeline.options import (
@@ -153,13 +153,26 @@ def _flush_all() -> None:  # a crash outside fit() still leaves readable event f
             pass
 
 
+_multi_worker_warned = False
+
+
+def _warn_multi_worker() -> None:
+    """``MULTI_WORKER``, once per process."""
+    global _multi_worker_warned
+    if not _multi_worker_warned:
+        _multi_worker_warned = True
+        warn(MULTI_WORKER)
+
+
 class Introspect(keras.callbacks.Callback):
     """Log per-layer statistics of weights, gradients, layer outputs and output gradients.
 
     Pass it to an unmodified ``model.fit``; open TensorBoard's Introspect tab on
     ``log_dir``. Statistics are computed in the training step (also under
     ``jit_compile=True`` and ``tf.distribute`` strategies) and written between
-    steps; all replicas' data count; only the chief writes. Under
+    steps; all replicas' data count; only the chief writes (``MirroredStrategy``:
+    Keras 3's ``fit`` does not train under ``MultiWorkerMirroredStrategy``, where the
+    callback gives one warning and stays off). Under
     ``jit_compile=True`` at most 48 layer outputs and output gradients are
     monitored (XLA's compile grows with each), evenly spread over the model.
 
@@ -207,10 +220,16 @@ class Introspect(keras.callbacks.Callback):
         self.pipeline: Pipeline | None = None
         self.installation: Installation | None = None
         _live.add(self)
+        if tf_config_tasks() > 1:  # fit() fails before any callback hook under it
+            _warn_multi_worker()
 
     # ------------------------------------------------------------------ set-up
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        if is_multi_worker(self.model.distribute_strategy):  # off: fit() is Keras' own
+            _warn_multi_worker()
+            self.front_end = self.pipeline = None
+            return
         try:
             if self._reusable():
                 self._reinstall()

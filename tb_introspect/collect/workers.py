@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import tensorflow as tf
 
 
@@ -26,3 +29,21 @@ def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     except Exception:
         return False
     return sum(len(v) if isinstance(v, (list, dict)) else 1 for v in spec.values()) > 1
+
+
+#: The one message under ``MultiWorkerMirroredStrategy``: Keras 3's ``fit`` does not run
+#: under it (keras-team/keras#20585), so the callback stays out of the way.
+MULTI_WORKER = (
+    "Keras 3's fit() does not train under MultiWorkerMirroredStrategy (keras-team/keras#20585:"
+    " it stops at the first batch with 'Attempt to convert a value (PerReplica...)', with or"
+    " without this callback); the callback stays off under it. Train on one machine with"
+    " MirroredStrategy, or use tb_introspect.torch with DDP or FSDP (docs/distributed.md)")
+
+
+def tf_config_tasks() -> int:
+    """How many tasks the ``TF_CONFIG`` environment variable's cluster names (0: none)."""
+    try:
+        spec = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+        return sum(len(v) if isinstance(v, (list, dict)) else 1 for v in spec.values())
+    except (ValueError, AttributeError, TypeError):
+        return 0

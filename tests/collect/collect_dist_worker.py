@@ -3,9 +3,11 @@
     python collect_dist_worker.py mirrored OUT_DIR LOG_DIR
     TF_CONFIG=... python collect_dist_worker.py multiworker OUT_DIR LOG_DIR
 
-Trains a small MLP with the Introspect callback under the strategy and saves,
-for the parent test, the initial weights and the exact batch each local replica
-received at step 1.
+``mirrored``: trains a small MLP with the Introspect callback and saves, for the parent
+test, the initial weights and the exact batch each local replica received at step 1.
+``multiworker``: Keras 3's ``fit`` does not train under MultiWorkerMirroredStrategy
+(keras-team/keras#20585); the same ``fit`` runs with the callback, then without it, and
+the worker saves what each raised and the callback's warnings.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -51,7 +54,8 @@ def main(mode: str, out_dir: str, log_dir: str) -> None:
         ])
         model.compile(keras.optimizers.SGD(0.1), "mse")
     if mode != "mirrored":
-        _work_around_keras_multi_worker_bugs(model, strategy)
+        _multi_worker(model, ds, out_dir, log_dir, task, Introspect)
+        return
     initial = model.get_weights()
     first = next(iter(strategy.experimental_distribute_dataset(ds)))
     local_x = [np.asarray(t) for t in strategy.experimental_local_results(first[0])]
@@ -65,32 +69,23 @@ def main(mode: str, out_dir: str, log_dir: str) -> None:
     )
 
 
-def _work_around_keras_multi_worker_bugs(model, strategy) -> None:
-    """Keras 3.x fit() does not run under MultiWorkerMirroredStrategy at all, with or
-    without tb_introspect (keras-team/keras#20585, tensorflow/tensorflow#72388, open):
+def _fit(model, ds, callbacks) -> str | None:
+    """What ``fit`` raised (``Type: first line``), or None."""
+    try:
+        model.fit(ds, epochs=2, verbose=0, callbacks=callbacks)
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
 
-    1. ``_maybe_symbolic_build`` reduces the peeked batch with ``strategy.reduce``,
-       which fails on it: we build what it builds from the batch spec and skip it;
-    2. ``reduce_per_replica(..., "auto")`` calls ``strategy.reduce("MEAN", v, axis=0)``
-       on scalar metric values: we reduce them with ``axis=None``.
-    Only these two Keras internals are changed; the train step and fit() loop are Keras'.
-    """
-    import keras
-    from keras.src.backend.tensorflow import trainer
 
-    with strategy.scope():
-        model._symbolic_build(data_batch=(tf.TensorSpec([None, 6]), tf.TensorSpec([None, 2])))
-    model._maybe_symbolic_build = lambda *args, **kwargs: None
-    original = trainer.reduce_per_replica
-
-    def reduce_per_replica(values, strat, reduction):
-        if reduction in ("auto", "mean") and trainer._collective_all_reduce_multi_worker(strat):
-            return keras.tree.map_structure(
-                lambda v: strat.reduce("MEAN", v, axis=None), values
-            )
-        return original(values, strat, reduction)
-
-    trainer.reduce_per_replica = reduce_per_replica
+def _multi_worker(model, ds, out_dir, log_dir, task, introspect) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with_callback = _fit(model, ds, [introspect(log_dir, every=1)])
+    without = _fit(model, ds, [])
+    said = [str(w.message) for w in caught if "tb_introspect" in str(w.message)]
+    with open(os.path.join(out_dir, f"worker{task}.json"), "w") as f:
+        json.dump({"with_callback": with_callback, "without": without, "warnings": said}, f)
 
 
 if __name__ == "__main__":
