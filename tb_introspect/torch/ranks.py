@@ -51,6 +51,9 @@ class Ranks:
         self.on_broken: Callable[[], None] | None = None
         #: Bytes the last ``exchange`` gathered on each rank (every rank's header and payload).
         self.last_bytes = 0
+        #: Bytes every collective of the tool gathered on this rank so far (the exchanges
+        #: and the metric ring's drains).
+        self.gathered_bytes = 0
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             if self.world > 1:
@@ -76,6 +79,7 @@ class Ranks:
             first = str(e).splitlines()[0][:200] if str(e) else ""
             raise self._break(f"a collective with the other ranks failed"
                               f" ({type(e).__name__}: {first})") from e
+        self.gathered_bytes += t.numel() * t.element_size() * self.world
         return torch.stack(parts)
 
     def _break(self, why: str) -> Broken:
