@@ -39,6 +39,8 @@ SMALL = [
                      "--quick"], 5),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
     ("trainers_overhead.py", ["--quick", "--no-wandb"], 6),
+    # spawns its own 2 ranks: a process of its own, not SHARED
+    ("sharded_overhead.py", ["--quick"], 3),
     ("findings_validation.py", ["--only", "relu_output", "--epochs", "2"], 5),
     ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3",
                          "--keras-model", "flatten"], 5),
