@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def main(argv: list[str] | None = None) -> None:
     from tests.diagnose.findings_archs import SCENARIOS, train_scenario
-    from tests.diagnose.findings_pairs import FRAMEWORKS, PAIRS, train_pair
+    from tests.diagnose.findings_pairs import PAIRS, train_pair
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", default=None, help="scenario names")
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     pairs = [] if args.archs_only else [n for n in (args.only or PAIRS) if n in PAIRS]
     for name in pairs:
         pc = PAIRS[name]
-        for fw in FRAMEWORKS:
+        for fw in pc.frameworks:
             with tempfile.TemporaryDirectory() as d:
                 t = time.perf_counter()
                 r = train_pair(name, fw, d)
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     for name, note, exp, onset, first, final, _ in rows:
         print(f"| {name} | {note} | {exp} | {onset} | {first} | {final} |")
-    print(f"\n{len(names) + 2 * len(pairs)} runs, {time.perf_counter() - t0:.0f} s wall",
-          file=sys.stderr)
+    n_runs = len(names) + sum(len(PAIRS[n].frameworks) for n in pairs)
+    print(f"\n{n_runs} runs, {time.perf_counter() - t0:.0f} s wall", file=sys.stderr)
 
 
 if __name__ == "__main__":

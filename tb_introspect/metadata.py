@@ -413,7 +413,11 @@ def parse_loss(text: str) -> dict | None:
             "from_logits": d.get("from_logits") if isinstance(d.get("from_logits"), bool)
             else None,
             "label_smoothing": float(ls) if isinstance(ls, (int, float)) else 0.0,
-            "name": str(d.get("name", ""))}
+            "name": str(d.get("name", "")),
+            # what the framework knows of the run (torch.loss.describe_run)
+            "untrained": [n for n in d["untrained"] if isinstance(n, str)]
+            if isinstance(d.get("untrained"), list) else [],
+            "output_module": str(d.get("output_module") or "")}
 
 
 def _shape_field(shape: Sequence[int | None]) -> list[int]:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from tb_introspect.diagnose import (  # noqa: F401
     activity,
     classification,
+    config,
     flow,
     gradients,
     loss,

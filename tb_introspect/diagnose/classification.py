@@ -239,8 +239,17 @@ def loss_floor(rv: RunView) -> list[Finding]:
     t = rv.t
     info = declared_loss(rv)
     task = infer_task(rv)
-    if (info is None or info["task"] != "classification" or info["from_logits"] is not True
-            or task is None or task.classes < 2):
+    if task is None or task.classes < 2:
+        return []
+    # Without a declared loss, the framework's word that the model ends in a softmax (the
+    # last module of a PyTorch Sequential) stands in for it; the loss must then sit on the
+    # floor at a high accuracy too (a softmax before a loss on its log goes below it).
+    undeclared = (info is None or info["task"] is None) and \
+        (info or {}).get("output_module") == "Softmax"
+    if undeclared:
+        info = {**(info or {}), "name": "", "label_smoothing": 0.0}
+    elif (info is None or info["task"] != "classification"
+          or info["from_logits"] is not True):
         return []
     k = task.classes
     floor = softmax_floor(k)
@@ -267,6 +276,18 @@ def loss_floor(rv: RunView) -> list[Finding]:
         flat[0] = False
         n_flat = trailing_run(flat)
         acc_end = float(acc[-1]) if np.isfinite(acc[-1]) else None
+    if undeclared:
+        # The loss at or above the floor while the accuracy is high: what only a loss
+        # applying its own softmax to probabilities does.
+        n_high = 0
+        if by_epoch:
+            steps_e, epochs_e, med_e = seg
+            acc_e = epoch_accuracy(rv, task, epochs_e)
+            n_high = trailing_run((acc_e >= t.floor_accuracy) & (med_e >= t.floor_share * floor))
+            acc_end = float(acc_e[-1]) if np.isfinite(acc_e[-1]) else None
+        if n_high < 2:
+            return []
+        n_flat = 0
     if n_soft < 2 and n_flat < 2:
         return []
     loss_end = float(seg[2][-1]) if seg is not None else None
@@ -277,6 +298,11 @@ def loss_floor(rv: RunView) -> list[Finding]:
                  f" is a softmax (values in [0, 1], mean 1/{k}) and the loss"
                  f" ({info['name'] or 'cross-entropy'}) applies its own softmax; its floor is"
                  f" ln(1 + {k - 1}/e) = {floor:.2f}")
+        if undeclared:
+            title = (f"Softmax fed to a loss that wants logits: the model ends in nn.Softmax"
+                     f" ('{out.info.layer}') and the loss stays at or above ln(1 + {k - 1}/e)"
+                     f" = {floor:.2f}, the floor of a cross-entropy fed probabilities, at"
+                     f" {pct(acc_end or 0)} training accuracy")
     else:
         steps, epochs, med = seg
         j = med.size - n_flat
@@ -296,7 +322,9 @@ def loss_floor(rv: RunView) -> list[Finding]:
         evidence={
             "signal": "softmax output" if n_soft >= 2 else "loss plateau",
             "loss": info["name"],
-            "from_logits": True,
+            "from_logits": None if undeclared else True,
+            "loss_declared": not undeclared,
+            "output_module": (info or {}).get("output_module") or None,
             "label_smoothing": info["label_smoothing"],
             "classes": k,
             "floor_loss": floor,
@@ -309,6 +337,10 @@ def loss_floor(rv: RunView) -> list[Finding]:
             "threshold_stall": t.floor_stall,
         },
         explanation=(
+            ("The loss was not declared (criterion=), but the model's last module is"
+             " nn.Softmax and the loss stays on the floor of a from-logits loss fed"
+             " probabilities while the accuracy is high: a loss on probabilities (NLLLoss on"
+             " their log) would have gone below it. " if undeclared else "") +
             "The loss is declared as taking logits (it applies the softmax itself:"
             " PyTorch's CrossEntropyLoss, Keras's from_logits=True), but it is fed"
             " probabilities: a softmax already sits at the end of the model. A softmax of"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tb_introspect.diagnose import config
 from tb_introspect.diagnose.core import (
     Finding,
     RunView,
@@ -352,12 +353,29 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
     if not falling:
         return []
     step, epoch = rv.step_epoch(a, j + 1)
+    # Parameters in no optimizer group (recorded by the front-end): zero_grad() never clears
+    # their gradients. When the layers the optimizer holds do not pile up, that is the cause.
+    outside = set(config.untrained_layers(rv))
+    held = np.array([s.info.layer not in outside for s in a.series])
+    cause = "zero_grad missing"
+    if outside and not held.all():
+        med_held = nanmedian((logs - per_step)[held], axis=0) if held.any() else None
+        if med_held is None or not np.isfinite(med_held).all() or \
+                med_held[-1] - np.min(med_held[: j + 1]) < t.pileup_orders:
+            cause = "not in the optimizer"
+    if cause == "not in the optimizer":
+        shown = ", ".join(f"'{la}'" for la in sorted(outside)[:4])
+        title = (f"Gradients pile up in parameters no optimizer group holds ({shown}):"
+                 f" grew {fmt_orders(growth)}x over the last {n} points; zero_grad() and"
+                 " step() only touch the optimizer's own parameters")
+    else:
+        title = (f"Gradients pile up: the median layer's gradient RMS grew"
+                 f" {fmt_orders(growth)}x over the last {n} points, rising at every one, while"
+                 f" the loss fell")
     return [Finding(
         kind="gradient_pileup",
         severity="warning",
-        title=(f"Gradients pile up: the median layer's gradient RMS grew"
-               f" {fmt_orders(growth)}x over the last {n} points, rising at every one, while"
-               f" the loss fell"),
+        title=title,
         first_step=step, first_epoch=epoch,
         layers=a.layers(), tags=a.tags(),
         view="gradient",
@@ -370,8 +388,17 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
             if a.cadence in AGGREGATED_CADENCES else "logged step",
             "threshold_orders": t.pileup_orders,
             "threshold_step_orders": t.pileup_step_orders,
+            "cause": cause,
+            "layers_outside_optimizer": len(outside),
         },
         explanation=(
+            ("The gradients that grow are those of parameters the optimizer was not given:"
+             " optimizer.zero_grad() and optimizer.step() act on the optimizer's parameter"
+             " groups only, so these gradients are never cleared (they add up at every"
+             " backward()) and never applied (the layers stay at their initial values)."
+             " Calling zero_grad() does not help them. ")
+            if cause == "not in the optimizer" else ""
+        ) + (
             "While the loss falls, the gradients normally shrink or hold their scale. Here"
             " they grow at every logged point: each step's gradient is the sum of all the"
             " steps before it. In PyTorch that is a loop that never calls"
@@ -382,6 +409,9 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
             " whose buffer is never reset."
         ),
         suggestion=(
+            "Build the optimizer over every parameter that should learn"
+            " (model.parameters(), or add_param_group), or freeze the others with"
+            " requires_grad_(False)." if cause == "not in the optimizer" else
             "Call optimizer.zero_grad() before each backward() (or set_to_none); with"
             " gradient accumulation, zero the gradients after each optimizer step, not"
             " only at the start of the epoch; reset any accumulation buffer after it is"

@@ -51,6 +51,7 @@ from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.torch import modules, sharding, state
 from tb_introspect.torch.hooks import StepHooks
 from tb_introspect.torch.loss import describe as criterion_info
+from tb_introspect.torch.loss import describe_run
 from tb_introspect.torch.metrics import MetricRing
 from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.parameters import ParameterViews
@@ -113,7 +114,7 @@ class Introspector:
         **options: Unpack[OptionArgs],
     ):
         options = Options.of(views, every, options)
-        loss_info = criterion_info(criterion)
+        criterion_info(criterion)  # a bad criterion fails before anything starts
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -161,7 +162,10 @@ class Introspector:
         self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)
                                  if self.ranks.writes else None,
                                  lockstep=self.ranks.world > 1, governor=self.governor)
-        self.pipeline.ring.loss_info = loss_info
+        # What PyTorch knows of the run (parameters in no optimizer group, the output
+        # module), with the loss: read again at a point where the optimizer's groups changed.
+        self._criterion, self._groups = criterion, modules.optimizer_signature(optimizer)
+        self.pipeline.ring.loss_info = describe_run(criterion, self.model, optimizer)
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
         self.hooks.enter(self.step_count + 1)
@@ -237,6 +241,10 @@ class Introspector:
 
     def read_metrics(self) -> tuple[int, list[str], np.ndarray, np.ndarray]:
         """One copy of the metric ring (every rank's mean under DDP: a collective)."""
+        if modules.optimizer_signature(self.optimizer) != self._groups:  # before it is written
+            self._groups = modules.optimizer_signature(self.optimizer)
+            self.pipeline.ring.loss_info = describe_run(self._criterion, self.model,
+                                                        self.optimizer)
         return (self.step_count, *self.metric_ring.read(self.ranks))
 
     def point(self, step: int) -> Point:

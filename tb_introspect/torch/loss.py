@@ -8,11 +8,14 @@ dict for a functional loss. Never guessed from names.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import torch
 from torch import nn
 
 from tb_introspect import metadata
+from tb_introspect.torch import modules
 
 #: Criterion classes: (task, from_logits). ``NLLLoss`` takes log-probabilities, ``BCELoss``
 #: probabilities; ``CrossEntropyLoss`` and ``BCEWithLogitsLoss`` apply the softmax/sigmoid.
@@ -53,3 +56,19 @@ def describe(criterion: Any) -> str:
                 label_smoothing=float(getattr(criterion, "label_smoothing", 0.0) or 0.0),
                 name=type(criterion).__name__)
     return ""
+
+
+def describe_run(criterion: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None
+                 ) -> str:
+    """The loss description (``describe``) with what PyTorch knows of the configuration:
+    ``untrained``, the parameters with ``requires_grad`` in no optimizer group
+    (``modules.untrained_parameters``), and ``output_module``, the type of the module that
+    makes the output (``modules.final_module``). "" when nothing is known."""
+    text = describe(criterion)
+    facts = {"untrained": modules.untrained_parameters(model, optimizer),
+             "output_module": modules.final_module(model)}
+    if not any(facts.values()):
+        return text
+    d = json.loads(text or metadata.loss_json(None))
+    d.update(facts)
+    return json.dumps(d)

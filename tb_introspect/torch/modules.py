@@ -175,3 +175,41 @@ def not_captured(output) -> str | None:
     if x.dim() < 1:
         return "it returned a scalar"
     return None
+
+
+def untrained_parameters(model: nn.Module, optimizer: torch.optim.Optimizer | None
+                         ) -> list[str]:
+    """Names ``<layer>/<parameter>`` of the parameters with ``requires_grad`` that no
+    parameter group of ``optimizer`` holds: they get gradients, and neither ``step()`` nor
+    ``zero_grad()`` touches them. Empty without an optimizer, and when the optimizer holds
+    none of the model's parameters (an optimizer over copies, such as master weights: not
+    known here)."""
+    if optimizer is None:
+        return []
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    out, any_held = [], False
+    for full, p in model.named_parameters():
+        if id(p) in held:
+            any_held = True
+        elif p.requires_grad:
+            layer, _, short = full.rpartition(".")
+            out.append(sanitize(f"{layer or ROOT}/{short}"))
+    return out if any_held else []
+
+
+def optimizer_signature(optimizer: torch.optim.Optimizer | None) -> tuple[int, ...]:
+    """What changes when the optimizer's groups change (``add_param_group``, a group
+    replaced): the number of groups and of parameters in each; cheap to compare at a point."""
+    if optimizer is None:
+        return ()
+    return tuple(len(g["params"]) for g in optimizer.param_groups)
+
+
+def final_module(model: nn.Module) -> str:
+    """The type name of the module that certainly makes the model's output: the last
+    module of an ``nn.Sequential`` (descending into nested ones); "" where the forward
+    order is not known from the structure (a custom ``forward``)."""
+    m = model
+    while isinstance(m, nn.Sequential) and len(m):
+        m = m[-1]
+    return type(m).__name__ if m is not model and next(m.children(), None) is None else ""

@@ -68,6 +68,14 @@ class Pair:
     in_tests: tuple[str, ...] = FRAMEWORKS
     #: the epochs the tests train (None: the scenario's own)
     test_epochs: int | None = 4
+    #: the frameworks that can express the case (the benchmark trains it in these)
+    frameworks: tuple[str, ...] = FRAMEWORKS
+    #: what the optimizer holds: "" (every parameter), "head" (the output layer only, the
+    #: others still requires_grad), "frozen" (the hidden layers frozen on purpose:
+    #: requires_grad_(False), Keras trainable=False)
+    optimizer: str = ""
+    #: PyTorch: whether the loop declares its criterion to the Introspector
+    declare: bool = True
 
     @property
     def healthy(self) -> bool:
@@ -85,6 +93,18 @@ def substantial_rise_onset(run: Any) -> int:
     va = run.metrics["val_loss"].field("value")
     apart = va >= 1.25 * np.minimum.accumulate(va)
     return int(np.flatnonzero(~apart)[-1]) + 1 if not apart.all() else 0
+
+
+def learned_above_floor_onset(run: Any) -> int:
+    """First epoch whose training accuracy is >= 75% while the loss median stays at or
+    above the softmax floor ln(1 + 9/e): what a softmax into a from-logits loss looks like
+    once the model has learned (an untrained model is above the floor anyway)."""
+    from tb_introspect.diagnose.classification import softmax_floor
+
+    acc = run.metric_epochs["accuracy"].field("mean")
+    med = run.metric_epochs["loss"].field("p50")
+    hit = np.flatnonzero((acc >= 0.75) & (med >= softmax_floor(10)))
+    return int(hit[0]) if hit.size else len(acc)
 
 
 PAIRS: dict[str, Pair] = {
@@ -106,6 +126,23 @@ PAIRS: dict[str, Pair] = {
                           # Keras: findings_archs' overfitting_mlp, the same training
                           in_tests=("torch",), test_epochs=None),
     "long_adam": Pair(12, note="MLP, Adam 1e-3, 12 epochs", in_tests=()),
+    "head_only_optimizer": Pair(6, {"untrained_parameters": ("warning", 0),
+                                    "gradient_pileup": ("warning", 1)},
+                                body="mlp2", optimizer="head", lr=1e-2,
+                                note="optimizer over the output layer only",
+                                frameworks=("torch",), in_tests=("torch",)),
+    "frozen_backbone": Pair(6, body="mlp2", optimizer="frozen", lr=1e-2,
+                            note="hidden layers frozen on purpose"),
+    "softmax_undeclared": Pair(6, {"loss_floor": ("warning", learned_above_floor_onset)},
+                               head="softmax", declare=False, frameworks=("torch",),
+                               in_tests=("torch",), test_epochs=None,
+                               note="nn.Softmax last, CrossEntropyLoss, no criterion="),
+    "label_smoothing_undeclared": Pair(6, label_smoothing=0.2, declare=False,
+                                       frameworks=("torch",), in_tests=("torch",),
+                                       note="label smoothing 0.2, no criterion="),
+    "softmax_nll_undeclared": Pair(6, head="softmax_log", declare=False,
+                                   frameworks=("torch",), in_tests=("torch",), test_epochs=None,
+                                   note="nn.Softmax last, log + NLLLoss, no criterion="),
 }
 
 
@@ -164,6 +201,8 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
                   dense(128, "dense2", "relu"), layers.Dropout(0.5, name="drop2")]
     elif p.body == "wide":
         hidden = [dense(256, "dense1", "relu"), dense(256, "dense2", "relu")]
+    elif p.body == "mlp2":
+        hidden = [dense(64, "dense1", "relu"), dense(64, "dense2", "relu")]
     else:
         hidden = [dense(64, "dense1", "relu")]
     head = [dense(10, "classifier")]
@@ -174,6 +213,9 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
     model_cls = _pileup_class() if p.grads == "pileup" else keras.Sequential
     model = model_cls([keras.Input((8, 8, 1), name="image"), layers.Flatten(name="flatten"),
                        *hidden, *head], name="pair")
+    if p.optimizer == "frozen":  # Keras's own flag: frozen layers are not in the gradients
+        for layer in hidden:
+            layer.trainable = False
     if p.grads == "pileup":
         model.sums = [keras.Variable(np.zeros(v.shape, "float32"), trainable=False)
                       for v in model.trainable_variables]
@@ -255,27 +297,41 @@ def _train_torch(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
                 nn.Dropout(0.5)]
     elif p.body == "wide":
         body = [nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()]
+    elif p.body == "mlp2":
+        body = [nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()]
     else:
         body = [nn.Linear(64, 64), nn.ReLU()]
     width = body[-3].out_features if p.body == "dropout" else (
-        body[0].out_features if p.body in ("bn", "mlp") else 256)
-    head = [nn.Linear(width, 10)] + ([nn.Softmax(dim=1)] if p.head == "softmax" else [])
+        body[0].out_features if p.body in ("bn", "mlp", "mlp2") else 256)
+    softmax = p.head in ("softmax", "softmax_log")
+    head = [nn.Linear(width, 10)] + ([nn.Softmax(dim=1)] if softmax else [])
     model = nn.Sequential(*body, *head)
+    if p.optimizer == "frozen":
+        for m in body:
+            m.requires_grad_(False)
     if p.l2:
         with torch.no_grad():
             for prm in model.parameters():
                 prm.normal_(0.0, 0.5)
-    criterion = nn.CrossEntropyLoss(label_smoothing=p.label_smoothing)
+    criterion: Any = nn.CrossEntropyLoss(label_smoothing=p.label_smoothing)
+    if p.head == "softmax_log":  # probabilities, and a loss on their log: done right
+        nll = nn.NLLLoss()
+
+        def criterion(out, y):
+            return nll(torch.log(out.clamp_min(1e-12)), y)
     n = len(x_tr)
     per_epoch = math.ceil(n / p.batch)
+    trained = (model[len(body)].parameters() if p.optimizer == "head" else
+               [w for w in model.parameters() if w.requires_grad])
     if p.l2:
-        opt = torch.optim.SGD(model.parameters(), lr=p.lr)
+        opt = torch.optim.SGD(trained, lr=p.lr)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=p.lr)
+        opt = torch.optim.Adam(trained, lr=p.lr)
     sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, p.epochs * per_epoch, eta_min=0.0)
              if p.schedule == "cosine" else None)
     micro = 4 if p.grads == "accumulate" else 1
-    with Introspector(logdir, model, opt, every="epoch", seed=0, criterion=criterion) as intro:
+    declared = criterion if p.declare and p.head != "softmax_log" else None
+    with Introspector(logdir, model, opt, every="epoch", seed=0, criterion=declared) as intro:
         for epoch in range(p.epochs):
             model.train()
             order = rng.permutation(n)

@@ -114,7 +114,7 @@ def test_what_each_front_end_records_of_the_loss() -> None:
 
     assert parsed(keras_loss("sparse_categorical_crossentropy")) == {
         "task": "classification", "from_logits": False, "label_smoothing": 0.0,
-        "name": "sparse_categorical_crossentropy"}
+        "name": "sparse_categorical_crossentropy", "untrained": [], "output_module": ""}
     got = parsed(keras_loss(keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
     assert got["from_logits"] is True
     assert parsed(keras_loss(keras.losses.MeanSquaredError()))["task"] == "regression"
@@ -141,3 +141,82 @@ def test_what_each_front_end_records_of_the_loss() -> None:
         torch_loss({"task": "classification", "label_smoothing": 1.5})
     with pytest.raises(TypeError, match="criterion"):
         torch_loss("cross_entropy")
+
+
+def test_parameters_in_no_optimizer_group_are_named_and_explain_the_pileup(pair) -> None:
+    """The optimizer built over the output layer only: the hidden layers' parameters are
+    named from the first epoch, and the gradients that pile up are told apart from a
+    missing zero_grad (the loop calls optimizer.zero_grad())."""
+    r = pair("head_only_optimizer", "torch")
+    assert r.run.loss_info["untrained"] == ["0/weight", "0/bias", "2/weight", "2/bias"]
+    f = next(f for f in r.findings if f.kind == "untrained_parameters")
+    assert f.severity == "warning" and f.first_epoch == 0 and f.layers == ["0", "2"]
+    assert f.evidence["parameters"] == 4 and "0/weight" in f.evidence["names"]
+    assert all(t.startswith("introspect/gradient/") for t in f.tags) and len(f.tags) == 4
+    pile = next(f for f in r.findings if f.kind == "gradient_pileup")
+    assert pile.evidence["cause"] == "not in the optimizer", pile.title
+    assert "no optimizer group" in pile.title and "zero_grad() and step()" in pile.title
+    # the forgotten zero_grad keeps its own cause
+    forgot = next(f for f in pair("grad_pileup", "torch").findings
+                  if f.kind == "gradient_pileup")
+    assert forgot.evidence["cause"] == "zero_grad missing"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_backbone_frozen_on_purpose_is_not_untrained(pair, framework) -> None:
+    r = pair("frozen_backbone", framework)
+    assert not (r.run.loss_info or {}).get("untrained")
+    assert "untrained_parameters" not in {f.kind for found in r.live for f in found}
+
+
+def test_the_optimizer_groups_are_read_again_when_they_change(tmp_path) -> None:
+    """A group added before the first point (a layer unfrozen by ``add_param_group``): the
+    recorded list follows the optimizer, compared by its groups' sizes at each point."""
+    import torch
+    from torch import nn
+
+    from tb_introspect.torch import Introspector, modules
+    from tests.diagnose.findings_testlib import read_one
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    assert modules.untrained_parameters(model, opt) == ["0/weight", "0/bias"]
+    assert modules.final_module(model) == "Linear"
+    assert modules.final_module(nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Softmax(1)))) \
+        == "Softmax"
+    assert modules.final_module(nn.Linear(2, 2)) == ""  # not a Sequential: not known
+    # an optimizer over copies of the weights (master weights) says nothing of the model
+    copies = torch.optim.SGD([nn.Parameter(w.detach().clone()) for w in model.parameters()])
+    assert modules.untrained_parameters(model, copies) == []
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    with Introspector(tmp_path, model, opt, every="epoch", seed=0,
+                      criterion=nn.CrossEntropyLoss()) as intro:
+        for s in range(4):
+            if s == 2:
+                opt.add_param_group({"params": list(model[0].parameters())})
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            intro.step(loss=loss)
+        intro.end_epoch()
+    assert read_one(str(tmp_path)).loss_info["untrained"] == []
+
+
+def test_softmax_without_a_declared_criterion_is_read_from_the_module_type(pair) -> None:
+    """No criterion= given: the model's last module (nn.Softmax) and a loss that stays on
+    the floor at a high accuracy agree; the same Softmax before a loss on its log (done
+    right) goes below the floor and stays clean."""
+    from tb_introspect.diagnose.classification import softmax_floor
+
+    r = pair("softmax_undeclared", "torch")
+    assert r.run.loss_info["task"] is None and r.run.loss_info["output_module"] == "Softmax"
+    f = next(f for f in r.findings if f.kind == "loss_floor")
+    assert f.evidence["loss_declared"] is False and f.evidence["output_module"] == "Softmax"
+    assert f.layers == ["3"] and f.evidence["accuracy_at_end"] >= 0.75
+    assert f.evidence["loss_median_at_end"] >= softmax_floor(10)
+    twin = pair("softmax_nll_undeclared", "torch")
+    assert twin.run.loss_info["output_module"] == "Softmax"
+    assert twin.run.metric_epochs["loss"].field("p50")[-1] < 0.8 * softmax_floor(10)
+    assert "loss_floor" not in {f.kind for found in twin.live for f in found}
