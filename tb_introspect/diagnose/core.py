@@ -87,6 +87,9 @@ class Thresholds:
     overfit_climb_epochs: int = 3
     overfit_climb_rise: float = 0.2
     overfit_climb_giveback: float = 0.1
+    # ... warning also when the validation loss is this much above its best and still
+    # rising (its latest epoch above the one before)
+    overfit_keep_rise: float = 1 / 3
     # ... warning also when the validation loss is this much above its best while the
     # training loss fell to this share of its value at the best epoch
     overfit_stop_rise: float = 0.25

@@ -11,7 +11,8 @@ back. Graded: info for a mild rise; warning for a rise of 50%, for a rise of 25%
 training loss fell 10x since the best epoch (and the validation accuracy, where logged,
 fell 2 points), for a parting that has lasted 3 epochs,
 reached 20% on the way and given back 10% of the validation loss's progress (from its
-first epoch to its best), and for memorisation (training gets better, validation never did
+first epoch to its best), for a rise of a third that is still going on (the latest epoch
+above the one before), and for memorisation (training gets better, validation never did
 and its accuracy stays at chance). The title names the epoch of the best validation loss.
 """
 
@@ -102,6 +103,9 @@ def overfitting(rv: RunView) -> list[Finding]:
           and va[0] > va[b]
           and float(np.max(va[j:]) - va[b]) >= t.overfit_climb_giveback * (va[0] - va[b])):
         pattern, severity = "climbing", "warning"
+    elif rise >= t.overfit_keep_rise and end >= 1 and va[end] > va[end - 1]:
+        # A third above its best and still going up: the harm grows with every epoch.
+        pattern, severity = "still rising", "warning"
     else:
         pattern, severity = "rising", "info"
     if pattern == "memorising":
@@ -117,6 +121,8 @@ def overfitting(rv: RunView) -> list[Finding]:
                  f" {fmt_num(tr[end])}")
         if pattern == "climbing":
             title += f", for {trailing} epochs"
+        if pattern == "still rising":
+            title += f", and still rising ({epochs[end] - part_epoch} epochs since the best)"
     expl = (
         "The training loss keeps falling while the loss on held-out data rises: from the"
         " epoch shown on, the model learns the training samples themselves (noise and"
@@ -157,6 +163,7 @@ def overfitting(rv: RunView) -> list[Finding]:
             "best_val_epoch": part_epoch,
             "first_flagged_epoch": epochs[j] if trailing >= 2 else memo["first_epoch"],
             "epochs_parted": int(trailing),
+            "epochs_since_best": int(epochs[end] - part_epoch),
             "val_loss_best": float(va[b]),
             "val_loss_at_end": float(va[end]),
             "val_loss_max_after": float(np.max(va[b:])),
@@ -170,6 +177,7 @@ def overfitting(rv: RunView) -> list[Finding]:
             "threshold_climb_epochs": t.overfit_climb_epochs,
             "threshold_climb_rise": t.overfit_climb_rise,
             "threshold_climb_giveback": t.overfit_climb_giveback,
+            "threshold_keep_rise": t.overfit_keep_rise,
             "threshold_train_drop": t.overfit_train_drop,
             "threshold_stop_rise": t.overfit_stop_rise,
             "threshold_stop_train_drop": t.overfit_stop_train_drop,

@@ -185,3 +185,35 @@ def test_loss_spikes_on_a_recovering_run_are_info() -> None:
     r = run(metric("loss", steps, hard, epochs),
             metric("val_loss", epochs_steps(12, 40), worse, epochs=range(12)))
     assert kinds(find_issues(r))["loss_spikes"] == "warning"
+
+
+def test_overfitting_grows_to_a_warning_while_the_rise_goes_on() -> None:
+    """Graded by how far and how long: a third above its best and still rising is a warning
+    (whatever the training loss does); the same height with the latest epoch coming back
+    down stays info; a healthy run whose validation loss wobbles never gets a warning, read
+    after every epoch."""
+    n = 12
+    slow = [0.6, 0.4, 0.3, 0.25, 0.22, 0.2, 0.19, 0.18, 0.17, 0.16, 0.15, 0.1]
+
+    def judged(val, upto=n):
+        r = run(metric_epoch("loss", epochs_steps(upto), slow[:upto]),
+                metric("val_loss", epochs_steps(upto), val[:upto], epochs=range(upto)),
+                _out(upto, True))
+        return next((f for f in find_issues(r) if f.kind == "overfitting"), None)
+
+    # From far above (2.0): no "climbing" give-back; +40% and rising at every epoch.
+    rising = [2.0, 0.3, 0.25, 0.22, 0.21, 0.20, 0.21, 0.22, 0.24, 0.26, 0.27, 0.28]
+    f = judged(rising)
+    assert f.severity == "warning" and f.evidence["pattern"] == "still rising"
+    assert f.evidence["epochs_since_best"] == 6 and "still rising" in f.title
+    # Where it crossed a third (0.27 at epoch 10), not before: +30% at epoch 9 is info.
+    assert judged(rising, 10).severity == "info"
+    # As high, then down at the latest epoch: the rise stopped, info.
+    turned = rising[:-1] + [0.268]  # +34%, below epoch 10's 0.27
+    assert judged(turned).severity == "info"
+    # A healthy run: the validation loss wobbles +-15% around a falling trend.
+    trend = np.exp(np.linspace(np.log(1.0), np.log(0.3), n))
+    wobble = list(trend * (1 + 0.15 * np.array([0, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1])))
+    for upto in range(3, n + 1):
+        f = judged(wobble, upto)
+        assert f is None or f.severity == "info", (upto, f.title)
