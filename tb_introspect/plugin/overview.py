@@ -241,7 +241,10 @@ def metric_overview(step: Series | None, per_epoch: Series | None) -> dict[str, 
         "values": num_list(step.field("value")) if step is not None else [],
     }
     if per_epoch is not None:
-        band = {"source": "logged", "steps": per_epoch.steps.tolist(),
+        epochs = per_epoch.epochs[np.isfinite(per_epoch.epochs)]
+        # A window run logs a band per window: several of them in one epoch.
+        per = "window" if len(np.unique(epochs)) < len(epochs) else "epoch"
+        band = {"source": "logged", "per": per, "steps": per_epoch.steps.tolist(),
                 "epochs": int_list(per_epoch.epochs)}
         for key in ("min", "p25", "p50", "p75", "max", "mean"):
             band[key] = num_list(per_epoch.field(key))
@@ -249,7 +252,7 @@ def metric_overview(step: Series | None, per_epoch: Series | None) -> dict[str, 
         entry["epoch_band"] = band
     elif step is not None and np.isfinite(step.epochs).any():
         entry["epoch_band"] = {
-            "source": "computed",
+            "source": "computed", "per": "epoch",
             **epoch_band_from_steps(step.field("value"), step.epochs, step.steps),
         }
     else:

@@ -4,11 +4,14 @@ window's first step a statistics step), windows closed at epoch ends too."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from tb_introspect import metadata
+from tb_introspect.plugin import overview
 from tb_introspect.torch import Introspector
 from tests.torch import torch_support as ts
 
@@ -75,6 +78,12 @@ def test_metric_bands_per_window(window_run):
     band = run.metric_epochs["loss"]
     assert list(band.steps) == [4, 8, 10, 12, 16, 20]
     assert list(band.field("count")) == [4, 4, 2, 2, 4, 4]
+    # The tab labels them as windows, an epoch run's bands as epochs.
+    assert overview.metric_overview(run.metrics["loss"], band)["epoch_band"]["per"] == "window"
+    ends = np.isin(band.steps, [10, 20])
+    one_per_epoch = dataclasses.replace(band, steps=band.steps[ends],
+                                        wall_times=band.wall_times[ends], values=band.values[ends])
+    assert overview.metric_overview(None, one_per_epoch)["epoch_band"]["per"] == "epoch"
 
 
 def test_window_is_checked():

@@ -82,11 +82,12 @@ function metricOrder(a, b) {
   return la - lb || a.localeCompare(b);
 }
 
-/** Per-step line plus the per-epoch band (min–max, 25–75 %, median) of one metric. */
+/** Per-step line plus the per-epoch (or per-window) band (min–max, 25–75 %, median) of one metric. */
 export function metricChart(cell, name, m, { xMode, xLabel, epochMap, log }) {
   const t = theme();
   const parts = [{ x: xValues(xMode, m.steps, m.epochs, epochMap), y: m.values }];
   const b = m.epoch_band;
+  const per = b && b.per === "window" ? "window" : "epoch";
   if (b && b.steps && b.steps.length) {
     const bx = xValues(xMode, b.steps, b.epochs, epochMap);
     // min, p25, p50, p75, max: the five series below, in this order.
@@ -98,11 +99,11 @@ export function metricChart(cell, name, m, { xMode, xLabel, epochMap, log }) {
   if (ys.length > 1) {
     const c = t.accent;
     series.push(
-      { label: "epoch min", values: ys[1], color: "transparent", width: 0, spanGaps: true },
-      { label: "epoch 25%", values: ys[2], color: "transparent", width: 0, spanGaps: true },
-      { label: "epoch median", values: ys[3], color: c, width: 2, spanGaps: true, points: true },
-      { label: "epoch 75%", values: ys[4], color: "transparent", width: 0, spanGaps: true },
-      { label: "epoch max", values: ys[5], color: "transparent", width: 0, spanGaps: true },
+      { label: `${per} min`, values: ys[1], color: "transparent", width: 0, spanGaps: true },
+      { label: `${per} 25%`, values: ys[2], color: "transparent", width: 0, spanGaps: true },
+      { label: `${per} median`, values: ys[3], color: c, width: 2, spanGaps: true, points: true },
+      { label: `${per} 75%`, values: ys[4], color: "transparent", width: 0, spanGaps: true },
+      { label: `${per} max`, values: ys[5], color: "transparent", width: 0, spanGaps: true },
     );
     bands.push({ upper: 5, lower: 1, fill: t.alpha(c, 0.13) }, { upper: 4, lower: 2, fill: t.alpha(c, 0.3) });
   }
@@ -110,14 +111,14 @@ export function metricChart(cell, name, m, { xMode, xLabel, epochMap, log }) {
   const bandAt = b && b.steps ? indexLookup(parts[1]?.x || [], b.steps, b.epochs) : () => -1;
   return chart(cell, {
     title: name,
-    subtitle: b ? `per step, and per-epoch band (${b.source === "logged" ? "logged" : "computed from steps"})` : "per step",
+    subtitle: b ? `per step, and per-${per} band (${b.source === "logged" ? "logged" : "computed from steps"})` : "per step",
     name: `metric-${name}`,
     x,
     xLabel,
     series,
     bands,
     y: { log },
-    legend: [[name, t.metric], ...(ys.length > 1 ? [["epoch median", t.accent], ["25–75%", t.alpha(t.accent, 0.4)], ["min–max", t.alpha(t.accent, 0.18)]] : [])],
+    legend: [[name, t.metric], ...(ys.length > 1 ? [[`${per} median`, t.accent], ["25–75%", t.alpha(t.accent, 0.4)], ["min–max", t.alpha(t.accent, 0.18)]] : [])],
     readout: (idx) => {
       if (idx == null) return "";
       const xv = x[idx];
@@ -131,7 +132,7 @@ export function metricChart(cell, name, m, { xMode, xLabel, epochMap, log }) {
       }
       if (j >= 0) {
         if (!head) head = `epoch ${b.epochs[j]}`;
-        pairs.push([`epoch ${b.epochs[j]} median`, b.p50[j]], ["25–75%", `${fmt(b.p25[j])} – ${fmt(b.p75[j])}`],
+        pairs.push([per === "window" ? `window to step ${b.steps[j]} median` : `epoch ${b.epochs[j]} median`, b.p50[j]], ["25–75%", `${fmt(b.p25[j])} – ${fmt(b.p75[j])}`],
           ["min–max", `${fmt(b.min[j])} – ${fmt(b.max[j])}`]);
       }
       return readoutLine(head, pairs, i >= 0 && m.values[i] == null ? "non-finite" : null);
