@@ -1,6 +1,7 @@
 """Sharded PyTorch training on 2 gloo processes (CPU): FSDP2's statistics equal a single
 process's on the same global batches, slot by slot; tensor parallelism reads the same way;
-ranks of different speeds, a fault on one rank and FSDP1 never break the training."""
+ranks of different speeds, a fault on one rank, a rank that never arrives, a killed writer
+and FSDP1 never break the training (or the points already written)."""
 
 from __future__ import annotations
 
@@ -220,3 +221,43 @@ def test_tensor_parallel_reads_the_whole_layer(tmp_path_factory, fsdp):
     diffs = _differences(single, tp, views=("variable", "gradient"))
     for (view, slot), d in diffs.items():
         assert d <= (1e-4 if not _sampled(slot) else np.inf), (view, slot, d)
+
+
+def test_a_rank_that_never_arrives_costs_one_timeout(tmp_path_factory):
+    """Rank 1 stops calling the tool after 3 steps and trains on: rank 0 waits once (the
+    tool's collective timeout, set low), says so once, the tool is off and both ranks
+    finish every step."""
+    log_dir = _spawn(tmp_path_factory, "absent")
+    ranks = _ranks(log_dir)
+    assert all(len(r["losses"]) == worker.STEPS * worker.EPOCHS for r in ranks)  # trained
+    np.testing.assert_allclose(ranks[0]["losses"], ranks[1]["losses"], rtol=0.5)  # one model
+    said = ranks[0]["warnings"]
+    assert len(said) == 1 and "off on every rank" in said[0], said
+    with open(os.path.join(log_dir, "seconds0.json")) as f:
+        seconds = json.load(f)
+    # the first epoch's point waited one timeout; the second epoch made no collective
+    assert seconds[0] >= worker.ABSENT_TIMEOUT_S - 0.5, seconds
+    assert seconds[1] < worker.ABSENT_TIMEOUT_S, seconds
+
+
+def test_points_written_before_the_writer_is_killed_stay_readable(tmp_path_factory):
+    """Rank 0, the writer, is killed (SIGKILL) in the third epoch; the other rank, stuck in
+    FSDP's collectives with a dead peer, is killed too: the two epochs' points read back."""
+    log_dir = str(tmp_path_factory.mktemp("killed"))
+    init = f"file://{tmp_path_factory.mktemp('rendezvous')}/store"
+    ctx = mp.start_processes(worker.rank_main, args=(WORLD, init, log_dir, "killed"),
+                             nprocs=WORLD, join=False, start_method="spawn")
+    writer, other = ctx.processes
+    writer.join(timeout=120)
+    try:
+        assert writer.exitcode == -9, writer.exitcode
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=30)
+    run = ts.read_run(log_dir)  # plugin.reader.read_logdir
+    for view in metadata.VIEWS:
+        tensors = ts.by_name(run, view)
+        assert tensors and all(list(t.steps) == [worker.STEPS, 2 * worker.STEPS]
+                               for t in tensors.values()), (view, tensors)

@@ -27,3 +27,26 @@ def test_add_all_is_the_fused_kernel():
     accs = [torch.zeros(3), torch.ones(2, 2)]
     private.add_all(accs, [torch.full((3,), 2.0), torch.ones(2, 2)])
     assert accs[0].tolist() == [2.0] * 3 and accs[1].tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_dtensor_offset_is_where_the_block_sits(tmp_path):
+    """``compute_local_shape_and_global_offset`` on a one-rank mesh (the 2-rank blocks'
+    offsets are checked by tests/torch/test_torch_fsdp.py's slot-by-slot comparison)."""
+    import inspect
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    assert list(inspect.signature(compute_local_shape_and_global_offset).parameters)[:3] == [
+        "global_shape", "mesh", "placements"]
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        t = distribute_tensor(torch.arange(12.0).view(4, 3), mesh, [Shard(1)])
+        assert private.dtensor_offset(t) == (0, 0)
+    finally:
+        dist.destroy_process_group()

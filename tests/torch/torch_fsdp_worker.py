@@ -6,6 +6,9 @@ each rank trains on its share of every global batch. ``mode`` picks the run:
 * ``slow``: ``every="epoch"`` with the overhead governor on, rank 1 sleeping in every step;
 * ``fault``: the tool's point raises on rank 1 (the tool goes off on every rank, training
   goes on);
+* ``absent``: rank 1 stops calling the tool after its third step (it trains on): rank 0
+  pays one timeout (``ABSENT_TIMEOUT_S``) at its first point, then the tool is off;
+* ``killed``: 3 epochs; rank 0, the writer, kills itself (SIGKILL) in the third;
 * ``tp``: tensor parallelism (``ColwiseParallel`` then ``RowwiseParallel``) on the hidden
   layers, every rank on the whole batch.
 
@@ -28,6 +31,8 @@ from tb_introspect.torch import Introspector
 from tb_introspect.torch import parameters as parameters_module
 
 STEPS, EPOCHS, GLOBAL_BATCH, FEATURES, CLASSES = 6, 2, 16, 12, 5
+#: The tool's collective timeout in the ``absent`` run (seconds).
+ABSENT_TIMEOUT_S = 4
 
 
 def mlp() -> nn.Sequential:
@@ -61,7 +66,8 @@ def train(model, opt, data, intro, epochs: int = EPOCHS, sleep: float = 0.0) -> 
 def rank_main(rank: int, world: int, init: str, log_dir: str, mode: str) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ["TB_INTROSPECT_COLLECTIVE_TIMEOUT"] = "20"
+    os.environ["TB_INTROSPECT_COLLECTIVE_TIMEOUT"] = str(ABSENT_TIMEOUT_S if mode == "absent"
+                                                         else 20)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -106,6 +112,37 @@ def _train(rank: int, world: int, log_dir: str, mode: str) -> list[float]:
         def broken(self, seed):
             raise RuntimeError("injected fault")
         parameters_module.ParameterViews.local_payload = broken
+    if mode in ("absent", "killed"):
+        return _train_unreliable(rank, model, opt, data, Introspector(log_dir, model, opt,
+                                                                       every=every, **options),
+                                 mode)
     with Introspector(log_dir, model, opt, every=every, **options) as intro:
         return train(model, opt, data, intro,
                      sleep=0.02 if mode == "slow" and rank == 1 else 0.0)
+
+
+def _train_unreliable(rank, model, opt, data, intro, mode: str) -> list[float]:
+    """``absent``: rank 1 leaves the tool after 3 steps; ``killed``: rank 0 dies in epoch 3.
+    Each rank's losses and, per epoch, the seconds it took go to ``rank<r>.json``."""
+    losses, seconds, step = [], [], 0
+    for epoch in range(3 if mode == "killed" else EPOCHS):
+        start = time.perf_counter()
+        for x, y in data:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            if mode == "killed" and rank == 0 and epoch == 2 and step % STEPS == 3:
+                os.kill(os.getpid(), 9)
+            if not (mode == "absent" and rank == 1 and step > 3):
+                intro.step(loss=loss)
+            losses.append(float(loss.detach()))
+        if not (mode == "absent" and rank == 1):
+            intro.end_epoch()
+        seconds.append(time.perf_counter() - start)
+    with open(os.path.join(intro.log_dir, f"seconds{rank}.json"), "w") as f:
+        json.dump(seconds, f)
+    if not (mode == "absent" and rank == 1):
+        intro.close()
+    return losses
