@@ -25,6 +25,7 @@ from tb_introspect.diagnose import (  # noqa: F401
     loss,
     nonfinite,
     overfitting,
+    symmetry,
     updates,
     weights,
 )

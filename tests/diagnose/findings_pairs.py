@@ -76,6 +76,8 @@ class Pair:
     optimizer: str = ""
     #: PyTorch: whether the loop declares its criterion to the Introspector
     declare: bool = True
+    #: "constant": every weight and bias one value (0.05)
+    init: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -140,6 +142,9 @@ PAIRS: dict[str, Pair] = {
     "label_smoothing_undeclared": Pair(6, label_smoothing=0.2, declare=False,
                                        frameworks=("torch",), in_tests=("torch",),
                                        note="label smoothing 0.2, no criterion="),
+    "constant_init": Pair(6, {"identical_units": ("warning", 0)}, body="mlp2",
+                          init="constant", note="every weight and bias 0.05"),
+    "narrow": Pair(6, body="narrow", lr=1e-2, note="8 ReLU units, Adam 1e-2"),
     "softmax_nll_undeclared": Pair(6, head="softmax_log", declare=False,
                                    frameworks=("torch",), in_tests=("torch",), test_epochs=None,
                                    note="nn.Softmax last, log + NLLLoss, no criterion="),
@@ -186,10 +191,13 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
     steps = p.epochs * math.ceil(len(data.x_train) / p.batch)
     reg = keras.regularizers.L2(p.l2) if p.l2 else None
     init = keras.initializers.RandomNormal(stddev=0.5) if p.l2 else "glorot_uniform"
+    if p.init == "constant":
+        init = keras.initializers.Constant(0.05)
+    bias_init = init if p.init == "constant" else "zeros"
 
     def dense(n: int, name: str, act: str | None = None):
         return layers.Dense(n, activation=act, kernel_regularizer=reg, bias_regularizer=reg,
-                            kernel_initializer=init, name=name)
+                            kernel_initializer=init, bias_initializer=bias_init, name=name)
 
     hidden: list = []
     if p.body == "bn":
@@ -203,6 +211,8 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
         hidden = [dense(256, "dense1", "relu"), dense(256, "dense2", "relu")]
     elif p.body == "mlp2":
         hidden = [dense(64, "dense1", "relu"), dense(64, "dense2", "relu")]
+    elif p.body == "narrow":
+        hidden = [dense(8, "dense1", "relu")]
     else:
         hidden = [dense(64, "dense1", "relu")]
     head = [dense(10, "classifier")]
@@ -299,13 +309,19 @@ def _train_torch(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
         body = [nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()]
     elif p.body == "mlp2":
         body = [nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()]
+    elif p.body == "narrow":
+        body = [nn.Linear(64, 8), nn.ReLU()]
     else:
         body = [nn.Linear(64, 64), nn.ReLU()]
     width = body[-3].out_features if p.body == "dropout" else (
-        body[0].out_features if p.body in ("bn", "mlp", "mlp2") else 256)
+        body[0].out_features if p.body in ("bn", "mlp", "mlp2", "narrow") else 256)
     softmax = p.head in ("softmax", "softmax_log")
     head = [nn.Linear(width, 10)] + ([nn.Softmax(dim=1)] if softmax else [])
     model = nn.Sequential(*body, *head)
+    if p.init == "constant":
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.fill_(0.05)
     if p.optimizer == "frozen":
         for m in body:
             m.requires_grad_(False)

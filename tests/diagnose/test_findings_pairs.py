@@ -220,3 +220,20 @@ def test_softmax_without_a_declared_criterion_is_read_from_the_module_type(pair)
     assert twin.run.loss_info["output_module"] == "Softmax"
     assert twin.run.metric_epochs["loss"].field("p50")[-1] < 0.8 * softmax_floor(10)
     assert "loss_floor" not in {f.kind for found in twin.live for f in found}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_units_that_never_differ_are_flagged_from_the_first_epoch(pair, framework) -> None:
+    """Every weight one constant: the hidden layers' units stay identical (equal activity in
+    every channel, a constant kernel behind identical inputs), flagged at epoch 0 with the
+    cause; a deliberately narrow model (8 units) is not."""
+    r = pair("constant_init", framework)
+    f = next(f for f in r.findings if f.kind == "identical_units")
+    assert f.severity == "warning" and f.first_epoch == 0
+    assert "constant initialisation" in f.title
+    hidden = ["dense1", "dense2"] if framework == "keras" else ["0", "1", "2", "3"]
+    assert set(hidden[:2]) <= set(f.layers) <= set(hidden)
+    assert f.evidence["layers_equal_activity"] >= 1
+    assert all(any(g.kind == "identical_units" for g in found) for found in r.live)
+    assert "identical_units" not in {g.kind for found in pair("narrow", framework).live
+                                     for g in found}
