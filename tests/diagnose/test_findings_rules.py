@@ -376,7 +376,7 @@ def test_partial_runs_run_only_the_rules_whose_inputs_exist() -> None:
     assert kinds(find_issues(only_vars)) == {"update_ratio_low": "info"}
     applicable = {r.name for r in RULES if r.applicable(__import__(
         "tb_introspect.diagnose.core", fromlist=["RunView"]).RunView(only_vars))}
-    assert applicable == {"nonfinite", "update_ratio", "weight_collapse"}
+    assert applicable == {"nonfinite", "update_ratio", "weight_collapse", "identical_units"}
 
 
 def test_thresholds_and_rule_selection_are_parameters() -> None:
