@@ -133,7 +133,7 @@ PAIRS: dict[str, Pair] = {
                                 body="mlp2", optimizer="head", lr=1e-2,
                                 note="optimizer over the output layer only",
                                 frameworks=("torch",), in_tests=("torch",)),
-    "frozen_backbone": Pair(6, body="mlp2", optimizer="frozen", lr=1e-2,
+    "frozen_backbone": Pair(6, body="mlp2", optimizer="frozen", lr=3e-2,
                             note="hidden layers frozen on purpose"),
     "softmax_undeclared": Pair(6, {"loss_floor": ("warning", learned_above_floor_onset)},
                                head="softmax", declare=False, frameworks=("torch",),
