@@ -14,6 +14,8 @@ findings computed on the points so far, as a live tab would (``findings_archs.Li
 | bn_lag | BatchNorm with slow moving statistics (momentum 0.99) on unnormalised inputs |
 | dropout_heavy | twin: dropout 0.5 after each hidden layer |
 | penalty_only | an L2 penalty that drowns the data term: the loss falls, nothing is learned |
+| l2_eats_weights | L2 1.0 on every weight, default initialisation, Adam: chance from the start |
+| l2_moderate | twin: L2 0.01, the same training; the penalty is in the loss, the model learns |
 | cosine_to_zero | twin: the learning rate decays to zero (cosine), the loss flattens |
 | overfit_small | 192 samples, a third mislabelled, a wide MLP |
 | long_adam | twin: a plain MLP, Adam 1e-3, 12 epochs (hard batches late in the run) |
@@ -78,6 +80,9 @@ class Pair:
     declare: bool = True
     #: "constant": every weight and bias one value (0.05)
     init: str = ""
+    #: the optimizer: "" (SGD under an L2 penalty, with large initial weights; else Adam),
+    #: "adam" (Adam at the frameworks' default initialisation, with or without a penalty)
+    opt: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -121,6 +126,10 @@ PAIRS: dict[str, Pair] = {
     "dropout_heavy": Pair(6, body="dropout", note="dropout 0.5"),
     "penalty_only": Pair(6, {"loss_without_learning": ("warning", 1)}, l2=10.0, lr=5e-4,
                          note="L2 10, large initial weights, SGD 5e-4"),
+    "l2_eats_weights": Pair(6, {"loss_without_learning": ("warning", 0)}, l2=1.0, opt="adam",
+                            test_epochs=3, note="L2 1.0 on every weight, Adam 1e-3"),
+    "l2_moderate": Pair(6, l2=0.01, opt="adam", test_epochs=3,
+                        note="L2 0.01 on every weight, Adam 1e-3"),
     "cosine_to_zero": Pair(6, schedule="cosine", lr=3e-3, note="cosine decay to 0"),
     "overfit_small": Pair(30, {"overfitting": ("warning", substantial_rise_onset)},
                           body="wide", lr=3e-3, data=noisy_few,
@@ -190,7 +199,8 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
     keras.utils.set_random_seed(0)
     steps = p.epochs * math.ceil(len(data.x_train) / p.batch)
     reg = keras.regularizers.L2(p.l2) if p.l2 else None
-    init = keras.initializers.RandomNormal(stddev=0.5) if p.l2 else "glorot_uniform"
+    sgd = bool(p.l2) and p.opt != "adam"
+    init = keras.initializers.RandomNormal(stddev=0.5) if sgd else "glorot_uniform"
     if p.init == "constant":
         init = keras.initializers.Constant(0.05)
     bias_init = init if p.init == "constant" else "zeros"
@@ -233,7 +243,7 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
     if p.schedule == "cosine":
         lr = keras.optimizers.schedules.CosineDecay(p.lr, steps, alpha=0.0)
     opt_kw = {"gradient_accumulation_steps": 4} if p.grads == "accumulate" else {}
-    optimizer = (keras.optimizers.SGD(lr) if p.l2 else keras.optimizers.Adam(lr, **opt_kw))
+    optimizer = (keras.optimizers.SGD(lr) if sgd else keras.optimizers.Adam(lr, **opt_kw))
     y_train, y_val = data.y_train, data.y_val
     if p.label_smoothing:
         loss = keras.losses.CategoricalCrossentropy(from_logits=True,
@@ -325,7 +335,8 @@ def _train_torch(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
     if p.optimizer == "frozen":
         for m in body:
             m.requires_grad_(False)
-    if p.l2:
+    sgd = bool(p.l2) and p.opt != "adam"
+    if sgd:
         with torch.no_grad():
             for prm in model.parameters():
                 prm.normal_(0.0, 0.5)
@@ -339,7 +350,7 @@ def _train_torch(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
     per_epoch = math.ceil(n / p.batch)
     trained = (model[len(body)].parameters() if p.optimizer == "head" else
                [w for w in model.parameters() if w.requires_grad])
-    if p.l2:
+    if sgd:
         opt = torch.optim.SGD(trained, lr=p.lr)
     else:
         opt = torch.optim.Adam(trained, lr=p.lr)
