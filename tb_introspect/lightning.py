@@ -23,6 +23,7 @@ from tb_introspect import metadata
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs
 from tb_introspect.torch.introspector import Introspector, IntrospectorArgs
+from tb_introspect.torch.loss import attribute_loss
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -77,7 +78,8 @@ class Introspect(Callback):
         self._loss, self._val = None, {}
         self.introspector = self.args.make(
             _log_dir(trainer), model, None, initial_step=trainer.global_step,
-            initial_epoch=trainer.current_epoch, planned=_planned(trainer))
+            initial_epoch=trainer.current_epoch, planned=_planned(trainer),
+            criterion=attribute_loss(pl_module))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -91,7 +91,7 @@ class IntrospectCallback(TrainerCallback):
         self.introspector = self.args.make(
             tensorboard_dir(args, state), model, _torch_optimizer(optimizer),
             initial_step=int(state.global_step), initial_epoch=int(state.epoch or 0),
-            planned=_planned(args, state))
+            planned=_planned(args, state), criterion=model_loss(model, args))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._settle(control)
@@ -201,6 +201,43 @@ def _planned(args: Any, state: Any) -> tuple[float | None, float | None, int | N
 def _is_curve(name: str, value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and name not in _NOT_CURVES and not name.endswith(_NOT_CURVE_SUFFIXES))
+
+
+def model_loss(model: Any, args: Any) -> torch.nn.Module | None:
+    """The loss the ``Trainer`` computes, where it is certain: label smoothing
+    (``label_smoothing_factor``: the Trainer's cross-entropy on the logits), else the
+    model's own loss from ``labels`` for a class transformers registers for its config
+    (``MODEL_FOR_CAUSAL_LM_MAPPING``: cross-entropy over the logits;
+    ``MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING``: by ``config.problem_type``, one label
+    being a regression), its ``forward`` not overridden. None otherwise (a subclass, an
+    unset ``problem_type`` with several labels, which the labels' dtype decides later)."""
+    from torch import nn
+    from transformers.models.auto import modeling_auto as auto
+
+    smoothing = float(getattr(args, "label_smoothing_factor", 0.0) or 0.0)
+    if smoothing:
+        return nn.CrossEntropyLoss(label_smoothing=smoothing)
+    config = getattr(model, "config", None)
+
+    def registered(mapping: Any) -> bool:
+        try:
+            cls = mapping[type(config)]
+        except (KeyError, ValueError):
+            return False
+        return isinstance(model, cls) and type(model).forward is cls.forward
+
+    if config is None:
+        return None
+    if registered(auto.MODEL_FOR_CAUSAL_LM_MAPPING):
+        return nn.CrossEntropyLoss()
+    if registered(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING):
+        problem = getattr(config, "problem_type", None)
+        if problem is None and getattr(config, "num_labels", 0) == 1:
+            problem = "regression"
+        return {"single_label_classification": nn.CrossEntropyLoss,
+                "multi_label_classification": nn.BCEWithLogitsLoss,
+                "regression": nn.MSELoss}.get(problem, lambda: None)()
+    return None
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:

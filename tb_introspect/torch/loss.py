@@ -72,3 +72,11 @@ def describe_run(criterion: Any, model: nn.Module, optimizer: torch.optim.Optimi
     d = json.loads(text or metadata.loss_json(None))
     d.update(facts)
     return json.dumps(d)
+
+
+def attribute_loss(module: nn.Module) -> nn.Module | None:
+    """The loss module ``module`` holds as an attribute (a direct child such as
+    ``self.loss_fn = nn.CrossEntropyLoss()``) when it holds exactly one of the known
+    classes; None when it holds none or several (which one is used is not known)."""
+    found = [m for m in module.children() if isinstance(m, tuple(c for c, _, _ in _KNOWN))]
+    return found[0] if len(found) == 1 else None

@@ -226,3 +226,21 @@ def test_a_step_based_run_gets_windows_readable_while_it_trains(tmp_path: Path):
     assert set(steps) == {10}
     # The loss band per window holds the window's one logged value (logging_steps=10).
     assert len(run.metric_epochs["loss"]) == 30
+
+
+def test_the_models_own_loss_is_recorded_where_it_is_certain(hf_runs):
+    """GPT-2's LM head computes a cross-entropy over its logits from ``labels``; the BERT
+    classifier's loss waits for the labels' dtype (``problem_type`` unset, 4 labels): not
+    recorded."""
+    from transformers import TrainingArguments
+
+    from tb_introspect.transformers import model_loss
+
+    info = ts.read_run(str(hf_runs["gpt2"])).loss_info
+    assert info["name"] == "CrossEntropyLoss" and info["task"] == "classification"
+    assert info["from_logits"] is True and info["label_smoothing"] == 0.0
+    assert not ts.read_run(str(hf_runs["bert"])).loss_info
+    # The Trainer's own label smoothing replaces the model's loss.
+    args = TrainingArguments(str(hf_runs["bert"].parent / "args"), report_to=[],
+                             label_smoothing_factor=0.1)
+    assert model_loss(hs.gpt2(), args).label_smoothing == pytest.approx(0.1)

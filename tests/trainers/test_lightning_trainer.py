@@ -187,3 +187,34 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
     np.testing.assert_array_equal(out.field("steps"), np.diff([0, *ends]))
     # Written while it trained: the windows up to step 50 (the band at its end included).
     assert len(seen[50]) >= 10 and seen[50][-1] == 50, seen
+
+
+def test_a_loss_module_held_as_an_attribute_is_recorded(tmp_path: Path, lightning_runs):
+    """``self.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)`` is the module's loss, as
+    a ``criterion=``; the CNN computing ``F.cross_entropy`` in ``training_step`` declares
+    none, and none is recorded."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+    from torch import nn
+
+    from tb_introspect.lightning import Introspect
+
+    class WithLoss(ls._digits_cnn_class()):
+        def __init__(self):
+            super().__init__()
+            self.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.loss_fn(self(x), y)
+
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                        accelerator="cpu", logger=CSVLogger(str(tmp_path)),
+                        callbacks=[Introspect(every=1)], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    train, _ = ls.loaders()
+    trainer.fit(WithLoss(), train)
+    info = ts.read_run(trainer.log_dir).loss_info
+    assert info["name"] == "CrossEntropyLoss" and info["task"] == "classification"
+    assert info["from_logits"] is True and info["label_smoothing"] == pytest.approx(0.1)
+    assert not ts.read_run(str(lightning_runs["cnn"])).loss_info
