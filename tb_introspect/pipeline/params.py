@@ -48,11 +48,20 @@ def channels_last(a: np.ndarray) -> np.ndarray:
 class Shard:
     """The block of a variable this process holds: the whole variable's ``shape``, the
     ``offset`` of the block in it (one per axis), and whether this copy ``counts`` (False
-    on all but the first of the processes holding the same block)."""
+    on all but the first of the processes holding the same block). ``index``: per axis,
+    the whole's index of each of the block's positions, for a block not contiguous in the
+    whole (None: the block runs from ``offset``)."""
 
     shape: tuple[int, ...]
     offset: tuple[int, ...]
     counts: bool = True
+    index: tuple[tuple[int, ...], ...] | None = None
+
+    def positions(self, axis: int, n: int) -> np.ndarray | slice:
+        """Where the block's ``n`` positions along ``axis`` sit in the whole."""
+        if self.index is None:
+            return slice(self.offset[axis], self.offset[axis] + n)
+        return np.asarray(self.index[axis], dtype=np.int64)
 
 
 class Params:
@@ -111,11 +120,11 @@ class Params:
             return empty
         st = stats_np.tensor_state(self._view(local), sample_size=k)
         if local.ndim >= 1:
-            empty["channel_nnz"][sh.offset[0]:sh.offset[0] + local.shape[0]] = st["channel_nnz"]
+            empty["channel_nnz"][sh.positions(0, local.shape[0])] = st["channel_nnz"]
         if p:
             grid = np.zeros(sh.shape[2:])
-            where = tuple(slice(o, o + n) for o, n in zip(sh.offset[2:], local.shape[2:],
-                                                         strict=True))
+            where = np.ix_(*(np.arange(sh.shape[a])[sh.positions(a, n)]
+                             for a, n in enumerate(local.shape[2:], start=2)))
             grid[where] = st["spatial_nnz"].reshape(local.shape[2:])
             empty["spatial_nnz"] = grid.reshape(-1)
         st.update(channel_nnz=empty["channel_nnz"], spatial_nnz=empty["spatial_nnz"],

@@ -1,8 +1,10 @@
 """Parameters held in pieces by several processes, and the wrappers the tool cannot read.
 
 A ``DTensor`` parameter (FSDP2's ``fully_shard``, tensor parallelism's
-``parallelize_module``) holds on each process the block its placements give it: ``Shard(d)``
-splits axis ``d`` over a mesh dimension, ``Replicate()`` gives every process of that mesh
+``parallelize_module``, both on a 2-D mesh) holds on each process the block its placements
+give it: ``Shard(d)`` splits axis ``d`` over a mesh dimension, ``_StridedShard(d, sf)`` too
+but in strides (FSDP2 over tensor parallelism: the tensor parallel split comes first, so a
+block may not be one run of the whole), ``Replicate()`` gives every process of that mesh
 dimension the same block. ``shard`` says which block this process holds, where it sits in the
 whole, and whether this copy counts (the first of its replicas), as ``pipeline.params.Shard``;
 ``local`` is the block itself. A parameter on a mesh of one process is whole.
@@ -43,25 +45,37 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def shard(t: torch.Tensor) -> Shard | None:
     """Which block of ``t`` this process holds; None when it holds the whole (not a
-    ``DTensor``, or a mesh of one process). Raises ``ValueError`` for a placement whose
-    values are not yet summed (``Partial``)."""
+    ``DTensor``, or a mesh of one process). Raises ``ValueError`` for a placement the tool
+    does not read (``Partial``: values not yet summed over processes)."""
     if not is_dtensor(t) or t.device_mesh.size() == 1:
         return None
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor import Shard as ShardPlacement
 
+    strided = private.strided_shard_type()
     mesh, placements = t.device_mesh, t.placements
     coord = mesh.get_coordinate()
     if coord is None:  # this process is not on the parameter's mesh
         return Shard(tuple(t.shape), (0,) * t.ndim, counts=False)
-    counts = True
+    # a parameter on a sub-mesh has a copy on each of its sibling sub-meshes
+    counts = private.first_copy_on_root_mesh(mesh)
     for dim, pl in enumerate(placements):
         if isinstance(pl, Replicate):
             counts = counts and coord[dim] == 0
-        elif not isinstance(pl, ShardPlacement):
-            raise ValueError(f"placement {pl} (a value not yet summed over processes)")
-    offset = private.dtensor_offset(t)
-    return Shard(tuple(int(d) for d in t.shape), tuple(int(o) for o in offset), counts)
+        elif isinstance(pl, Partial):
+            raise ValueError(f"placement {pl} (values not yet summed over processes)")
+        elif not (isinstance(pl, ShardPlacement) or strided and isinstance(pl, strided)):
+            raise ValueError(f"placement {pl} (a layout the tool does not read)")
+    try:
+        index = private.dtensor_positions(t.shape, mesh.shape, coord, placements)
+    except (ImportError, AttributeError, TypeError) as e:
+        raise ValueError(f"placements {tuple(placements)} (where this process's block sits"
+                         f" in the whole, which this PyTorch does not say: {e})") from e
+    offset = tuple(ix[0] if ix else 0 for ix in index)
+    contiguous = all(tuple(ix) == tuple(range(o, o + len(ix)))
+                     for ix, o in zip(index, offset, strict=True))
+    return Shard(tuple(int(d) for d in t.shape), offset, counts,
+                 None if contiguous else index)
 
 
 def data_parallel(model: nn.Module) -> bool:

@@ -53,9 +53,15 @@ def _single(tmp_path_factory, every) -> str:
 
 
 @pytest.fixture(scope="module")
-def fsdp(tmp_path_factory):
+def single(tmp_path_factory):
+    """One process on the whole global batches (a few seconds)."""
+    return ts.read_run(_single(tmp_path_factory, "epoch"))
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory, single):
     sharded = _spawn(tmp_path_factory, "fsdp")
-    return ts.read_run(sharded), ts.read_run(_single(tmp_path_factory, "epoch")), sharded
+    return ts.read_run(sharded), single, sharded
 
 
 def _differences(single, sharded, views=metadata.VIEWS) -> dict[tuple[str, str], float]:
@@ -212,15 +218,34 @@ def test_fsdp1_flat_parameters_are_named_and_training_goes_on(tmp_path, recwarn)
     assert ts.by_name(run, "output") and "variable" not in run.tensors
 
 
-def test_tensor_parallel_reads_the_whole_layer(tmp_path_factory, fsdp):
+def test_tensor_parallel_reads_the_whole_layer(tmp_path_factory, single):
     """ColwiseParallel / RowwiseParallel on 2 ranks, both on the whole batch: the weights'
     and gradients' statistics are the unsharded model's."""
     log_dir = _spawn(tmp_path_factory, "tp")
     assert not any(r["warnings"] for r in _ranks(log_dir))
-    tp, single = ts.read_run(log_dir), fsdp[1]
+    tp = ts.read_run(log_dir)
     diffs = _differences(single, tp, views=("variable", "gradient"))
     for (view, slot), d in diffs.items():
         assert d <= (1e-4 if not _sampled(slot) else np.inf), (view, slot, d)
+
+
+def test_fsdp_over_tensor_parallel_on_a_2d_mesh_equals_one_process(tmp_path_factory, single):
+    """4 ranks, mesh (data parallel 2, tensor parallel 2): FSDP2 over ColwiseParallel /
+    RowwiseParallel. The column-parallel weights are ``_StridedShard`` on the data parallel
+    dimension; their blocks merge into the unsharded model's statistics, slot by slot."""
+    log_dir = _spawn(tmp_path_factory, "2d", world=4)
+    ranks = _ranks(log_dir, world=4)
+    assert not any(r["warnings"] for r in ranks), [r["warnings"] for r in ranks]
+    with open(os.path.join(log_dir, "placements0.json")) as f:
+        assert "_StridedShard" in json.load(f)["0.weight"]
+    mesh2d = ts.read_run(log_dir)
+    assert ts.by_name(mesh2d, "output")
+    diffs = _differences(single, mesh2d, views=("variable", "gradient"))
+    print("\nlargest relative difference per slot (FSDP x TP on 4 ranks vs one process):")
+    for (view, slot), d in sorted(diffs.items()):
+        print(f"  {view:16s} {slot:18s} {d:.2e}")
+    for (view, slot), d in diffs.items():
+        assert d <= (2e-4 if not _sampled(slot) else np.inf), (view, slot, d)
 
 
 def test_a_rank_that_never_arrives_costs_one_timeout(tmp_path_factory):

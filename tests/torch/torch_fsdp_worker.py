@@ -11,6 +11,9 @@ each rank trains on its share of every global batch. ``mode`` picks the run:
 * ``killed``: 3 epochs; rank 0, the writer, kills itself (SIGKILL) in the third;
 * ``tp``: tensor parallelism (``ColwiseParallel`` then ``RowwiseParallel``) on the hidden
   layers, every rank on the whole batch.
+* ``2d``: 4 ranks on a 2-D mesh (data parallel 2 x tensor parallel 2): the ``tp`` layers,
+  then FSDP2 over the data parallel dimension (the column-parallel weights' placement is
+  ``_StridedShard``); each data parallel pair trains on its half of every global batch.
 
 Each rank writes what it trained (its losses) to ``<log_dir>/rank<r>.json``.
 """
@@ -86,25 +89,33 @@ def _train(rank: int, world: int, log_dir: str, mode: str) -> list[float]:
     torch.manual_seed(0)
     model = mlp()
     data = batches()
-    if mode == "tp":
+    dp_mesh, dp_rank, dp_size = None, rank, world
+    if mode in ("tp", "2d"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
             RowwiseParallel,
             parallelize_module,
         )
-        mesh = init_device_mesh("cpu", (world,))
-        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    else:
+        if mode == "2d":
+            mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+            tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+            dp_rank, dp_size = dp_mesh.get_local_rank(), dp_mesh.size()
+        else:
+            tp_mesh = init_device_mesh("cpu", (world,))
+        parallelize_module(model, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    if mode != "tp":
         from torch.distributed.fsdp import fully_shard
         for layer in model:
             if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
-    if mode != "tp":
-        share = GLOBAL_BATCH // world
-        data = [(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share])
-                for x, y in data]
+                fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        if mode == "2d":  # what the test reads: the placements the tool was handed
+            with open(os.path.join(log_dir, f"placements{rank}.json"), "w") as f:
+                json.dump({n: str(p.placements) for n, p in model.named_parameters()}, f)
+        share = GLOBAL_BATCH // dp_size
+        data = [(x[dp_rank * share:(dp_rank + 1) * share],
+                 y[dp_rank * share:(dp_rank + 1) * share]) for x, y in data]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     every = 3 if mode == "every3" else "epoch"
     options = {"overhead": 0.05} if mode == "slow" else {"overhead": None, "stats_every": 2}
