@@ -34,6 +34,8 @@ from tb_introspect.torch import Introspector
 from tb_introspect.torch import parameters as parameters_module
 
 STEPS, EPOCHS, GLOBAL_BATCH, FEATURES, CLASSES = 6, 2, 16, 12, 5
+#: Steps per epoch of the ``2d`` run (4 ranks on 2 CPU cores: few steps keep it short).
+MESH2D_STEPS = 3
 #: The tool's collective timeout in the ``absent`` run (seconds).
 ABSENT_TIMEOUT_S = 4
 
@@ -71,13 +73,17 @@ def rank_main(rank: int, world: int, init: str, log_dir: str, mode: str) -> None
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["TB_INTROSPECT_COLLECTIVE_TIMEOUT"] = str(ABSENT_TIMEOUT_S if mode == "absent"
                                                          else 20)
+    started = time.time()
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    joined = time.time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses = _train(rank, world, log_dir, mode)
     said = [str(w.message) for w in caught if "tb_introspect" in str(w.message)]
     with open(os.path.join(log_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"losses": losses, "warnings": said}, f)
+        # when the rank started (after its imports), joined the group, finished training
+        json.dump({"losses": losses, "warnings": said,
+                   "times": [started, joined, time.time()]}, f)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -88,7 +94,7 @@ def rank_main(rank: int, world: int, init: str, log_dir: str, mode: str) -> None
 def _train(rank: int, world: int, log_dir: str, mode: str) -> list[float]:
     torch.manual_seed(0)
     model = mlp()
-    data = batches()
+    data = batches(MESH2D_STEPS if mode == "2d" else STEPS)
     dp_mesh, dp_rank, dp_size = None, rank, world
     if mode in ("tp", "2d"):
         from torch.distributed.device_mesh import init_device_mesh
