@@ -1,5 +1,6 @@
 """Sharded PyTorch training on 2 gloo processes (CPU): FSDP2's statistics equal a single
-process's on the same global batches, slot by slot; tensor parallelism reads the same way;
+process's on the same global batches, slot by slot; tensor parallelism reads the same way,
+and so does FSDP2 over tensor parallelism on a 2-D mesh of 4 processes (``_StridedShard``);
 ranks of different speeds, a fault on one rank, a rank that never arrives, a killed writer
 and FSDP1 never break the training (or the points already written)."""
 
