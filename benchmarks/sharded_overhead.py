@@ -28,10 +28,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_overhead import GPT, tokens  # noqa: E402
+from torch_overhead import GPT, tokens, train_step  # noqa: E402
 
 from tb_introspect.torch import Introspector  # noqa: E402
 
@@ -62,11 +61,7 @@ class Variant:
         wall, cpu = time.perf_counter(), time.process_time()
         self.model.train()
         for x, y in data:
-            out = self.model(x)
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
+            loss = train_step(self.model, self.opt, x, y)
             if self.intro is not None:
                 self.intro.step(loss=loss)
         if self.intro is not None:

@@ -165,11 +165,7 @@ class Variant:
         wall, cpu = time.perf_counter(), time.process_time()
         self.model.train()
         for x, y in data:
-            out = self.model(x)
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
+            loss = train_step(self.model, self.opt, x, y)
             if self.intro is not None:
                 self.intro.step(loss=loss)
             elif self.wandb is not None:
@@ -240,7 +236,7 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
     return rows
 
 
-def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
                 y: torch.Tensor) -> torch.Tensor:
     out = model(x)
     loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
@@ -270,11 +266,11 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
 
     def step(phase: str) -> None:
         if phase == "plain":
-            _train_step(plain, opt_plain, x, y)
+            train_step(plain, opt_plain, x, y)
             return
         # The phase the governor would have chosen, its hooks in place before the forward.
         intro.hooks.set_phase(StepMode.LEAN if phase == "activity" else StepMode.STATS)
-        intro.step(loss=_train_step(model, opt, x, y))
+        intro.step(loss=train_step(model, opt, x, y))
 
     def point() -> None:
         intro.pipeline.log(intro.step_count)

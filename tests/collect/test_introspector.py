@@ -34,10 +34,8 @@ def batches(n_batches=4, batch=8, seed=0):
              rng.normal(size=(batch, 2)).astype("float32")) for _ in range(n_batches)]
 
 
-@pytest.mark.parametrize("jit", [False, True])
-def test_per_epoch_custom_loop(tmp_path, jit):
-    model, opt = make()
-    intro = Introspector(str(tmp_path), every="epoch")
+def recorded_step(intro, model, opt, jit=False):
+    """The MLP's training step, recording all four views of both layers into ``intro``."""
     hidden, head = model.layers
 
     @tf.function(jit_compile=jit)
@@ -52,6 +50,15 @@ def test_per_epoch_custom_loop(tmp_path, jit):
                      outputs={"hidden": h, "head": out},
                      output_gradients={"hidden": dh, "head": dout}, metrics={"loss": loss})
         return loss
+
+    return train_step
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_per_epoch_custom_loop(tmp_path, jit):
+    model, opt = make()
+    intro = Introspector(str(tmp_path), every="epoch")
+    train_step = recorded_step(intro, model, opt, jit)
 
     data = batches()
     begin, end, losses = {}, {}, []

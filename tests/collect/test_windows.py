@@ -4,7 +4,6 @@ steps (and at each epoch's end), aggregated as an epoch is."""
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
 from tb_introspect import Introspector
 from tb_introspect.keras import Introspect
@@ -50,20 +49,7 @@ def test_custom_loop_windows(tmp_path):
     is its statistics step; the rectifier's activity counts every step of the window."""
     model, opt = loop.make()
     intro = Introspector(str(tmp_path), window=3, rectifiers=["hidden"])
-    hidden, head = model.layers
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            h = hidden(x)
-            out = head(h)
-            loss = tf.reduce_mean(tf.square(out - y))
-        grads, (dh, dout) = tape.gradient(loss, [model.trainable_variables, [h, out]])
-        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        intro.record(variables=model.trainable_variables, gradients=grads,
-                     outputs={"hidden": h, "head": out},
-                     output_gradients={"hidden": dh, "head": dout}, metrics={"loss": loss})
-        return loss
+    train_step = loop.recorded_step(intro, model, opt)
 
     weights = [[np.array(v) for v in model.trainable_variables]]
     for _ in range(2):
