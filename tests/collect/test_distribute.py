@@ -100,20 +100,24 @@ def test_multi_worker_mirrored_strategy_one_message(tmp_path):
     ports = [_free_port(), _free_port()]
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     procs = []
+    # Each worker's stderr goes to a file: pipes read one worker after the other can fill up
+    # while the other worker waits for its peer.
+    logs = [tmp_path / f"worker{i}.err" for i in range(2)]
     for i in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
         procs.append(subprocess.Popen(
             [sys.executable, WORKER, "multiworker", str(tmp_path), str(tmp_path / f"run{i}")],
-            env=_env({"TF_CONFIG": tf_config}), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            env=_env({"TF_CONFIG": tf_config}), stdout=subprocess.DEVNULL,
+            stderr=logs[i].open("w"),
         ))
     try:
-        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+        for p in procs:
+            p.wait(timeout=TIMEOUT)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for i, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)):
+    for i, (p, err) in enumerate(zip(procs, [log.read_text() for log in logs], strict=True)):
         assert p.returncode == 0, err[-4000:]
         assert "tb_introspect" not in err.replace("tb_introspect:", ""), err[-4000:]
         with open(tmp_path / f"worker{i}.json") as f:

@@ -31,17 +31,22 @@ def test_lightning_model_parallel_strategy_writes_the_whole_model(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
            "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "NODE_RANK": "0"}
+    # Each rank's stderr goes to a file: a pipe read one rank after the other can fill up
+    # while the reader waits on the other rank, which then waits on this one in a collective.
+    logs = [tmp_path / f"rank{r}.err" for r in range(2)]
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(log_dir)], cwd=tmp_path,
                               env={**env, "LOCAL_RANK": str(r), "RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=logs[r].open("w"))
              for r in range(2)]
     try:
-        errs = [p.communicate(timeout=180)[1] for p in procs]
+        for p in procs:
+            p.wait(timeout=180)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    errs = [log.read_text() for log in logs]
     for p, err in zip(procs, errs, strict=True):
         assert p.returncode == 0, err[-4000:]
         assert "tb_introspect:" not in err, err[-4000:]
