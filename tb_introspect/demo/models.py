@@ -196,7 +196,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         build_lr_too_high_cnn,
         quick_epochs=12,
         story=LR_TOO_HIGH_KINDS,
-        contradicts=VANISHING_KINDS | {"saturated_units", "poor_initialization"},
+        contradicts=VANISHING_KINDS | {"saturated_units", "poor_initialization", "identical_units"},
     ),
     Scenario(
         "dying_relu_mlp",
@@ -206,7 +206,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         build_dying_relu_mlp,
         quick_epochs=8,
         story=DEAD_UNIT_KINDS,
-        contradicts=VANISHING_KINDS | {"saturated_units"},
+        contradicts=VANISHING_KINDS | {"saturated_units", "identical_units"},
     ),
     Scenario(
         "vanishing_sigmoid_mlp",
@@ -218,7 +218,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         story=VANISHING_KINDS,
         # Its sigmoids sit mid-range (the derivative <= 0.25 is the cause): neither dead nor
         # saturated, and its steps are not too large.
-        contradicts=DEAD_UNIT_KINDS | LR_TOO_HIGH_KINDS | {"saturated_units"},
+        contradicts=DEAD_UNIT_KINDS | LR_TOO_HIGH_KINDS | {"saturated_units", "identical_units"},
     ),
 )
 

@@ -5,7 +5,9 @@ output and the same gradient, so every update keeps them equal: a 64-unit layer 
 one unit, for the whole run. Two exact signals, read from the first point:
 
 * **equal activity**: the activity map of a rectified layer gives every channel the same
-  activation rate (within 1e-6), neither 0 (dead, ``dead_units``'s business) nor 1;
+  activation rate (within 1e-6), neither 0 (dead, ``dead_units``'s business) nor 1. Every
+  channel always on counts only beside a constant kernel: a sigmoid's outputs are never
+  zero either, and from the logged statistics alone (never negative) it looks rectified;
 * **a constant kernel or bias**: a kernel (or the bias of a layer with a kernel) whose
   entries are all one non-zero value (min = max) after training steps: its inputs and its
   output gradients are the same for every unit.
@@ -27,9 +29,10 @@ _RATE_TOLERANCE = 1e-6
 _ALWAYS_ON_UNITS = 8
 
 
-def _equal_activity(rv: RunView) -> dict[str, tuple[int, float, object]]:
+def _equal_activity(rv: RunView, always_on: bool) -> dict[str, tuple[int, float, object]]:
     """{layer: (channels, rate at the first point, series)} of the activity maps whose
-    channels have equal rates in (0, 1) at every point logged."""
+    channels have equal rates in (0, 1) at every point logged (also at 1 with
+    ``always_on``)."""
     out: dict[str, tuple[int, float, object]] = {}
     last = output_series(rv)
     # Hidden rectified layers only: outputs never negative (a linear output's channels
@@ -47,7 +50,7 @@ def _equal_activity(rv: RunView) -> dict[str, tuple[int, float, object]]:
             continue
         lo, hi = rates.min(axis=1), rates.max(axis=1)
         # Every unit always on counts from 8 units (a few healthy units can all be).
-        inside = (lo > 0) & ((hi < 1) | (len(chans) >= _ALWAYS_ON_UNITS))
+        inside = (lo > 0) & ((hi < 1) | (always_on and len(chans) >= _ALWAYS_ON_UNITS))
         if np.all(hi - lo <= _RATE_TOLERANCE) and np.all(inside):
             out[layer] = (len(chans), float(rates[0, 0]), s)
     return out
@@ -75,8 +78,8 @@ def _constant_kernels(rv: RunView) -> dict[str, tuple[float, object]]:
 def identical_units(rv: RunView) -> list[Finding]:
     """A layer whose units are identical at every point logged: equal activity across its
     channels, or a constant non-zero kernel."""
-    act = _equal_activity(rv)
     const = _constant_kernels(rv)
+    act = _equal_activity(rv, always_on=bool(const))
     if not act and not const:
         return []
     depth = {s.info.layer: s.info.depth for v in rv.run.tensors.values() for s in v}
