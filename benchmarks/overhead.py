@@ -246,7 +246,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
             rows[i]["drain"].append(timers.drain)
             gov = [c.governor for c in cbs[i] if isinstance(c, Introspect)]
             if gov:
-                rows[i]["stats"].append(gov[0].cadence()[0])
+                rows[i]["stats"].append(gov[0].last_window[0])
         for i, (_, jit, _) in enumerate(vs):
             b = base["jit"] if jit else base["plain"]
             rows[i]["wall"].append(wall[i] / wall[b])

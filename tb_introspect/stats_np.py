@@ -709,13 +709,25 @@ def _segment_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
+def update_ratio_of_sums(ww: np.ndarray, dd: np.ndarray) -> np.ndarray:
+    """``update_ratio`` from the sums of w² (``ww``) and of dw² (``dd``): what a variable
+    split over processes merges (NaN or inf when ``w`` is all zero)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.sqrt(dd) / np.sqrt(ww)
+
+
+def cosine_of_sums(ab: np.ndarray, aa: np.ndarray, bb: np.ndarray) -> np.ndarray:
+    """``cos_prev`` from the sums of a·b, a² and b² (NaN when either is zero)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return ab / np.sqrt(aa * bb)
+
+
 def update_ratios(ws: Sequence[np.ndarray], dws: Sequence[np.ndarray]) -> np.ndarray:
     """``update_ratio`` of each variable: ‖dw‖ / ‖w‖, the change ``dw`` since the previous
     point relative to the weights ``w`` (NaN or inf when ``w`` is all zero)."""
     w, starts = _flat64(ws)
     dw, _ = _flat64(dws)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return np.sqrt(_segment_sums(dw * dw, starts)) / np.sqrt(_segment_sums(w * w, starts))
+    return update_ratio_of_sums(_segment_sums(w * w, starts), _segment_sums(dw * dw, starts))
 
 
 def cos_prevs(gs: Sequence[np.ndarray], prevs: Sequence[np.ndarray]) -> np.ndarray:
@@ -723,9 +735,8 @@ def cos_prevs(gs: Sequence[np.ndarray], prevs: Sequence[np.ndarray]) -> np.ndarr
     when either is zero)."""
     a, starts = _flat64(gs)
     b, _ = _flat64(prevs)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return _segment_sums(a * b, starts) / np.sqrt(
-            _segment_sums(a * a, starts) * _segment_sums(b * b, starts))
+    return cosine_of_sums(_segment_sums(a * b, starts), _segment_sums(a * a, starts),
+                          _segment_sums(b * b, starts))
 
 
 def implicit_lrs(dws: Sequence[np.ndarray], gsums: Sequence[np.ndarray],

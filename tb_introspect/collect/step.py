@@ -62,7 +62,6 @@ class StepRecorder:
                  loss_scale: tf.Tensor | None = None, anchor: Any = None,
                  mode: StepMode = StepMode.AUTO):
         self.plan = plan
-        self.failures = plan.failures
         self.count = count
         self.gradient_sums = gradient_sums
         self.output_states = output_states
@@ -108,7 +107,7 @@ class StepRecorder:
         return t / tf.cast(self.loss_scale, t.dtype)
 
     def fail(self, part: Part, error: BaseException) -> None:
-        self.failures.fail(part, error)
+        self.plan.failures.fail(part, error)
 
     # -- layer outputs (called by capture.LayerPatcher wrappers, or the custom loop)
 
@@ -135,7 +134,7 @@ class StepRecorder:
         return capture.replace_leaves(outputs, new)
 
     def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
-        output_states, failures = self.output_states, self.failures
+        output_states, failures = self.output_states, self.plan.failures
         name = self.plan.outputs[j].name
         if self.mode is StepMode.LEAN and not self.plan.per_epoch:
             return x  # nothing between sampled steps
@@ -169,7 +168,7 @@ class StepRecorder:
         output_states = self.output_states
         name = self.plan.outputs[j].name
         if output_states is None or view not in output_states.states or (
-                self.failures.is_off(view, name)):
+                self.plan.failures.is_off(view, name)):
             return
         try:
             stats.to_float(x, name)  # unsupported dtypes (strings) fail here, alone
@@ -177,7 +176,7 @@ class StepRecorder:
                 x = self._unscale(x)
             self.stash[view][j] = kernels.as_activation(x, output_states.layout.canonical[j])
         except Exception as e:  # never break training
-            self.failures.fail(Part(view, name), e)
+            self.plan.failures.fail(Part(view, name), e)
 
     def finish(self) -> None:
         """Fold the stashed tensors into the accumulators (one merge per view); count the step."""
@@ -185,7 +184,7 @@ class StepRecorder:
             try:
                 self._fold()
             except Exception as e:  # the fold covers both views
-                self.failures.fail([Part(view) for view in self.output_states.states], e)
+                self.plan.failures.fail([Part(view) for view in self.output_states.states], e)
         with tf.control_dependencies(self.anchor + [self.step, self.window_step]):
             self.count.done.assign_add(1)
             self.count.window.assign_add(1)
@@ -236,9 +235,9 @@ class StepRecorder:
             for j in order:
                 if j not in kept:
                     del stash[j]
-                    self.failures.switch_off(Part(view, self.plan.outputs[j].name))
+                    self.plan.failures.switch_off(Part(view, self.plan.outputs[j].name))
                     dropped += 1
-        self.failures.warn_once(
+        self.plan.failures.warn_once(
             "xla limit", f"jit_compile=True: statistics of {total - dropped} of"
             f" {total} layer outputs and output gradients are compiled into the"
             " training step (XLA's compile time and memory grow with each); the others"
@@ -266,7 +265,7 @@ class StepRecorder:
                     # nested function costs about 45 us (MobileNetV2 counts 35 outputs).
                     part = layout.pad(stats.activity_state(t), j)
                 except Exception as e:  # this tensor only
-                    self.failures.fail(Part("output", spec.name), e)
+                    self.plan.failures.fail(Part("output", spec.name), e)
                     part = None
             if part is None:
                 part = {k: tf.constant(layout.empty_row[k]) for k in ACTIVITY_KEYS}
@@ -296,7 +295,7 @@ class StepRecorder:
                     part = fn(t, base + tf.constant([2 if view == "output" else 3, j], tf.int64))
                     rows.append(layout.pad(part, j))
                 except Exception as e:  # this tensor only
-                    self.failures.fail(Part(view, self.plan.outputs[j].name), e)
+                    self.plan.failures.fail(Part(view, self.plan.outputs[j].name), e)
                     rows.append(empty)
             new = {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
             output_states.fold(view, new)
@@ -315,7 +314,7 @@ class StepRecorder:
         pairs = []
         for g, v in zip(grads, variables, strict=True):
             i = sums.index.get(id(v))
-            if g is None or i is None or self.failures.is_off(
+            if g is None or i is None or self.plan.failures.is_off(
                     "gradient", self.plan.variables[i].name):
                 continue
             pairs.append((i, g))
@@ -337,7 +336,7 @@ class StepRecorder:
             self._when_sampled(lambda: _run_if(finite, lambda: sums.add(dense),
                                                lambda: sums.count_skipped(dense)))
         except Exception as e:
-            self.failures.fail(Part("gradient"), e)
+            self.plan.failures.fail(Part("gradient"), e)
 
     def record_metrics(self, totals: Sequence[tf.Tensor], counts: Sequence[tf.Tensor]) -> None:
         """This step's per-metric (weighted) totals and counts, into the step ring buffer."""

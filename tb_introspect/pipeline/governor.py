@@ -91,6 +91,8 @@ class Governor:
         self.forced = False
         self.window_runs = 0
         self.window_stats_runs = 0
+        #: (statistics executions, executions) of the last window that ended.
+        self.last_window = (0, 0)
         #: Several processes: the spacing they all use (None: one process, the budget).
         self.shared_spacing: int | None = None
 
@@ -99,6 +101,8 @@ class Governor:
     def begin_window(self) -> None:
         """A new window (epoch): its first execution is a statistics execution."""
         self.window_start = True
+        if self.window_runs:  # what the window that ended ran, for the benchmarks
+            self.last_window = self.cadence()
         self.window_runs = self.window_stats_runs = 0
 
     def force(self) -> None:

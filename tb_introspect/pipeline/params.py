@@ -213,8 +213,7 @@ class Params:
                 for j, i in enumerate(keep):
                     if not whole[i]:
                         gg, pp, gp = merged[i, "gp"]
-                        with np.errstate(divide="ignore", invalid="ignore"):
-                            cos[j] = gp / np.sqrt(gg * pp)
+                        cos[j] = stats_np.cosine_of_sums(gp, gg, pp)
                 out.blocks.append(Block("gradient", [specs[i] for i in keep], summary_pb.fill_slots(
                     self._stats(keep, gsums, "gradient", merged, "g"), "gradient",
                     o.quantiles, cos_prev=cos)))
@@ -239,8 +238,7 @@ class Params:
                 for j, i in enumerate(keep):
                     if not whole[i]:
                         ww, dd = merged[i, "wp"]
-                        with np.errstate(divide="ignore", invalid="ignore"):
-                            ratio[j] = np.sqrt(dd) / np.sqrt(ww)
+                        ratio[j] = stats_np.update_ratio_of_sums(ww, dd)
                         if gsums is not None:
                             ilr[j] = merged[i, "ilr"]
                 extras = {"update_ratio": ratio}

@@ -33,7 +33,6 @@ class StepHooks:
                  outputs: OutputStates, parameters: ParameterViews,
                  optimizer: torch.optim.Optimizer | None) -> None:
         self.plan = plan
-        self.failures = plan.failures
         self.model = model
         self.governor = governor
         self.outputs = outputs
@@ -104,7 +103,7 @@ class StepHooks:
     # ------------------------------------------------------------------ the hooks
 
     def _forward_hook(self, spec: modules.OutputSpec) -> Callable:
-        model, outputs, failures = self.model, self.outputs, self.failures
+        model, outputs, failures = self.model, self.outputs, self.plan.failures
         gradient_hook = outputs.gradient_hook(spec) if outputs.folds_gradients else None
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
@@ -138,12 +137,12 @@ class StepHooks:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Gradients are read here: after DDP's all-reduce and ``GradScaler``'s unscale."""
         self.optimizer_ran = True
-        if self.phase is not StepMode.OFF and not self.failures.is_off("gradient"):
+        if self.phase is not StepMode.OFF and not self.plan.failures.is_off("gradient"):
             start = time.perf_counter()
             try:
                 self.parameters.add()
             except Exception as e:
-                self.failures.fail(Part("gradient"), e)
+                self.plan.failures.fail(Part("gradient"), e)
             self.instrumented += time.perf_counter() - start
 
     def close(self) -> None:
