@@ -27,7 +27,9 @@ PLUGIN_NAME = "introspect"
 #: view has the implicit-learning-rate slots, and the ACTIVITY_MAP kind exists.
 #: Version 3: the VIEW_SUMMARY kind, one tag per view holding the first screen's slots of
 #: every tensor of the view (``view_summary``); the per-tensor tags are unchanged.
-PROTO_VERSION = 3
+#: Version 4: the PROBES kind, one tag holding per-module probes of a transformer's failure
+#: modes (``probes_tag``); earlier versions simply have none.
+PROTO_VERSION = 4
 
 VIEWS = ("variable", "gradient", "output", "output_gradient")
 #: The findings' severities, most severe first.
@@ -45,6 +47,7 @@ METRIC = plugin_data_pb2.PluginData.METRIC
 METRIC_EPOCH = plugin_data_pb2.PluginData.METRIC_EPOCH
 ACTIVITY_MAP = plugin_data_pb2.PluginData.ACTIVITY_MAP
 VIEW_SUMMARY = plugin_data_pb2.PluginData.VIEW_SUMMARY
+PROBES = plugin_data_pb2.PluginData.PROBES
 
 TAG_PREFIX = PLUGIN_NAME + "/"
 
@@ -195,6 +198,69 @@ def create_view_summary_metadata(
         rows=list(rows),
     )
     return _summary_metadata(data, f"{view} summary of {len(rows)} tensors")
+
+
+#: Slots of a PROBES row: ``row_key`` (``row_key(name)`` of the row's module), ``epoch``, then
+#: the probes (``PROBE_VALUE_FIELDS``), NaN where a probe does not apply to the row:
+#: ``abs_median`` (a layer output's median |a|, from a sample of at most
+#: ``PROBE_SAMPLE_SIZE`` values of each statistics step's batch, averaged over the window's
+#: statistics steps), ``kurtosis`` (a layer output's m4 / m2², 3 for a Gaussian, per
+#: statistics step, averaged), ``attn_logit_max`` (an attention layer's largest
+#: |pre-softmax logit|, max over the window), ``logit_max`` (the output head's largest logit,
+#: max over the window) and ``logit_lse`` (the head's mean logsumexp over rows, averaged).
+PROBE_FIELDS: tuple[str, ...] = (
+    "row_key", "epoch", "abs_median", "kurtosis", "attn_logit_max", "logit_max", "logit_lse",
+)
+#: The probes a front-end computes, per row (the pipeline fills ``row_key`` and ``epoch``).
+PROBE_VALUE_FIELDS: tuple[str, ...] = PROBE_FIELDS[2:]
+#: At most this many values of a batch give ``abs_median``.
+PROBE_SAMPLE_SIZE = 4096
+#: Reference thresholds the tab draws and the findings use: an attention logit past
+#: Megatron-LM's ``--qk-clip-threshold`` (100), the kurtosis of a Gaussian (3, a layer
+#: output at initialisation), a massive activation (|a| > 100 and > 1000 times the layer
+#: output's median |a|).
+PROBE_REFERENCES: dict[str, float] = {
+    "attn_logit_max": 100.0, "kurtosis": 3.0, "massive_abs": 100.0, "massive_ratio": 1000.0,
+}
+
+
+def probes_tag() -> str:
+    """Tag of the PROBES summary (one per logged point)."""
+    return f"{TAG_PREFIX}probes"
+
+
+def probes_matrix(rows: Sequence[str], values: dict, epoch: float = 0) -> np.ndarray:
+    """The PROBES matrix ``[rows, PROBE_FIELDS]`` (float32) of one point: ``values[name]``
+    holds row ``name``'s ``PROBE_VALUE_FIELDS`` (a row without one is NaN but for its
+    ``row_key``; a name that is not a row is left out). A finite value past float32's range
+    is held at its largest value, as in ``view_summary``."""
+    width = len(PROBE_VALUE_FIELDS)
+    out = np.full((len(rows), len(PROBE_FIELDS)), np.nan)
+    for i, name in enumerate(rows):
+        out[i, 0] = row_key(name)
+        v = values.get(name)
+        if v is None:
+            continue
+        v = np.asarray(v, dtype=np.float64).reshape(-1)
+        if v.size != width:
+            raise ValueError(f"probes of {name!r}: {v.size} values, expected {width}"
+                             f" ({', '.join(PROBE_VALUE_FIELDS)})")
+        out[i, 1] = epoch
+        out[i, 2:] = v
+    big = float(np.finfo(SUMMARY_DTYPE).max)
+    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(SUMMARY_DTYPE)
+
+
+def create_probes_metadata(*, rows: Sequence[str],
+                           cadence: str = "step") -> summary_pb2.SummaryMetadata:
+    """SummaryMetadata for the PROBES summary; ``rows``: the module of each row, in order
+    (fixed for the run)."""
+    _check_cadence(cadence)
+    data = plugin_data_pb2.PluginData(
+        version=PROTO_VERSION, kind=PROBES, name="probes", cadence=cadence,
+        fields=PROBE_FIELDS, rows=list(rows),
+    )
+    return _summary_metadata(data, f"probes of {len(rows)} modules")
 
 
 def metric_epoch_band(values, epoch: float = 0) -> np.ndarray:

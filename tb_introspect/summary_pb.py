@@ -7,7 +7,7 @@ These let any framework write the format: pass the protos to TensorBoard's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2
@@ -183,17 +183,52 @@ def view_summary_pb(
     return summary
 
 
+def probes_pb(
+    probes: Mapping[str, Sequence[float] | np.ndarray],
+    *,
+    epoch: int = 0,
+    rows: Sequence[str] | None = None,
+    cadence: str = "step",
+    with_metadata: bool = True,
+) -> summary_pb2.Summary:
+    """A Summary holding one logged point's PROBES matrix (format version 4).
+
+    ``probes``: module name -> its ``metadata.PROBE_VALUE_FIELDS`` (NaN where a probe does
+    not apply). ``rows``: the modules the matrix covers, in order (default: ``probes``'
+    names); keep them the same at every point of a run, as with ``view_summary_pb``, and
+    write the metadata with the tag's first point only.
+
+    Example:
+        >>> from tensorboard.util import tensor_util
+        >>> nan = float("nan")
+        >>> pb = probes_pb({"h.0.attn": [nan, nan, 12.5, nan, nan]}, epoch=1)
+        >>> pb.value[0].tag, float(tensor_util.make_ndarray(pb.value[0].tensor)[0, 4])
+        ('introspect/probes', 12.5)
+    """
+    rows = list(probes) if rows is None else list(rows)
+    summary = summary_pb2.Summary()
+    value = summary.value.add(
+        tag=metadata.probes_tag(),
+        tensor=tensor_util.make_tensor_proto(metadata.probes_matrix(rows, probes, epoch)))
+    if with_metadata:
+        value.metadata.CopyFrom(metadata.create_probes_metadata(rows=rows, cadence=cadence))
+    return summary
+
+
 class ViewSummaries:
-    """The VIEW_SUMMARY bookkeeping of one writer, shared by every writer of the package.
+    """The VIEW_SUMMARY and PROBES bookkeeping of one writer, shared by every writer of the
+    package.
 
     Each view's rows are fixed at its first point: the tags of that point, in order. At
     later points the vectors are placed by tag (a row without one is NaN) and tags that are
     not rows are left out (the plugin then reads that view from its per-tensor tags). The
-    first summary of each view carries the metadata, later ones none.
+    first summary of each view carries the metadata, later ones none. The probes' rows
+    (module names) are kept the same way.
     """
 
     def __init__(self) -> None:
         self.rows: dict[str, tuple[str, ...]] = {}
+        self.probe_rows: tuple[str, ...] | None = None
         self._index: dict[str, dict[str, int]] = {}
         self._described: set[str] = set()
 
@@ -201,6 +236,19 @@ class ViewSummaries:
         """A new writer object (a new event file): each view's next summary carries its
         metadata again, with the same rows."""
         self._described.clear()
+
+    def probes(self, probes: Mapping[str, Sequence[float] | np.ndarray], *, epoch: int = 0,
+               cadence: str = "step") -> summary_pb2.Summary | None:
+        """The PROBES summary of one point (``probes``: module -> its probe values); None
+        when the point has none."""
+        if not probes:
+            return None
+        if self.probe_rows is None:
+            self.probe_rows = tuple(probes)
+        first = metadata.probes_tag() not in self._described
+        self._described.add(metadata.probes_tag())
+        return probes_pb(probes, epoch=epoch, rows=self.probe_rows, cadence=cadence,
+                         with_metadata=first)
 
     def summary(
         self,

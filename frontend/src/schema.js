@@ -5,7 +5,7 @@
 
 export const PLUGIN_NAME = "introspect";
 
-export const FORMAT_VERSION = 3;
+export const FORMAT_VERSION = 4;
 
 export const TAG_PREFIX = "introspect/";
 

@@ -81,6 +81,10 @@ class OptionArgs(TypedDict, total=False):
         steps, rectifiers' activity over every step, activity maps and metric
         bands per window); epoch ends still close a window. None: per epoch.
         Not with ``every=N``, which samples one step in N.
+    probes: the transformer probes (layer outputs' median |a| and kurtosis,
+        attention logits, the output head's logits; docs/format.md), taken on
+        statistics steps wherever attention layers or an output head are
+        found. False: none.
     """
 
     sample_size: int
@@ -95,6 +99,7 @@ class OptionArgs(TypedDict, total=False):
     on_finding: str | Callable[[Any], None] | None
     on_finding_severity: str
     window: int | None
+    probes: bool
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class Options:
     on_finding: str | Callable[[Any], None] | None = None
     on_finding_severity: str = "warning"
     window: int | None = None
+    probes: bool = True
 
     @classmethod
     def make(
@@ -133,6 +139,7 @@ class Options:
         on_finding: str | Callable[[Any], None] | None = None,
         on_finding_severity: str = "warning",
         window: int | None = None,
+        probes: bool = True,
     ) -> Options:
         """Validated options; raises ``ValueError`` naming the bad argument."""
         q = tuple(float(x) for x in quantiles)
@@ -150,6 +157,7 @@ class Options:
             overhead=check_overhead(overhead),
             on_finding=check_on_finding(on_finding),
             on_finding_severity=check_severity(on_finding_severity),
+            probes=check_bool("probes", probes),
         )
 
     @classmethod
@@ -231,6 +239,12 @@ def check_window(window: int | None, every: str | int) -> int | None:
                          f" aggregates epochs; every={every!r} samples one step in {every}:"
                          " give one of the two")
     return window
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_positive(name: str, value: int) -> int:

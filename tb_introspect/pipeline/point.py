@@ -40,6 +40,9 @@ class Point:
     # [variables, 3]: NaN, +Inf, -Inf values of the gradients of steps the optimizer
     # skipped (loss scaling found an overflow), in the plan's variable order.
     skipped: np.ndarray | None = None
+    # Module name -> its ``metadata.PROBE_VALUE_FIELDS`` over the window (NaN where a probe
+    # does not apply); written as the point's one PROBES summary, nothing when empty.
+    probes: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def fill(block: Block, plan: Plan, epoch: int, point: Point) -> np.ndarray:
@@ -68,8 +71,8 @@ def fill(block: Block, plan: Plan, epoch: int, point: Point) -> np.ndarray:
 
 def protos(plan: Plan, point: Point, epoch: int,
            summaries: summary_pb.ViewSummaries) -> list[summary_pb2.Summary]:
-    """The summaries of one point: a tensor summary per written tensor and each view's
-    VIEW_SUMMARY."""
+    """The summaries of one point: a tensor summary per written tensor, each view's
+    VIEW_SUMMARY and the probes."""
     out: list[summary_pb2.Summary] = []
     q, cadence = plan.options.quantiles, plan.cadence
     for block in point.blocks:
@@ -84,6 +87,8 @@ def protos(plan: Plan, point: Point, epoch: int,
         summary = summaries.summary(block.view, tags, vectors, quantiles=q, cadence=cadence)
         if summary is not None:
             out.append(summary)
+    if point.probes and plan.options.probes:
+        out.append(summaries.probes(point.probes, epoch=epoch, cadence=cadence))
     return out
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%tb_introspect/proto/plugin_data.proto\x12\rtb_introspect"\xe5\x02\n\nPluginData\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12,\n\x04kind\x18\x02 \x01(\x0e2\x1e.tb_introspect.PluginData.Kind\x12\x0c\n\x04view\x18\x03 \x01(\t\x12\r\n\x05layer\x18\x04 \x01(\t\x12\r\n\x05depth\x18\x05 \x01(\x05\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\r\n\x05dtype\x18\x08 \x01(\t\x12\x0f\n\x07cadence\x18\t \x01(\t\x12\x0e\n\x06fields\x18\n \x03(\t\x12\x11\n\tquantiles\x18\x0b \x03(\x01\x12\x0c\n\x04rows\x18\x0c \x03(\t\x12\x0c\n\x04loss\x18\r \x01(\t"p\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cTENSOR_STATS\x10\x01\x12\n\n\x06METRIC\x10\x02\x12\x10\n\x0cMETRIC_EPOCH\x10\x03\x12\x10\n\x0cACTIVITY_MAP\x10\x04\x12\x10\n\x0cVIEW_SUMMARY\x10\x05b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%tb_introspect/proto/plugin_data.proto\x12\rtb_introspect"\xf1\x02\n\nPluginData\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12,\n\x04kind\x18\x02 \x01(\x0e2\x1e.tb_introspect.PluginData.Kind\x12\x0c\n\x04view\x18\x03 \x01(\t\x12\r\n\x05layer\x18\x04 \x01(\t\x12\r\n\x05depth\x18\x05 \x01(\x05\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\r\n\x05shape\x18\x07 \x03(\x03\x12\r\n\x05dtype\x18\x08 \x01(\t\x12\x0f\n\x07cadence\x18\t \x01(\t\x12\x0e\n\x06fields\x18\n \x03(\t\x12\x11\n\tquantiles\x18\x0b \x03(\x01\x12\x0c\n\x04rows\x18\x0c \x03(\t\x12\x0c\n\x04loss\x18\r \x01(\t"|\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cTENSOR_STATS\x10\x01\x12\n\n\x06METRIC\x10\x02\x12\x10\n\x0cMETRIC_EPOCH\x10\x03\x12\x10\n\x0cACTIVITY_MAP\x10\x04\x12\x10\n\x0cVIEW_SUMMARY\x10\x05\x12\n\n\x06PROBES\x10\x06b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tb_introspect.proto.plugin_
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PLUGINDATA']._serialized_start=57
-  _globals['_PLUGINDATA']._serialized_end=414
+  _globals['_PLUGINDATA']._serialized_end=426
   _globals['_PLUGINDATA_KIND']._serialized_start=302
-  _globals['_PLUGINDATA_KIND']._serialized_end=414
+  _globals['_PLUGINDATA_KIND']._serialized_end=426
 # @@protoc_insertion_point(module_scope)
