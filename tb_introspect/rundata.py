@@ -106,6 +106,9 @@ class RunSeries:
     activity: dict[str, Series] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     format_version: int = 0
+    #: The PROBES tag (format 4: one ``[rows, PROBE_FIELDS]`` matrix per point), or None;
+    #: :func:`probes_of` reads it per row and field.
+    probes: Series | None = None
 
     @property
     def loss_info(self) -> dict | None:
@@ -122,6 +125,8 @@ class RunSeries:
         out.update({s.info.tag: s for s in self.metrics.values()})
         out.update({s.info.tag: s for s in self.metric_epochs.values()})
         out.update({s.info.tag: s for s in self.activity.values()})
+        if self.probes is not None:
+            out[self.probes.info.tag] = self.probes
         return out
 
 
@@ -231,6 +236,102 @@ def align(view: str, series: Sequence[Series]) -> Aligned:
     epochs[np.isneginf(epochs)] = np.nan  # no tensor has an epoch there
     a.epochs = epochs
     return a
+
+
+#: What :class:`Probes` holds besides ``metadata.PROBE_VALUE_FIELDS``: the layer output's
+#: max|a| (max(|min|, |max|) of its output packed vector at the probe's step) and the
+#: massive-activation ratio max|a| / abs_median.
+PROBE_DERIVED_FIELDS: tuple[str, ...] = ("max_abs", "massive_ratio")
+
+
+@dataclass
+class Probes:
+    """A run's transformer probes: ``values[f][i, j]`` is field ``f`` of row ``rows[i]`` at
+    ``steps[j]`` (NaN where the probe does not apply to the row or the point holds no row
+    of that name)."""
+
+    steps: np.ndarray
+    epochs: np.ndarray
+    rows: tuple[str, ...]
+    values: dict[str, np.ndarray]
+    cadence: str = "step"
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.values)
+
+    def field(self, name: str) -> np.ndarray:
+        """The (rows x points) matrix of field ``name``; shared, do not modify."""
+        return self.values[name]
+
+    def rows_with(self, name: str) -> list[int]:
+        """Rows where field ``name`` has a finite value at some point."""
+        return [int(i) for i in np.flatnonzero(np.isfinite(self.values[name]).any(axis=1))]
+
+    @property
+    def n_points(self) -> int:
+        return len(self.steps)
+
+
+def probes_of(run: RunSeries) -> Probes | None:
+    """The run's probes per row and field, with the derived ``PROBE_DERIVED_FIELDS``; None
+    when the run has none (format 1-3 runs, probes switched off).
+
+    A point whose ``row_key`` of a row is not that of the row's name (another model written
+    into the same run directory) is NaN for that row. ``max_abs`` comes from the output
+    view's tensor of the same name (or layer) at the same step.
+    """
+    s = run.probes
+    if s is None or not len(s) or not s.info.rows:
+        return None
+    fields, rows = s.info.fields, s.info.rows
+    cube = s.values.reshape(len(s), len(rows), len(fields))
+    index = {f: i for i, f in enumerate(fields)}
+    if "row_key" in index:
+        want = np.array([metadata.row_key(r) for r in rows])
+        wrong = cube[:, :, index["row_key"]] != want  # (points, rows)
+    else:
+        wrong = np.zeros(cube.shape[:2], dtype=bool)
+    values: dict[str, np.ndarray] = {}
+    for f in metadata.PROBE_VALUE_FIELDS:
+        m = cube[:, :, index[f]].T.copy() if f in index else np.full((len(rows), len(s)), np.nan)
+        m[wrong.T] = np.nan
+        values[f] = m
+    epochs = cube[:, :, index["epoch"]] if "epoch" in index else np.full(cube.shape[:2], np.nan)
+    with np.errstate(invalid="ignore"):
+        point_epochs = np.fmax.reduce(np.where(wrong, np.nan, epochs), axis=1)
+    max_abs = _output_max_abs(run, rows, s.steps)
+    med = values["abs_median"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # A median |a| of 0 (a rectifier output more than half zeros) leaves the ratio
+        # undefined, not infinite: NaN.
+        ratio = np.where(med > 0, max_abs / np.where(med > 0, med, 1.0), np.nan)
+    values["max_abs"] = max_abs
+    values["massive_ratio"] = ratio
+    return Probes(steps=s.steps, epochs=point_epochs, rows=rows, values=values,
+                  cadence=s.info.cadence)
+
+
+def _output_max_abs(run: RunSeries, rows: Sequence[str], steps: np.ndarray) -> np.ndarray:
+    """(rows x steps) max(|min|, |max|) of each row's output tensor at ``steps``; NaN where
+    the output view has no tensor of the row's name (or layer) or no point at that step."""
+    outputs = run.tensors.get("output", [])
+    by_name = {s.info.name: s for s in outputs}
+    by_layer: dict[str, Series] = {}
+    for s in outputs:
+        by_layer.setdefault(s.info.layer, s)
+    out = np.full((len(rows), len(steps)), np.nan)
+    for i, row in enumerate(rows):
+        s = by_name.get(row)
+        if s is None:
+            s = by_layer.get(row)
+        if s is None or not len(s):
+            continue
+        j = np.clip(np.searchsorted(s.steps, steps), 0, len(s) - 1)
+        hit = s.steps[j] == steps
+        m = np.fmax(np.abs(s.field("min")), np.abs(s.field("max")))[j]
+        out[i] = np.where(hit, m, np.nan)
+    return out
 
 
 def point_spans(steps: np.ndarray) -> np.ndarray:

@@ -25,7 +25,16 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from tb_introspect import metadata
-from tb_introspect.plugin import activity, assets, bounded, export, overview, reader, summaries
+from tb_introspect.plugin import (
+    activity,
+    assets,
+    bounded,
+    export,
+    overview,
+    probes,
+    reader,
+    summaries,
+)
 from tb_introspect.plugin.cache import FingerprintCache
 from tb_introspect.plugin.http_io import (
     RequestError,
@@ -164,6 +173,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._first = FingerprintCache(8, 128 * mib, lambda d: 0 if d is None else
                                        bounded.nbytes(d.rs.all_series().values()))
         self._findings = FingerprintCache(16, 16 * mib)
+        self._probes = FingerprintCache(16, 16 * mib)
 
     @property
     def listing_ttl_s(self) -> float:
@@ -192,6 +202,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             "/overview": self._serve_overview,
             "/findings": self._serve_findings,
             "/activity": self._serve_activity,
+            "/probes": self._serve_probes,
             "/index.js": self._serve_index,
             "/static/*": self._serve_static,
         }
@@ -455,6 +466,26 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                                                                  render))
 
     @_route
+    def _serve_probes(self, request: wrappers.Request):
+        """The run's transformer probes per row and field (docs/http_api.md), from the
+        sampled read, which also holds the output view's max|a| of the massive ratio."""
+        run = required(request, "run")
+        fields = repeated(request, "field")
+        unknown = [f for f in fields if f not in probes.FIELDS]
+        if unknown:
+            raise RequestError(f"unknown probe field {unknown[0]!r}; expected some of"
+                               f" {', '.join(probes.FIELDS)}")
+        listing = self._list_run(request, run)
+
+        def render() -> bytes:
+            rs = self._sampled_run(request, run, listing).rs
+            return gzip_bytes(encode(probes.document(run, rs, fields)))
+
+        key = (plugin_util.experiment_id(request.environ), run, tuple(fields))
+        return gzipped_json_response(request, self._probes.get(key, listing.fingerprint,
+                                                               render))
+
+    @_route
     def _serve_activity(self, request: wrappers.Request):
         run = required(request, "run")
         tag = required(request, "tag")
@@ -522,6 +553,7 @@ def _run_document(
         "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n), sampled)
                     for n in names],
         "activity": maps,
+        "probes": probes.listing(infos),
         "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
     }
 
@@ -551,6 +583,10 @@ def _series_tags(listing: _Listing, run: str, tags: list[str]
     if held:
         raise RequestError(f"tag {held[0]!r} is a view summary; its rows are the tensors'"
                            " own tags, read those")
+    rows = [t for t, i in infos.items() if i.kind == reader.KIND_PROBES]
+    if rows:
+        raise RequestError(f"tag {rows[0]!r} holds the probes of many rows; read it with"
+                           " ./probes")
     return infos, bad
 
 

@@ -20,8 +20,8 @@ from tb_introspect import metadata
 from tb_introspect.rundata import RunSeries, Series, TagInfo
 
 __all__ = [
-    "ALL_POINTS", "KIND_ACTIVITY_MAP", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_TENSOR_STATS",
-    "KIND_VIEW_SUMMARY",
+    "ALL_POINTS", "KIND_ACTIVITY_MAP", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_PROBES",
+    "KIND_TENSOR_STATS", "KIND_VIEW_SUMMARY",
     "RunSeries", "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
     "parse_tag_info", "read_logdir", "read_run", "read_series", "series_from_datums",
     "warn_skipped_tag",
@@ -40,12 +40,14 @@ KIND_METRIC = "metric"
 KIND_METRIC_EPOCH = "metric_epoch"
 KIND_ACTIVITY_MAP = "activity_map"
 KIND_VIEW_SUMMARY = "view_summary"
+KIND_PROBES = "probes"
 _KIND_NAMES = {
     metadata.TENSOR_STATS: KIND_TENSOR_STATS,
     metadata.METRIC: KIND_METRIC,
     metadata.METRIC_EPOCH: KIND_METRIC_EPOCH,
     metadata.ACTIVITY_MAP: KIND_ACTIVITY_MAP,
     metadata.VIEW_SUMMARY: KIND_VIEW_SUMMARY,
+    metadata.PROBES: KIND_PROBES,
 }
 
 
@@ -61,8 +63,8 @@ def parse_tag_info(
         raise ValueError("metadata lists no fields")
     if kind in (KIND_TENSOR_STATS, KIND_VIEW_SUMMARY) and not data.view:
         raise ValueError(f"{kind} without a view")
-    if kind == KIND_VIEW_SUMMARY and not data.rows:
-        raise ValueError("view summary lists no rows")
+    if kind in (KIND_VIEW_SUMMARY, KIND_PROBES) and not data.rows:
+        raise ValueError(f"{kind.replace('_', ' ')} lists no rows")
     return TagInfo(
         tag=tag,
         kind=kind,
@@ -218,6 +220,8 @@ def assemble_run(
             result.metric_epochs[info.name] = s
         elif info.kind == KIND_ACTIVITY_MAP:
             result.activity[info.name] = s
+        elif info.kind == KIND_PROBES and info.tag == metadata.probes_tag():
+            result.probes = s
         # VIEW_SUMMARY tags repeat slots of the TENSOR_STATS tags (plugin.summaries reads them)
     # Views in the format's order, unknown (newer) views after them.
     order = {v: i for i, v in enumerate(metadata.VIEWS)}
