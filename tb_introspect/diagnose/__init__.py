@@ -26,6 +26,7 @@ from tb_introspect.diagnose import (  # noqa: F401
     nonfinite,
     overfitting,
     symmetry,
+    transformer,
     updates,
     weights,
 )

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tb_introspect.json_values import jsonable
-from tb_introspect.metadata import SEVERITIES
+from tb_introspect.metadata import PROBE_REFERENCES, SEVERITIES
 from tb_introspect.rundata import Aligned, RunSeries, align
 from tb_introspect.rundata import point_spans as point_spans  # re-exported for the rules
 from tb_introspect.rundata import unique as unique
@@ -166,6 +166,37 @@ class Thresholds:
     gap_ratio: float = 0.6
     gap_points: float = 0.3
     gap_train_accuracy: float = 2.0
+    # transformer probes (docs/findings.md, "Transformer signals"). Attention logits: the
+    # largest |q.k/sqrt(d)| above attn_logit_high (Megatron-LM's QK-clip threshold), or grown
+    # attn_logit_growth times from the first point and above attn_logit_watch
+    attn_logit_high: float = PROBE_REFERENCES["attn_logit_max"]
+    attn_logit_growth: float = 10.0
+    attn_logit_watch: float = 30.0
+    # output logits: the head's logsumexp moved logit_lse_drift nats from the first point, or
+    # its largest logit grown logit_max_growth times to above logit_max_watch, either moving
+    # the same way between at least logit_steady_share of consecutive points
+    logit_lse_drift: float = 10.0
+    logit_max_growth: float = 3.0
+    logit_max_watch: float = 30.0
+    logit_steady_share: float = 0.75
+    # massive activations: max|a| above massive_abs and massive_ratio times the output's
+    # median |a|; heavy tails: kurtosis above massive_kurtosis (3 for a Gaussian)
+    massive_abs: float = PROBE_REFERENCES["massive_abs"]
+    massive_ratio: float = PROBE_REFERENCES["massive_ratio"]
+    massive_kurtosis: float = 100.0
+    # update spike: a kernel's per-step update ratio update_spike_factor times the median of
+    # its previous update_spike_window points (at least 3), and at least update_ratio_target,
+    # in one of the update_spike_lead_points points up to the one holding a loss spike
+    update_spike_factor: float = 10.0
+    update_spike_window: int = 8
+    update_spike_lead_points: int = 3
+    # loss spike score (OLMo-core): a per-step loss loss_spike_sigmas standard deviations
+    # above the mean of its previous loss_spike_history values (at least
+    # loss_spike_min_history); the deviation at least loss_spike_min_rel of that mean
+    loss_spike_sigmas: float = 6.0
+    loss_spike_history: int = 128
+    loss_spike_min_history: int = 16
+    loss_spike_min_rel: float = 1e-3
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -349,7 +380,7 @@ class Rule:
     """A rule: a name, the views/metrics it needs, and the function that applies it."""
 
     name: str
-    needs: tuple[str, ...]  # view names, or "loss"
+    needs: tuple[str, ...]  # view names, "loss" or "probes"
     check: Callable[[RunView], list[Finding]]
     #: True when the rule needs a time series (trend, sustained condition).
     needs_history: bool = True
@@ -359,6 +390,9 @@ class Rule:
         for need in self.needs:
             if need == "loss":
                 if rv.loss_name() is not None:
+                    return True
+            elif need == "probes":
+                if rv.run.probes is not None and len(rv.run.probes):
                     return True
             elif rv.view(need) is not None:
                 return True
@@ -375,6 +409,8 @@ class Rule:
                 s = rv.run.metrics.get(name)
                 e = rv.run.metric_epochs.get(name)
                 best = max(best, len(s) if s is not None else 0, len(e) if e is not None else 0)
+            elif need == "probes":
+                best = max(best, len(rv.run.probes) if rv.run.probes is not None else 0)
             else:
                 a = rv.view(need)
                 best = max(best, a.n_points if a is not None else 0)
