@@ -18,7 +18,9 @@ import tensorflow as tf
 
 from tb_introspect.collect.accumulators import GradientSums, MetricRing, OutputStates, StepCount
 from tb_introspect.collect.point_graph import PointGraph
+from tb_introspect.collect.probes import ProbeStates
 from tb_introspect.collect.step import StepRecorder
+from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.plan import Monitored, Plan, sanitize
@@ -46,6 +48,10 @@ class KerasFrontEnd:
         self.output_states: OutputStates | None = None
         self.metric_ring: MetricRing | None = None
         self.point_graph: PointGraph | None = None
+        #: The attention layers' and the head's probe rows (sanitized names), set before
+        #: ``build``: with any, the layer outputs get probe rows too (``probes.py``).
+        self.probe_rows: list[str] = []
+        self.probes: ProbeStates | None = None
         self._read_metrics: Callable | None = None
 
     @property
@@ -85,6 +91,10 @@ class KerasFrontEnd:
                 self.output_states = OutputStates(plan.outputs, views,
                                                   plan.options.step_sample_size)
             self.metric_ring = MetricRing(metric_names, metric_rows)
+            if plan.options.probes and self.probe_rows and self.output_states is not None:
+                outputs = [s.name for s in plan.outputs] if "output" in views else []
+                self.probes = ProbeStates(list(dict.fromkeys(outputs + self.probe_rows)),
+                                          self.strategy)
         self.point_graph = PointGraph(plan, self.strategy, self.count, self.gradient_sums,
                                       self.output_states, self.variables)
 
@@ -92,7 +102,8 @@ class KerasFrontEnd:
                  mode: StepMode = StepMode.AUTO) -> StepRecorder:
         """The recorder of one traced step (``step.StepRecorder``)."""
         return StepRecorder(self.plan, self.count, self.gradient_sums, self.output_states,
-                            self.metric_ring, loss_scale=loss_scale, anchor=anchor, mode=mode)
+                            self.metric_ring, loss_scale=loss_scale, anchor=anchor, mode=mode,
+                            probe_states=self.probes)
 
     def device_variables(self) -> list[tf.Variable]:
         """Every accumulator on the device (what the instrumentation adds to its memory)."""
@@ -106,6 +117,8 @@ class KerasFrontEnd:
             found += self.output_states.states.values()
             if self.output_states.activity is not None:
                 found.append(self.output_states.activity)
+        if self.probes is not None:
+            found.append(self.probes.state)
         return found
 
     # ------------------------------------------------------------------ the pipeline's
@@ -134,7 +147,13 @@ class KerasFrontEnd:
 
     def point(self, step: int) -> Point:
         """The window's statistics (every worker computes; the chief's sink writes)."""
-        return self.point_graph.point(step)
+        point = self.point_graph.point(step)
+        if self.probes is not None and not self.plan.failures.is_off("probes"):
+            try:
+                point.probes = self.probes.read()
+            except Exception as e:  # the point goes on without them
+                self.plan.failures.fail(Part("probes"), e)
+        return point
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         if self.output_states is None:

@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from tb_introspect import metadata
-from tb_introspect.collect import capture, private
+from tb_introspect.collect import capture, private, probes
 from tb_introspect.collect import loss as compiled_loss
 from tb_introspect.collect.front_end import KerasFrontEnd
 from tb_introspect.collect.install import Installation
@@ -371,6 +371,8 @@ class Introspect(keras.callbacks.Callback):
             s.exact = (layer is not None and capture.is_rectifier(layer)) or (
                 front_end.plan.named_rectifier(s.layer))
         front_end.set_outputs(specs)
+        if self.options.probes and specs:
+            self._find_probes(ranked)
         variables = list(model.trainable_variables)
         if chosen is not None:
             variables = [v for v in variables if id(v) in owner and owner[id(v)] in by_name]
@@ -394,6 +396,16 @@ class Introspect(keras.callbacks.Callback):
         self._checked_trace = False
         self._built_signature = self._signature()
         return True
+
+    def _find_probes(self, order: list[str]) -> None:
+        """The attention layers and the head the probes read (``probes.py``), wrapped."""
+        try:
+            found = probes.discover(self._captured, order, self.pipeline.ring.loss_info)
+            if found is not None:
+                self.front_end.probe_rows = found.rows
+                self.installation.layers = found.patch(self.installation.layers)
+        except Exception as e:  # training and the views go on without them
+            self.front_end.plan.failures.fail(Part("probes"), e)
 
     def _make_train_function(self, mode: StepMode) -> Any:
         """Keras' train function around the instrumented step in ``mode`` (traced on its

@@ -83,3 +83,30 @@ def without_graph_optimization() -> Iterator[None]:
         yield
     finally:
         ctx.function_call_options = saved
+
+
+def sublayers(layer: Any) -> list[Any]:
+    """A layer's direct sub-layers (a composite layer's own, a model's ``layers``)."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    if callable(flatten):
+        try:
+            return list(flatten(include_self=False, recursive=False))
+        except TypeError:
+            pass
+    return list(getattr(layer, "layers", None) or [])
+
+
+#: ``MultiHeadAttention``'s step from the projected query, key and value and the mask to the
+#: attention output, the one place that sees the logits' inputs whichever kernel runs.
+ATTENTION_KERNEL = "_compute_attention"
+
+
+def attention_kernel(layer: Any) -> Any | None:
+    """``layer``'s attention step when ``layer`` is a ``MultiHeadAttention`` with Keras's own
+    (a subclass that replaced it may compute anything else); None otherwise."""
+    mha = keras.layers.MultiHeadAttention
+    own = getattr(mha, ATTENTION_KERNEL, None)
+    if own is None or not isinstance(layer, mha) or (
+            getattr(type(layer), ATTENTION_KERNEL, None) is not own):
+        return None
+    return getattr(layer, ATTENTION_KERNEL)

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import stats
-from tb_introspect.collect import capture, kernels, private
+from tb_introspect.collect import capture, kernels, private, probes
 from tb_introspect.collect.accumulators import (
     ACTIVITY_KEYS,
     GradientSums,
@@ -60,7 +60,7 @@ class StepRecorder:
     def __init__(self, plan: Plan, count: StepCount, gradient_sums: GradientSums | None,
                  output_states: OutputStates | None, metric_ring: MetricRing, *,
                  loss_scale: tf.Tensor | None = None, anchor: Any = None,
-                 mode: StepMode = StepMode.AUTO):
+                 mode: StepMode = StepMode.AUTO, probe_states: probes.ProbeStates | None = None):
         self.plan = plan
         self.count = count
         self.gradient_sums = gradient_sums
@@ -86,6 +86,9 @@ class StepRecorder:
         self.calls: dict[str, int] = {}
         self.grads_done = False
         self.stash: dict[str, dict[int, tf.Tensor]] = {"output": {}, "output_gradient": {}}
+        # The transformer probes, folded with the statistics states (never on lean steps).
+        self.probe_step = (probes.ProbeStep(probe_states, plan) if probe_states is not None
+                           and mode is not StepMode.LEAN else None)
 
     # -- helpers
 
@@ -301,6 +304,8 @@ class StepRecorder:
             output_states.fold(view, new)
             if view == "output":
                 activity = layout.activity_row(new)
+        if self.probe_step is not None:
+            self.probe_step.fold(self.stash["output"], base, xla)
         self.count.stats_steps.assign_add(1)
         return activity
 

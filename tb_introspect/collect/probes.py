@@ -1,0 +1,452 @@
+"""The Keras side's transformer probes: a few extra numbers per layer, on statistics steps.
+
+Per monitored layer output, the median of |a| (of a sample of at most ``MEDIAN_SAMPLE``
+values of the batch) and the kurtosis m4 / m2**2 of all its values; per
+``MultiHeadAttention`` layer, the largest |pre-softmax logit| of a sample of query rows
+against every key, the mask applied; for the output head (the last Dense layer of a
+classifier or language model), its largest logit and the mean over rows of the logits'
+logsumexp (``metadata.PROBE_FIELDS``, ``docs/format.md``).
+
+They are computed where the statistics states are (``step.StepRecorder._fold_stats``), so
+only on statistics steps and under the same ``tf.cond`` as they are: the wrappers here only
+hand the tensors over (``ProbeStep``). The attention wrapper takes the kernel's own inputs
+(``MultiHeadAttention._compute_attention``: the projected query and keys and the mask) and
+recomputes the logits of the sampled rows, so it also sees the layers that run a fused
+``dot_product_attention`` that never materialises them. The head's logits are its
+pre-activation (its ``activation`` is wrapped), the logits even under a softmax.
+
+``ProbeStates`` is the device state: per row the window's sums and counts of the averaged
+probes and the running maxima, one ON_READ variable each replica writes alone; a logged
+point reads every replica's copy (maxima: the largest, means: over all replicas' steps) and
+resets them (``read``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tb_introspect import metadata
+from tb_introspect.collect import capture, private
+from tb_introspect.pipeline.failures import Part
+from tb_introspect.pipeline.plan import Plan, sanitize
+from tb_introspect.stats.numeric import to_float, uniform
+
+VALUE_FIELDS = metadata.PROBE_VALUE_FIELDS
+#: The averaged probes (a sum and a count each in the state), then the maxima.
+MEANS = ("abs_median", "kurtosis", "logit_lse")
+MAXIMA = ("attn_logit_max", "logit_max")
+_WIDTH = 2 * len(MEANS) + len(MAXIMA)
+MEDIAN_SAMPLE = metadata.PROBE_SAMPLE_SIZE
+#: Query rows (positions) of a batch whose attention logits are recomputed: every row of a
+#: sequence up to this length, else this many drawn at random on each statistics step.
+QUERY_ROWS = 64
+#: Activations whose pre-activation is what the head's loss takes as logits.
+_PROBABILITIES = frozenset({"softmax", "sigmoid", "log_softmax"})
+
+
+# ------------------------------------------------------------------ the in-graph numbers
+
+
+def abs_median(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """The median of |x| (float64): exact up to ``MEDIAN_SAMPLE`` values, else of that many
+    drawn with replacement (``seed``: an int64 pair). Non-finite values sort last."""
+    flat = tf.abs(tf.reshape(to_float(x), [-1]))
+    flat = tf.where(tf.math.is_finite(flat), flat, tf.constant(np.inf, flat.dtype))
+    n = tf.size(flat, out_type=tf.int64)
+
+    def drawn():
+        u = uniform([MEDIAN_SAMPLE], seed, 0)
+        index = tf.minimum(tf.cast(u * tf.cast(n, tf.float64), tf.int64), n - 1)
+        return tf.gather(flat, index)
+
+    sample = flat if (flat.shape[0] is not None and flat.shape[0] <= MEDIAN_SAMPLE) else (
+        tf.cond(n <= MEDIAN_SAMPLE, lambda: flat, drawn))
+    ordered = tf.sort(sample)
+    m = tf.shape(ordered, out_type=tf.int64)[0]
+    middle = (tf.gather(ordered, (m - 1) // 2) + tf.gather(ordered, m // 2)) / 2
+    return tf.where(m > 0, tf.cast(middle, tf.float64), np.nan)
+
+
+def kurtosis(x: tf.Tensor) -> tf.Tensor:
+    """m4 / m2**2 of every value of ``x`` (central moments; 3 for a Gaussian), float64; NaN
+    for a constant tensor or one with non-finite values."""
+    flat = tf.reshape(to_float(x), [-1])
+    d = flat - tf.reduce_mean(flat)
+    m2 = tf.reduce_mean(tf.square(d))
+    # Standardised first: d**4 would overflow float32 from |d| ~ 1e9.
+    z = d * tf.math.rsqrt(m2)
+    return tf.cast(tf.reduce_mean(tf.square(tf.square(z))), tf.float64)
+
+
+def head_logits(logits: tf.Tensor) -> tf.Tensor:
+    """[largest logit, mean over rows of logsumexp over the last axis] (float64)."""
+    z = to_float(logits)
+    z = tf.reshape(z, [-1, tf.shape(z)[-1]])
+    return tf.cast(tf.stack([tf.reduce_max(z), tf.reduce_mean(tf.reduce_logsumexp(z, -1))]),
+                   tf.float64)
+
+
+def attention_logit_max(query: tf.Tensor, key: tf.Tensor, mask: tf.Tensor | None,
+                        causal: bool, scale: float, seed: tf.Tensor) -> tf.Tensor:
+    """The largest |q . k * scale| of ``query`` ``[B, T, N, H]`` against ``key``
+    ``[B, S, N, H]``, over the heads, every key and ``QUERY_ROWS`` query rows (all of a
+    shorter sequence), the positions ``mask`` (broadcastable to ``[B, T, S]``, true: attend)
+    and the causal mask leave out excluded (float64)."""
+    q = to_float(query) * scale
+    k = to_float(key)
+    t_static = q.shape[1]
+    t = tf.shape(q, out_type=tf.int64)[1]
+    if t_static is not None and t_static <= QUERY_ROWS:
+        rows = tf.range(t)
+    elif t_static is not None:
+        rows = tf.math.top_k(uniform([t_static], seed, 1), QUERY_ROWS).indices
+        rows = tf.cast(rows, tf.int64)
+    else:  # an unknown length: drawn with replacement
+        rows = tf.minimum(tf.cast(uniform([QUERY_ROWS], seed, 1) * tf.cast(t, tf.float64),
+                                  tf.int64), t - 1)
+    q = tf.gather(q, rows, axis=1)
+    scores = tf.abs(tf.einsum("brnh,bsnh->bnrs", q, k))  # [B, N, rows, S]
+    keep = None
+    if mask is not None:
+        m = tf.cast(mask, tf.bool)
+        while m.shape.rank < 3:
+            m = m[tf.newaxis]
+        if m.shape[1] != 1:  # a mask per query row: the sampled rows'
+            m = tf.gather(m, rows, axis=1)
+        keep = m[:, tf.newaxis]  # broadcasts against [B, N, rows, S]
+    if causal:
+        s = tf.shape(scores, out_type=tf.int64)[3]
+        below = rows[:, tf.newaxis] >= tf.range(s)[tf.newaxis, :]  # Keras's causal mask
+        keep = below if keep is None else tf.logical_and(keep, below)
+    if keep is not None:
+        scores = tf.where(keep, scores, tf.zeros_like(scores))
+    return tf.cast(tf.reduce_max(scores), tf.float64)
+
+
+@functools.cache
+def output_probes_fn(rank: int, dtype: str, xla: bool) -> Callable:
+    """``(x, seed) -> [abs_median, kurtosis]`` of one layer output, one nested function per
+    rank and dtype (``kernels.py``: a graph per tensor would make a large model's trace
+    long)."""
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None] * rank, tf.as_dtype(dtype)),
+                         tf.TensorSpec([2], tf.int64)],
+        autograph=False, jit_compile=True if xla else None,
+        experimental_attributes=None if xla else {"_noinline": True},
+    )
+    def output_probes(x, seed):
+        return tf.stack([abs_median(x, seed), kurtosis(x)])
+
+    return output_probes
+
+
+# ------------------------------------------------------------------ the device state
+
+
+class ProbeStates:
+    """The window's probes of every row on each replica: ``[rows, 8]`` float64, per row the
+    sum and the count of each of ``MEANS``, then the running maximum of each of ``MAXIMA``
+    (-inf: none yet). Create it under the strategy's scope."""
+
+    def __init__(self, rows: Sequence[str], strategy: tf.distribute.Strategy):
+        self.rows = list(rows)
+        self.index = {name: i for i, name in enumerate(self.rows)}
+        self.strategy = strategy
+        self.empty = np.zeros([len(self.rows), _WIDTH])
+        self.empty[:, 2 * len(MEANS):] = -np.inf
+        self.state = tf.Variable(self.empty, dtype=tf.float64, trainable=False,
+                                 name="probes",
+                                 synchronization=tf.VariableSynchronization.ON_READ,
+                                 aggregation=tf.VariableAggregation.NONE)
+        self._read: Callable | None = None
+
+    def update(self, values: dict[int, dict[str, tf.Tensor]]) -> tf.Tensor:
+        """One step's ``[rows, 8]`` update from ``{row: {probe: float64 scalar}}``: a
+        finite averaged value adds itself and a count of one, a maximum its value."""
+        empty_row = self.empty[0]
+        rows = []
+        for i in range(len(self.rows)):
+            got = values.get(i)
+            if not got:
+                rows.append(tf.constant(empty_row))
+                continue
+            parts = []
+            for name in MEANS:
+                v = got.get(name)
+                if v is None:
+                    parts += [tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
+                else:
+                    ok = tf.math.is_finite(v)
+                    parts += [tf.where(ok, v, 0.0), tf.cast(ok, tf.float64)]
+            for name in MAXIMA:
+                v = got.get(name)
+                parts.append(tf.constant(-np.inf, tf.float64) if v is None else v)
+            rows.append(tf.stack(parts))
+        return tf.stack(rows)
+
+    def fold(self, update: tf.Tensor) -> None:
+        """Add a step's ``update`` to this replica's state (a NaN maximum stays NaN)."""
+        old = self.state.read_value()
+        split = 2 * len(MEANS)
+        a, b = old[:, split:], update[:, split:]
+        highest = tf.where(tf.math.is_nan(a) | tf.math.is_nan(b),
+                           tf.constant(np.nan, tf.float64), tf.maximum(a, b))
+        self.state.assign(tf.concat([old[:, :split] + update[:, :split], highest], 1))
+
+    def read(self) -> dict[str, np.ndarray]:
+        """The window's probes, row name -> ``VALUE_FIELDS`` values (NaN: none), over every
+        replica; the state starts again."""
+        if self._read is None:
+            empty = tf.constant(self.empty)
+
+            def take():
+                value = self.state.read_value()
+                with tf.control_dependencies([value]):
+                    self.state.assign(empty)
+                return tf.identity(value)
+
+            self._read = tf.function(lambda: self.strategy.run(take), autograph=False)
+        with self.strategy.scope(), private.without_graph_optimization():
+            result = self._read()
+        return combine([np.asarray(v) for v in self.strategy.experimental_local_results(result)],
+                       self.rows)
+
+
+def combine(replicas: Sequence[np.ndarray], rows: Sequence[str]) -> dict[str, np.ndarray]:
+    """Every replica's ``[rows, 8]`` state -> row name -> ``VALUE_FIELDS`` values: the means
+    over all replicas' counted steps, the maxima over replicas; NaN where nothing counted."""
+    stacked = np.stack(replicas).astype(np.float64)
+    split = 2 * len(MEANS)
+    sums = stacked[:, :, :split].sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(sums[:, 1::2] > 0, sums[:, 0::2] / sums[:, 1::2], np.nan)
+    highest = stacked[:, :, split:].max(axis=0)
+    highest = np.where(np.isneginf(highest), np.nan, highest)
+    by_name = dict(zip(MEANS, means.T, strict=True)) | dict(
+        zip(MAXIMA, highest.T, strict=True))
+    table = np.stack([by_name[f] for f in VALUE_FIELDS], axis=1)
+    return {name: table[i] for i, name in enumerate(rows)}
+
+
+# ------------------------------------------------------------------ in one traced step
+
+
+class ProbeStep:
+    """What one traced statistics step hands over to the probes: the attention layers'
+    kernel inputs and the head's logits (the layer outputs come from the recorder's stash);
+    ``fold`` computes and accumulates them."""
+
+    def __init__(self, states: ProbeStates, plan: Plan):
+        self.states = states
+        self.failures = plan.failures
+        #: output index -> probe row
+        self.output_rows = {j: states.index[s.name] for j, s in enumerate(plan.outputs)
+                            if s.name in states.index}
+        self.attention_inputs: dict[int, tuple] = {}
+        self.logits: dict[int, tf.Tensor] = {}
+        self.calls: dict[str, int] = {}
+
+    def _row(self, kind: str, name: str) -> int | None:
+        count = self.calls.get(f"{kind}:{name}", 0)
+        self.calls[f"{kind}:{name}"] = count + 1
+        if count:  # a layer called again in the step: its first call counts
+            return None
+        return self.states.index.get(sanitize(name))
+
+    def attention(self, name: str, query: Any, key: Any, mask: Any, causal: bool,
+                  scale: float) -> None:
+        row = self._row("attention", name)
+        if row is not None and not self.failures.is_off("probes", name):
+            self.attention_inputs[row] = (query, key, mask, bool(causal), float(scale))
+
+    def head(self, name: str, logits: Any) -> None:
+        row = self._row("head", name)
+        if row is not None and not self.failures.is_off("probes", name):
+            self.logits[row] = logits
+
+    def fold(self, outputs: dict[int, tf.Tensor], seed: tf.Tensor, xla: bool) -> None:
+        """Compute this step's probes (layer ``outputs`` by output index; ``seed`` an int64
+        pair) and fold them into the state; a probe that fails is switched off alone."""
+        values: dict[int, dict[str, tf.Tensor]] = {}
+        rows = self.states.rows
+        for j, t in outputs.items():
+            i = self.output_rows.get(j)
+            if i is None or self.failures.is_off("probes", rows[i]):
+                continue
+            try:
+                fn = output_probes_fn(t.shape.rank, t.dtype.name, xla)
+                pair = fn(t, seed + tf.constant([0, 7919 * (i + 1)], tf.int64))
+                values.setdefault(i, {}).update(abs_median=pair[0], kurtosis=pair[1])
+            except Exception as e:
+                self.failures.fail(Part("probes", rows[i]), e)
+        for i, (q, k, mask, causal, scale) in self.attention_inputs.items():
+            try:
+                values.setdefault(i, {})["attn_logit_max"] = attention_logit_max(
+                    q, k, mask, causal, scale, seed + tf.constant([1, i], tf.int64))
+            except Exception as e:
+                self.failures.fail(Part("probes", rows[i]), e)
+        for i, z in self.logits.items():
+            try:
+                pair = head_logits(z)
+                values.setdefault(i, {}).update(logit_max=pair[0], logit_lse=pair[1])
+            except Exception as e:
+                self.failures.fail(Part("probes", rows[i]), e)
+        if values:
+            try:
+                self.states.fold(self.states.update(values))
+            except Exception as e:
+                self.failures.fail(Part("probes"), e)
+
+
+# ------------------------------------------------------------------ which layers, wrapped
+
+
+def _activation_name(layer: Any) -> str:
+    act = getattr(layer, "activation", None)
+    return act if isinstance(act, str) else getattr(act, "__name__", "")
+
+
+def _is_softmax(layer: Any) -> bool:
+    return isinstance(layer, keras.layers.Softmax) or (
+        isinstance(layer, keras.layers.Activation) and _activation_name(layer) == "softmax")
+
+
+class ProbeLayers:
+    """The attention layers and the output head of a model, and the rows they make."""
+
+    def __init__(self, attention: list[tuple[Any, str]], head: tuple[Any, str] | None):
+        self.attention = attention
+        self.head = head
+
+    @property
+    def rows(self) -> list[str]:
+        """The attention layers' and the head's rows (sanitized names)."""
+        names = [name for _, name in self.attention] + ([self.head[1]] if self.head else [])
+        return list(dict.fromkeys(sanitize(n) for n in names))
+
+    def patch(self, layers: Any) -> ProbePatches:
+        """Wrap the attention steps and the head's activation now; the result installs and
+        removes them with ``layers`` (a ``capture.LayerPatcher``, already installed)."""
+        patches = ProbePatches(layers, self)
+        patches.install_probes()
+        return patches
+
+
+def discover(captured: Sequence[capture.CapturedLayer], order: Sequence[str],
+             loss_info: str = "") -> ProbeLayers | None:
+    """The probed layers among the monitored ones (``order``: their names in forward order):
+    every ``MultiHeadAttention`` (nested in a composite layer too) and the head, the last
+    layer with weights when it is a ``Dense``/``EinsumDense`` of a classifier (a
+    cross-entropy loss, a softmax or sigmoid on it or after it). None: neither."""
+    attention: list[tuple[Any, str]] = []
+    seen: set[int] = set()
+
+    def walk(layer: Any, name: str) -> None:
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if private.attention_kernel(layer) is not None:
+            attention.append((layer, name))
+            return
+        for sub in private.sublayers(layer):
+            walk(sub, f"{name}/{sub.name}")
+
+    by_name = {e.name: e.layer for e in captured}
+    ordered = [by_name[n] for n in order if n in by_name]
+    for entry in captured:
+        walk(entry.layer, entry.name)
+    names = {id(layer): n for n, layer in by_name.items()}
+    weighted = [i for i, layer in enumerate(ordered) if layer.trainable_variables]
+    head = None
+    if weighted:
+        last = ordered[weighted[-1]]
+        dense = isinstance(last, (keras.layers.Dense, keras.layers.EinsumDense))
+        probabilities = _activation_name(last) in _PROBABILITIES or any(
+            _is_softmax(layer) for layer in ordered[weighted[-1] + 1:])
+        task = (metadata.parse_loss(loss_info) or {}).get("task")
+        if dense and (task == "classification" or probabilities):
+            head = (last, names[id(last)])
+    if not attention and head is None:
+        return None
+    return ProbeLayers(attention, head)
+
+
+def _active_step() -> ProbeStep | None:
+    return getattr(capture.active_recorder(), "probe_step", None)
+
+
+def _wrap_attention(kernel: Callable, layer: Any, name: str) -> Callable:
+    scale = 1.0 / float(np.sqrt(float(layer.key_dim)))
+
+    @functools.wraps(kernel)
+    def probed(query, key, value, attention_mask=None, *args, **kwargs):
+        step = _active_step()
+        if step is not None and getattr(query, "shape", None) is not None and (
+                query.shape.rank == 4):
+            try:
+                step.attention(name, query, key, attention_mask,
+                               bool(kwargs.get("use_causal_mask", False)), scale)
+            except Exception as e:  # the layer computes as before
+                step.failures.fail(Part("probes", name), e)
+        return kernel(query, key, value, attention_mask, *args, **kwargs)
+
+    return probed
+
+
+def _wrap_head(activation: Callable, name: str) -> Callable:
+    # functools.wraps: a model saved during fit() serializes the activation as its own.
+    @functools.wraps(activation)
+    def probed(x, *args, **kwargs):
+        step = _active_step()
+        if step is not None:
+            step.head(name, x)
+        return activation(x, *args, **kwargs)
+
+    return probed
+
+
+class ProbePatches:
+    """The capture wrappers (``capture.LayerPatcher``) and the probes' own, installed and
+    removed together (the callback's ``Installation`` holds this in their place): the
+    attention layers' step and the head's ``activation``, as instance attributes."""
+
+    def __init__(self, layers: Any, probed: ProbeLayers):
+        self.layers = layers
+        self.probed = probed
+        self._saved: list[tuple[Any, str, bool, Any]] = []
+
+    def install(self) -> None:
+        self.layers.install()
+        self.install_probes()
+
+    def install_probes(self) -> None:
+        if self._saved:
+            return
+        for layer, name in self.probed.attention:
+            kernel = private.attention_kernel(layer)
+            if kernel is not None:
+                self._set(layer, private.ATTENTION_KERNEL, _wrap_attention(kernel, layer, name))
+        if self.probed.head is not None:
+            layer, name = self.probed.head
+            if callable(getattr(layer, "activation", None)):
+                self._set(layer, "activation", _wrap_head(layer.activation, name))
+
+    def _set(self, layer: Any, attr: str, value: Any) -> None:
+        self._saved.append((layer, attr, attr in layer.__dict__, layer.__dict__.get(attr)))
+        private.set_instance_attr(layer, attr, value)
+
+    def remove(self) -> None:
+        while self._saved:
+            layer, attr, had_own, previous = self._saved.pop()
+            if had_own:
+                private.set_instance_attr(layer, attr, previous)
+            else:
+                private.del_instance_attr(layer, attr)
+        self.layers.remove()

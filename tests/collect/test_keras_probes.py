@@ -1,0 +1,226 @@
+"""The Keras front-end's transformer probes (``collect/probes.py``) against direct
+computations on the same batch: layer outputs' median |a| and kurtosis, MultiHeadAttention's
+largest |logit| with and without a causal mask, the head's largest logit and logsumexp; only
+from statistics steps; none with ``probes=False``."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tb_introspect import metadata, rundata  # noqa: E402
+from tb_introspect.collect import probes  # noqa: E402
+from tb_introspect.keras import Introspect  # noqa: E402
+from tb_introspect.plugin import reader  # noqa: E402
+
+SEQ, VOCAB, WIDTH = 16, 30, 16
+
+
+def read_probes(log_dir: str) -> rundata.Probes | None:
+    runs = reader.read_logdir(log_dir)
+    assert len(runs) == 1
+    return rundata.probes_of(next(iter(runs.values())))
+
+
+def value(p: rundata.Probes, row: str, field: str, point: int = -1) -> float:
+    return float(p.field(field)[p.rows.index(row), point])
+
+
+def kurtosis(a: np.ndarray) -> float:
+    d = a.astype(np.float64).ravel() - a.mean(dtype=np.float64)
+    return float(np.mean(d**4) / np.mean(d**2) ** 2)
+
+
+def lse(z: np.ndarray) -> float:
+    z = z.reshape(-1, z.shape[-1]).astype(np.float64)
+    top = z.max(axis=1, keepdims=True)
+    return float(np.mean(np.log(np.exp(z - top).sum(axis=1)) + top[:, 0]))
+
+
+def logits_of(layer: keras.layers.MultiHeadAttention, x: np.ndarray) -> np.ndarray:
+    """[B, N, T, S] pre-softmax self-attention logits, from the layer's own projections."""
+    q = np.asarray(layer.query_dense(x), np.float64)
+    k = np.asarray(layer.key_dense(x), np.float64)
+    return np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(layer.key_dim)
+
+
+# ------------------------------------------------------------------ the in-graph numbers
+
+
+def test_abs_median_and_kurtosis_of_a_batch():
+    rng = np.random.default_rng(0)
+    small = rng.standard_t(5, size=(8, 16, 32)).astype("float32")  # 4096 values: exact
+    seed = tf.constant([3, 4], tf.int64)
+    assert float(probes.abs_median(small, seed)) == pytest.approx(
+        np.median(np.abs(small)), rel=1e-6)
+    assert float(probes.kurtosis(small)) == pytest.approx(kurtosis(small), rel=1e-4)
+    gauss = rng.normal(size=(64, 4096)).astype("float32")  # sampled: 4096 of 262144
+    assert float(probes.abs_median(gauss, seed)) == pytest.approx(0.6745, rel=0.05)
+    assert float(probes.kurtosis(gauss)) == pytest.approx(3.0, rel=0.03)
+    assert np.isnan(float(probes.kurtosis(np.ones((4, 3), "float32"))))
+
+
+def test_attention_logit_max_with_padding_and_causal_masks():
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(3, 10, 2, 4)).astype("float32")
+    k = rng.normal(size=(3, 10, 2, 4)).astype("float32")
+    k[:, -3:] *= 50  # the largest logits sit on keys the mask hides
+    logits = np.abs(np.einsum("btnh,bsnh->bnts", q, k) * 0.5)
+    keys = np.ones((3, 10), bool)
+    keys[:, -3:] = False
+    mask = np.broadcast_to(keys[:, None, :], (3, 10, 10))
+    causal = np.tril(np.ones((10, 10), bool))
+    seed = tf.constant([0, 1], tf.int64)
+    for m, c, want in [(None, False, logits), (None, True, logits * causal),
+                       (mask, False, logits * mask[:, None]),
+                       (mask, True, logits * (mask & causal)[:, None])]:
+        got = float(probes.attention_logit_max(q, k, m, c, 0.5, seed))
+        assert got == pytest.approx(want.max(), rel=1e-5)
+
+
+def test_a_sample_of_query_rows_of_a_long_sequence():
+    rng = np.random.default_rng(2)
+    q = rng.normal(size=(2, 512, 2, 8)).astype("float32")
+    k = rng.normal(size=(2, 512, 2, 8)).astype("float32")
+    full = np.abs(np.einsum("btnh,bsnh->bnts", q, k)).max()
+    got = float(probes.attention_logit_max(q, k, None, False, 1.0, tf.constant([5, 6],
+                                                                               tf.int64)))
+    assert 0.7 * full <= got <= full * (1 + 1e-6)  # 64 of 512 rows, every key
+
+
+def test_replicas_combine_maxima_and_pooled_means():
+    # rows x [abs_median sum, n, kurtosis sum, n, lse sum, n, attn max, logit max]
+    a = np.array([[2.0, 1, 6.0, 2, 0, 0, 5.0, -np.inf]])
+    b = np.array([[4.0, 1, 3.0, 1, 0, 0, 9.0, -np.inf]])
+    got = probes.combine([a, b], ["x"])["x"]
+    np.testing.assert_allclose(got, [3.0, 3.0, 9.0, np.nan, np.nan])
+    assert probes.VALUE_FIELDS == metadata.PROBE_VALUE_FIELDS
+
+
+# ------------------------------------------------------------------ fit
+
+
+def gpt(seed: int = 0) -> keras.Model:
+    """Token embeddings, a causal and an unmasked attention layer, a language-model head."""
+    keras.utils.set_random_seed(seed)
+    tok = keras.Input((SEQ,), dtype="int32")
+    x = keras.layers.Embedding(VOCAB, WIDTH, name="embed")(tok)
+    h = keras.layers.MultiHeadAttention(2, 8, name="causal")(x, x, use_causal_mask=True)
+    x = keras.layers.Add(name="add1")([x, h])
+    h = keras.layers.MultiHeadAttention(2, 8, name="plain")(x, x)
+    x = keras.layers.Add(name="add2")([x, h])
+    model = keras.Model(tok, keras.layers.Dense(VOCAB, name="head")(x))
+    # A zero learning rate leaves the weights the batch met: the direct computation after
+    # fit() sees what the step saw.
+    model.compile(keras.optimizers.SGD(0.0),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    model = gpt()
+    rng = np.random.default_rng(0)
+    x = rng.integers(2, VOCAB, (8, SEQ))
+    # A loud last token whose query the causal layer zeroes: its key makes the largest
+    # logits, all in rows the causal mask hides it from.
+    x[:, -1] = 1
+    table = model.get_layer("embed").embeddings
+    loud = np.zeros((VOCAB, WIDTH), "float32")
+    loud[1, 0] = 30.0
+    table.assign(np.where(np.arange(VOCAB)[:, None] == 1, loud, np.asarray(table)))
+    query = model.get_layer("causal").query_dense.kernel
+    query.assign(np.asarray(query) * (np.arange(WIDTH) != 0)[:, None, None])
+    log_dir = str(tmp_path_factory.mktemp("gpt"))
+    model.fit(x, np.roll(x, -1, 1), batch_size=8, epochs=1, verbose=0, shuffle=False,
+              callbacks=[Introspect(log_dir, every=1)])
+    return model, x, read_probes(log_dir)
+
+
+def test_every_probe_of_a_one_step_fit_is_the_batch_s(gpt_run):
+    model, x, p = gpt_run
+    names = ["embed", "causal", "add1", "plain", "add2", "head"]
+    tap = keras.Model(model.inputs[0], [model.get_layer(n).output for n in names])
+    outs = dict(zip(names, (np.asarray(o) for o in tap(x)), strict=True))
+    assert set(names) <= set(p.rows)
+    for name, a in outs.items():  # every output holds at most 4096 values: exact medians
+        assert value(p, name, "abs_median") == pytest.approx(np.median(np.abs(a)), rel=1e-5)
+        assert value(p, name, "kurtosis") == pytest.approx(kurtosis(a), rel=1e-3)
+    causal = np.tril(np.ones((SEQ, SEQ), bool))
+    want = np.abs(logits_of(model.get_layer("causal"), outs["embed"])) * causal
+    assert value(p, "causal", "attn_logit_max") == pytest.approx(want.max(), rel=1e-4)
+    full = np.abs(logits_of(model.get_layer("plain"), outs["add1"]))
+    assert value(p, "plain", "attn_logit_max") == pytest.approx(full.max(), rel=1e-4)
+    assert want.max() < 0.5 * np.abs(logits_of(model.get_layer("causal"), outs["embed"])).max()
+    assert value(p, "head", "logit_max") == pytest.approx(outs["head"].max(), rel=1e-5)
+    assert value(p, "head", "logit_lse") == pytest.approx(lse(outs["head"]), rel=1e-5)
+    for name in ("embed", "add1", "add2"):  # no attention, not the head
+        for field in ("attn_logit_max", "logit_max", "logit_lse"):
+            assert np.isnan(value(p, name, field))
+    assert np.isnan(value(p, "head", "attn_logit_max"))
+
+
+def classifier(seed: int = 0, loss: str = "ce") -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((4,)),
+        keras.layers.Dense(8, name="hidden"),
+        keras.layers.Dense(3, activation="softmax" if loss == "ce" else None, name="head"),
+    ])
+    model.compile(keras.optimizers.SGD(0.0),
+                  "sparse_categorical_crossentropy" if loss == "ce" else "mse")
+    return model
+
+
+def scaled_batches() -> tuple[np.ndarray, np.ndarray]:
+    """Four batches of 16; the second and the fourth 1000 times larger."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    x[16:32] *= 1000
+    x[48:] *= 1000
+    return x, rng.integers(0, 3, 64)
+
+
+def test_probes_come_from_statistics_steps_only(tmp_path):
+    model = classifier()
+    x, y = scaled_batches()
+    cb = Introspect(str(tmp_path), every="epoch", overhead=None, stats_every=2)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
+    cb.close()
+    p = read_probes(str(tmp_path))
+    hidden, head = model.layers
+    stats = [x[0:16], x[32:48]]  # steps 1 and 3 of the epoch: its statistics steps
+    h = [np.asarray(hidden(b)) for b in stats]
+    z = [h_ @ np.asarray(head.kernel) + np.asarray(head.bias) for h_ in h]  # pre-softmax
+    assert value(p, "hidden", "abs_median") == pytest.approx(
+        np.mean([np.median(np.abs(a)) for a in h]), rel=1e-5)
+    assert value(p, "hidden", "kurtosis") == pytest.approx(
+        np.mean([kurtosis(a) for a in h]), rel=1e-3)
+    assert value(p, "head", "logit_max") == pytest.approx(max(a.max() for a in z), rel=1e-5)
+    assert value(p, "head", "logit_lse") == pytest.approx(np.mean([lse(a) for a in z]),
+                                                          rel=1e-5)
+    # The lean steps' batches are 1000 times larger: had they counted, the head's largest
+    # logit would be about 1000 times this one.
+    assert max(a.max() for a in z) < 0.01 * (
+        np.asarray(hidden(x[16:32])) @ np.asarray(head.kernel)).max()
+
+
+@pytest.mark.parametrize("case", ["probes=False", "regression"])
+def test_no_probes_without_a_head_or_when_off(tmp_path, case):
+    model = classifier(loss="mse" if case == "regression" else "ce")
+    x, y = scaled_batches()
+    y = np.eye(3)[y] if case == "regression" else y
+    options = {"probes": False} if case == "probes=False" else {}
+    cb = Introspect(str(tmp_path), every=2, **options)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
+    cb.close()
+    run = next(iter(reader.read_logdir(str(tmp_path)).values()))
+    assert run.probes is None or not len(run.probes)
+    assert rundata.probes_of(run) is None
+    assert len(run.tensors["output"]) == 2  # the views were written
