@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from tb_introspect import metadata
+from tb_introspect.collect import probes
 from tb_introspect.collect.front_end import KerasFrontEnd
 from tb_introspect.collect.workers import is_chief
 from tb_introspect.pipeline.failures import METRICS, warn
@@ -55,6 +56,11 @@ class Introspector:
     statistics steps only.
     With ``on_finding="stop"``, ``step()`` / ``end_epoch()`` raise
     ``tb_introspect.FindingStop`` once a finding appears, after its point is written.
+    The transformer probes (``collect/probes.py``) come from the statistics steps: with
+    ``model``, its ``MultiHeadAttention`` layers' largest logits (the forward pass's,
+    taken by the next ``record`` traced in the same function), and with ``record``'s
+    ``head``, that output's logits; with either, the recorded outputs' median |a| and
+    kurtosis too.
 
     Example:
         >>> import tempfile, keras, tensorflow as tf
@@ -79,7 +85,7 @@ class Introspector:
 
     def __init__(self, log_dir: str, views: Sequence[str] = metadata.VIEWS,
                  every: str | int = "epoch", *, initial_step: int = 0,
-                 initial_epoch: int = 0, **options: Unpack[OptionArgs]):
+                 initial_epoch: int = 0, model: Any = None, **options: Unpack[OptionArgs]):
         if options.get("overhead") is not None:
             raise TypeError("overhead= paces the Keras callback's and the PyTorch"
                             " Introspector's statistics steps; a custom loop's statistics"
@@ -95,6 +101,11 @@ class Introspector:
         self.initial_step = int(initial_step)
         self._broken = False
         self._names: tuple | None = None
+        self._probe_patches: probes.ProbePatches | None = None
+        found = probes.model_attention(model) if model is not None and options.probes else None
+        if found is not None:  # wrapped until close()
+            self._probe_patches = probes.ProbePatches(None, found, hold=True)
+            self._probe_patches.install()
 
     # ------------------------------------------------------------------ in the step
 
@@ -106,13 +117,15 @@ class Introspector:
         outputs: Mapping[str, Any] | None = None,
         output_gradients: Mapping[str, Any] | None = None,
         metrics: Mapping[str, Any] | None = None,
+        head: str | None = None,
     ) -> None:
         """Record one training step (call it in the step, after the gradients).
 
         ``variables`` and ``gradients`` are aligned lists (None gradients are
         skipped); ``outputs`` / ``output_gradients`` map a layer name to its
         output and to the gradient of the loss with respect to it (e.g.
-        ``tape.gradient(loss, [vars, outs])``); ``metrics`` maps names to scalars.
+        ``tape.gradient(loss, [vars, outs])``); ``metrics`` maps names to scalars;
+        ``head`` names the output that holds the model's logits (before any softmax).
         The set of tensors must be the same at every call.
         """
         if self._broken:
@@ -123,7 +136,7 @@ class Introspector:
         try:
             if not self.front_end.built:
                 with tf.init_scope():
-                    self._build(list(variables), outputs, output_gradients, metrics)
+                    self._build(list(variables), outputs, output_gradients, metrics, head)
             rec = self.front_end.recorder(anchor=[list(gradients), list(outputs.values()),
                                                   list(metrics.values())])
             if len(gradients) != len(variables):
@@ -131,6 +144,9 @@ class Introspector:
                     f"{len(variables)} variables but {len(gradients)} gradients"
                 )
             rec.gradients(list(gradients), list(variables))
+            probes.take_held(rec.probe_step)
+            if rec.probe_step is not None and head in outputs:
+                rec.probe_step.head(head, tf.convert_to_tensor(outputs[head]))
             for name, x in outputs.items():
                 j = rec.output_index(name)
                 if j is not None and x is not None:
@@ -157,6 +173,7 @@ class Introspector:
         outputs: dict[str, Any],
         output_gradients: dict[str, Any],
         metrics: dict[str, Any],
+        head: str | None = None,
     ) -> None:
         front_end = self.front_end
         plan = front_end.plan
@@ -188,6 +205,10 @@ class Introspector:
         for layer in layers:
             depth_of.setdefault(layer, len(depth_of))
         front_end.set_variables(variables, variable_names, layers, [depth_of[n] for n in layers])
+        if self._probe_patches is not None:
+            front_end.probe_rows = self._probe_patches.probed.rows
+        if head is not None and head in outputs and plan.chosen(head):
+            front_end.probe_rows = [*front_end.probe_rows, sanitize(head)]
         front_end.build(list(metrics), metric_rows=32, initial_step=self.initial_step)
         self.pipeline.start(self.initial_step)
 
@@ -215,6 +236,9 @@ class Introspector:
             self.pipeline.guard(METRICS, self.pipeline.drain)
         self.pipeline.close()
         self.writer = None
+        if self._probe_patches is not None:
+            self._probe_patches.remove()
+            self._probe_patches = None
 
     def __enter__(self) -> Introspector:
         return self

@@ -24,6 +24,7 @@ resets them (``read``).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -345,23 +346,9 @@ def discover(captured: Sequence[capture.CapturedLayer], order: Sequence[str],
     every ``MultiHeadAttention`` (nested in a composite layer too) and the head, the last
     layer with weights when it is a ``Dense``/``EinsumDense`` of a classifier (a
     cross-entropy loss, a softmax or sigmoid on it or after it). None: neither."""
-    attention: list[tuple[Any, str]] = []
-    seen: set[int] = set()
-
-    def walk(layer: Any, name: str) -> None:
-        if id(layer) in seen:
-            return
-        seen.add(id(layer))
-        if private.attention_kernel(layer) is not None:
-            attention.append((layer, name))
-            return
-        for sub in private.sublayers(layer):
-            walk(sub, f"{name}/{sub.name}")
-
+    attention = attention_layers([(e.layer, e.name) for e in captured])
     by_name = {e.name: e.layer for e in captured}
     ordered = [by_name[n] for n in order if n in by_name]
-    for entry in captured:
-        walk(entry.layer, entry.name)
     names = {id(layer): n for n, layer in by_name.items()}
     weighted = [i for i, layer in enumerate(ordered) if layer.trainable_variables]
     head = None
@@ -378,23 +365,76 @@ def discover(captured: Sequence[capture.CapturedLayer], order: Sequence[str],
     return ProbeLayers(attention, head)
 
 
+def attention_layers(roots: Sequence[tuple[Any, str]]) -> list[tuple[Any, str]]:
+    """Every ``MultiHeadAttention`` among the (layer, name) ``roots`` and the layers nested
+    in them, named by their path from the root (``block/mha``)."""
+    found: list[tuple[Any, str]] = []
+    seen: set[int] = set()
+
+    def walk(layer: Any, name: str) -> None:
+        if id(layer) in seen:
+            return
+        seen.add(id(layer))
+        if private.attention_kernel(layer) is not None:
+            found.append((layer, name))
+            return
+        for sub in private.sublayers(layer):
+            walk(sub, f"{name}/{sub.name}")
+
+    for layer, name in roots:
+        walk(layer, name)
+    return found
+
+
+def model_attention(model: Any) -> ProbeLayers | None:
+    """A model's attention layers (the custom loop's ``Introspector(model=...)``), or None."""
+    found = attention_layers([(sub, sub.name) for sub in private.sublayers(model)])
+    return ProbeLayers(found, None) if found else None
+
+
+#: The custom loop's attention inputs, per thread (a replica's step runs in its own),
+#: from the forward pass until ``record`` takes them (``take_held``).
+_held = threading.local()
+
+
+def _graph() -> Any:
+    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+def take_held(step: ProbeStep | None) -> None:
+    """Hand the attention inputs held since the last call to ``step``: those of the forward
+    pass traced in the same function as this call (the training step's)."""
+    held, _held.inputs = getattr(_held, "inputs", {}), {}
+    graph = _graph()
+    for name, (where, args) in held.items():
+        if step is not None and where is graph:
+            step.attention(name, *args)
+
+
 def _active_step() -> ProbeStep | None:
     return getattr(capture.active_recorder(), "probe_step", None)
 
 
-def _wrap_attention(kernel: Callable, layer: Any, name: str) -> Callable:
+def _wrap_attention(kernel: Callable, layer: Any, name: str, hold: bool) -> Callable:
     scale = 1.0 / float(np.sqrt(float(layer.key_dim)))
 
     @functools.wraps(kernel)
     def probed(query, key, value, attention_mask=None, *args, **kwargs):
         step = _active_step()
-        if step is not None and getattr(query, "shape", None) is not None and (
+        if (step is not None or hold) and getattr(query, "shape", None) is not None and (
                 query.shape.rank == 4):
-            try:
-                step.attention(name, query, key, attention_mask,
-                               bool(kwargs.get("use_causal_mask", False)), scale)
-            except Exception as e:  # the layer computes as before
-                step.failures.fail(Part("probes", name), e)
+            inputs = (query, key, attention_mask,
+                      bool(kwargs.get("use_causal_mask", False)), scale)
+            if step is None:  # the custom loop: ``record`` comes after the forward pass
+                held = getattr(_held, "inputs", None)
+                if held is None:
+                    held = _held.inputs = {}
+                held[name] = (_graph(), inputs)
+            else:
+                try:
+                    step.attention(name, *inputs)
+                except Exception as e:  # the layer computes as before
+                    step.failures.fail(Part("probes", name), e)
         return kernel(query, key, value, attention_mask, *args, **kwargs)
 
     return probed
@@ -417,13 +457,15 @@ class ProbePatches:
     removed together (the callback's ``Installation`` holds this in their place): the
     attention layers' step and the head's ``activation``, as instance attributes."""
 
-    def __init__(self, layers: Any, probed: ProbeLayers):
-        self.layers = layers
+    def __init__(self, layers: Any, probed: ProbeLayers, hold: bool = False):
+        self.layers = layers  # None: the probes' wrappers only
         self.probed = probed
+        self.hold = hold  # hold the attention inputs for ``record`` (``take_held``)
         self._saved: list[tuple[Any, str, bool, Any]] = []
 
     def install(self) -> None:
-        self.layers.install()
+        if self.layers is not None:
+            self.layers.install()
         self.install_probes()
 
     def install_probes(self) -> None:
@@ -432,7 +474,8 @@ class ProbePatches:
         for layer, name in self.probed.attention:
             kernel = private.attention_kernel(layer)
             if kernel is not None:
-                self._set(layer, private.ATTENTION_KERNEL, _wrap_attention(kernel, layer, name))
+                self._set(layer, private.ATTENTION_KERNEL,
+                          _wrap_attention(kernel, layer, name, self.hold))
         if self.probed.head is not None:
             layer, name = self.probed.head
             if callable(getattr(layer, "activation", None)):
@@ -449,4 +492,5 @@ class ProbePatches:
                 private.set_instance_attr(layer, attr, previous)
             else:
                 private.del_instance_attr(layer, attr)
-        self.layers.remove()
+        if self.layers is not None:
+            self.layers.remove()

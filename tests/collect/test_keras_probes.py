@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tb_introspect import metadata, rundata  # noqa: E402
+from tb_introspect import Introspector, metadata, rundata  # noqa: E402
 from tb_introspect.collect import probes  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 from tb_introspect.plugin import reader  # noqa: E402
@@ -224,3 +224,60 @@ def test_no_probes_without_a_head_or_when_off(tmp_path, case):
     assert run.probes is None or not len(run.probes)
     assert rundata.probes_of(run) is None
     assert len(run.tensors["output"]) == 2  # the views were written
+
+
+# ------------------------------------------------------------------ the custom loop
+
+
+def test_custom_loop_probes_of_its_statistics_steps(tmp_path):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 4))
+    h = keras.layers.Dense(8, name="proj")(inp)
+    a = keras.layers.MultiHeadAttention(2, 4, name="mha")(h, h, use_causal_mask=True)
+    model = keras.Model(inp, keras.layers.Dense(5, name="logits")(a))
+    proj, mha, head = (model.get_layer(n) for n in ("proj", "mha", "logits"))
+    opt = keras.optimizers.SGD(0.0)  # the weights stay those the batches met
+    intro = Introspector(str(tmp_path), every="epoch", stats_every=2, model=model)
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            hidden = proj(x)
+            z = head(mha(hidden, hidden, use_causal_mask=True))
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, z, from_logits=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        intro.record(variables=model.trainable_variables, gradients=grads,
+                     outputs={"proj": hidden, "logits": z}, metrics={"loss": loss},
+                     head="logits")
+
+    rng = np.random.default_rng(4)
+    xs = [rng.normal(size=(4, 8, 4)).astype("float32") * (1000 if i % 2 else 1)
+          for i in range(4)]  # the lean steps' batches (the second, the fourth) are loud
+    for x in xs:
+        train_step(x, rng.integers(0, 5, (4, 8)))
+        intro.step()
+    intro.end_epoch()
+    intro.close()
+    assert private_kernel_restored(mha)
+
+    p = read_probes(str(tmp_path))
+    assert set(p.rows) == {"proj", "logits", "mha"}
+    stats = [xs[0], xs[2]]  # window steps 0 and 2: stats_every=2
+    hs = [np.asarray(proj(x)) for x in stats]
+    zs = [np.asarray(model(x)) for x in stats]
+    causal = np.tril(np.ones((8, 8), bool))
+    assert value(p, "proj", "abs_median") == pytest.approx(
+        np.mean([np.median(np.abs(h_)) for h_ in hs]), rel=1e-5)
+    assert value(p, "mha", "attn_logit_max") == pytest.approx(
+        max((np.abs(logits_of(mha, h_)) * causal).max() for h_ in hs), rel=1e-4)
+    assert value(p, "logits", "logit_max") == pytest.approx(max(z.max() for z in zs), rel=1e-5)
+    assert value(p, "logits", "logit_lse") == pytest.approx(np.mean([lse(z) for z in zs]),
+                                                            rel=1e-5)
+    assert np.isnan(value(p, "proj", "logit_max"))
+
+
+def private_kernel_restored(layer: keras.layers.Layer) -> bool:
+    """``close()`` took the attention wrapper off: the layer's own method is back."""
+    return "_compute_attention" not in layer.__dict__
