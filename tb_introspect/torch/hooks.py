@@ -45,6 +45,7 @@ class StepHooks:
         self._last_step_end: float | None = None
         self._forward = [self._forward_hook(spec) for spec in outputs.specs]
         self._hooked: dict[int, Any] = {}  # output index -> its forward hook's handle
+        self.listeners: list[Callable[[StepMode], None]] = []  # told each new phase (probes)
         self._optimizer_hook = (optimizer.register_step_pre_hook(self._pre_step)
                                 if parameters.sums is not None and optimizer is not None
                                 else None)
@@ -68,6 +69,8 @@ class StepHooks:
         if phase == self.phase:
             return
         self.phase = phase
+        for listener in self.listeners:
+            listener(phase)
         for j, spec in enumerate(self.outputs.specs):
             on = phase is StepMode.STATS or (phase is StepMode.LEAN and spec.exact)
             handle = self._hooked.get(j)

@@ -29,7 +29,7 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +55,7 @@ from tb_introspect.torch.loss import describe_run
 from tb_introspect.torch.metrics import MetricRing
 from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.parameters import ParameterViews
+from tb_introspect.torch.probes import PROBES, Probes
 from tb_introspect.torch.ranks import Broken, Ranks
 
 if TYPE_CHECKING:
@@ -158,6 +159,10 @@ class Introspector:
             self.governor.lockstep()
         self.hooks = StepHooks(self.plan, self.model, self.governor, self.output_states,
                                self.parameter_views, optimizer)
+        # The transformer probes, hooked on statistics steps only (docs/format.md).
+        self.probes = Probes(self.model, self.outputs, self.plan, device, regression=(
+            metadata.parse_loss(criterion_info(criterion)) or {}).get("task") == "regression")
+        self.hooks.listeners.append(self.probes.follow)
         self.metric_ring = MetricRing(device)
         self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)
                                  if self.ranks.writes else None,
@@ -247,10 +252,12 @@ class Introspector:
                                                         self.optimizer)
         return (self.step_count, *self.metric_ring.read(self.ranks))
 
-    def point(self, step: int) -> Point:
-        """The window's statistics: one host copy per buffer, ranks merged (rank 0 gets the
-        vectors; every rank calls it at the same steps, the output buffers are gathered)."""
+    def point(self, step: int) -> Point | Callable[[], Point]:
+        """The window's statistics: one host copy per buffer and the ranks' exchange here;
+        rank 0's numpy finalize comes back as a callable the pipeline's worker runs
+        (every rank calls it at the same steps, the output buffers are gathered)."""
         out = Point(window=self._window, stats_steps=self._stats_steps)
+        out.probes = self.pipeline.guard(PROBES.view, self.probes.take) or {}
         if self.ranks.writes and self._stats_steps:
             # A leaf no training forward pass called (a transformer's attention dropout
             # inside scaled_dot_product_attention) has no output to show: said once.
@@ -260,21 +267,24 @@ class Introspector:
                 self.failures.warn_once("uncalled", f"{len(idle)} layer output(s) not"
                                         " monitored: no training forward pass called them"
                                         f" before the first point ({', '.join(idle)})")
-        self._exchange(out, seed=self.options.seed + self.step_count)
+        finish = self._exchange(out, seed=self.options.seed + self.step_count)
         self._window = self._stats_steps = 0
-        return out
+        return out if finish is None else finish
 
-    def _exchange(self, out: Point, seed: int) -> None:
+    def _exchange(self, out: Point, seed: int) -> Callable[[], Point] | None:
         """The point's one exchange between ranks (``Ranks.exchange``): every rank's output
         states and sharded parameters' states, and rank 0's governor spacing; a part that
-        failed on any rank switches the statistics off on every rank (``ranks.Broken``)."""
+        failed on any rank switches the statistics off on every rank (``ranks.Broken``).
+        The writing rank gets the blocks' numpy work back as a callable (None elsewhere):
+        it reads host copies only, never a buffer training writes to."""
         ranks, failed = self.ranks, self._failed
-        payload, n_out = None, 0
+        payload, n_out, layout, params = None, 0, None, None
         if failed is None:
             try:
-                payload = self.output_states.local_payload()
+                payload, layout = self.output_states.local_payload()
                 n_out = payload.size
-                payload = np.concatenate([payload, self.parameter_views.local_payload(seed)])
+                local, params = self.parameter_views.local_payload(seed)
+                payload = np.concatenate([payload, local])
             except Exception as e:
                 failed = e
                 payload = None
@@ -288,16 +298,20 @@ class Introspector:
         if ranks.world > 1:
             self.governor.share(spacing)
         if not ranks.writes:
-            return
-        try:
-            self.output_states.add_blocks(out, copies[:, :n_out])
-            self.parameter_views.add_blocks(out, copies[:, n_out:], seed)
-        except Exception as e:
-            if ranks.world == 1:
-                raise
-            # said on every rank at the next point: the statistics stop together
-            self._failed = e
-            out.blocks.clear()
+            return None
+
+        def finish() -> Point:
+            try:
+                self.output_states.add_blocks(out, copies[:, :n_out], layout)
+                self.parameter_views.add_blocks(out, copies[:, n_out:], seed, params)
+            except Exception as e:
+                if ranks.world == 1:
+                    raise
+                # said on every rank at a next point: the statistics stop together
+                self._failed = e
+                out.blocks.clear()
+            return out
+        return finish
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         return self.output_states.widths()
@@ -305,7 +319,8 @@ class Introspector:
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        """Write the pending metric values and flush the event file."""
+        """Write the pending metric values and every point logged so far, and flush the
+        event file."""
         self.pipeline.guard(METRICS, self.pipeline.drain)
         self.pipeline.flush()
 
@@ -315,6 +330,7 @@ class Introspector:
             return
         self.pipeline.guard(METRICS, self.pipeline.drain)
         self.hooks.close()
+        self.probes.close()
         state.release_scratch()
         self._closed = True
         self.pipeline.close()

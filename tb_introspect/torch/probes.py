@@ -1,0 +1,450 @@
+"""The transformer probes of a PyTorch model (docs/format.md, "Version 4: probes").
+
+On statistics steps only, and only while one runs, this module hooks:
+
+* each monitored leaf output: its batch's median |a| (from at most
+  ``metadata.PROBE_SAMPLE_SIZE`` values drawn without the user's RNG) and kurtosis m4 / m2²;
+* the attention logits where they are made: ``torch.nn.functional``'s
+  ``scaled_dot_product_attention`` (a fused kernel never materialises them, so its own
+  inputs are read: a sample of query rows against every key, with its scale and mask) and
+  ``multi_head_attention_forward`` (``nn.MultiheadAttention``: q and k from its in-projection).
+  A call is attributed to the innermost attention module running (pre/post forward hooks);
+* the output head (a Hugging Face model's ``get_output_embeddings()``, else the last
+  ``Linear`` leaf, kept once its output is seen to be the model's): its largest logit and
+  the mean logsumexp of its rows.
+
+Each value stays on the device (a few device scalars per row, no host sync), folded into a
+mean or a maximum over the window; a logged point copies them to the host once (``take``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tb_introspect import metadata
+from tb_introspect.pipeline.failures import Part
+from tb_introspect.pipeline.governor import StepMode
+from tb_introspect.pipeline.plan import Plan, sanitize
+from tb_introspect.torch import modules
+from tb_introspect.torch.modules import OutputSpec
+from tb_introspect.torch.ranks import host
+from tb_introspect.torch.state import _hash_uniform
+
+#: At most this many query rows of each attention call give its logits (evenly spread).
+QUERY_ROWS = 64
+#: At most about this many logits are made per call: fewer batch elements past it.
+LOGIT_BUDGET = 2**22
+#: A float mask value at or below this excludes its position (``-inf``, ``finfo.min``).
+MASKED = -1e30
+_ABS_MEDIAN, _KURTOSIS, _ATTN, _LOGIT_MAX, _LSE = range(len(metadata.PROBE_VALUE_FIELDS))
+#: Probes averaged over the window's statistics steps; the others are maxima.
+_MEANS = (_ABS_MEDIAN, _KURTOSIS, _LSE)
+PROBES = Part("probes")
+
+
+def query_rows(length: int, rows: int = QUERY_ROWS) -> torch.Tensor:
+    """The query rows a call of ``length`` queries is probed at: all of them up to ``rows``,
+    else ``rows`` evenly spread from the first to the last."""
+    if length <= rows:
+        return torch.arange(length)
+    return torch.linspace(0, length - 1, rows).round().long().unique()
+
+
+def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] = (), *,
+               is_causal: bool = False, scale: float | None = None,
+               rows: int = QUERY_ROWS, budget: int = LOGIT_BUDGET) -> torch.Tensor:
+    """The largest |pre-softmax logit| ``scale * q·k (+ mask)`` of an attention call, a device
+    scalar. ``q``: ``(..., L, E)``, ``k``: ``(..., S, E)`` (leading dims broadcast);
+    ``masks``: as ``scaled_dot_product_attention`` takes them, broadcastable to
+    ``(..., L, S)``: a bool mask keeps its True positions, a float one is added and excludes
+    positions at or below ``MASKED``; ``is_causal``: the top-left causal mask; ``scale``:
+    default ``1 / sqrt(E)``. Over ``query_rows(L, rows)`` and, past ``budget`` logits,
+    over fewer elements of the first batch dim."""
+    length, width = q.shape[-2:]
+    keys = k.shape[-2]
+    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    r = query_rows(length, rows).to(q.device)
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    b = max(1, budget // max(1, math.prod(lead[1:]) * len(r) * keys))
+    rank = len(lead) + 2
+
+    def first(t: torch.Tensor) -> torch.Tensor:  # the kept batch elements of a full-rank t
+        return t[:b] if t.dim() == rank and rank > 2 and t.shape[0] > b else t
+
+    qs = first(q).index_select(-2, r).float()
+    logits = torch.matmul(qs, first(k).float().transpose(-1, -2)) * scale
+    keep = None
+    if is_causal:
+        keep = r[:, None] >= torch.arange(keys, device=q.device)[None, :]
+    for m in masks:
+        m = first(m)
+        if m.shape[-2] == length and length > 1:
+            m = m.index_select(-2, r)
+        if m.dtype == torch.bool:
+            keep = m if keep is None else keep & m
+        else:
+            m = m.float()
+            usable = m > MASKED
+            logits = logits + torch.where(usable, m, 0.0)
+            keep = usable if keep is None else keep & usable
+    a = logits.abs()
+    if keep is not None:
+        a = torch.where(keep, a, 0.0)
+    return a.amax() if a.numel() else torch.zeros((), device=q.device)
+
+
+def find_head(model: nn.Module) -> tuple[str, nn.Module, bool] | None:
+    """The output head: ``(name, module, certain)``. A Hugging Face model's
+    ``get_output_embeddings()`` is certain; else the last ``Linear`` leaf in module order,
+    kept once a forward pass shows its output to be the model's (``certain`` False)."""
+    names = {m: n for n, m in model.named_modules()}
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            head = get()
+        except Exception:  # a model whose method is not implemented
+            head = None
+        if isinstance(head, nn.Linear) and head in names:
+            return names[head] or modules.ROOT, head, True
+    last = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and next(m.children(), None) is None:
+            last = (name or modules.ROOT, m, False)
+    return last
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules an attention call is attributed to: ``nn.MultiheadAttention`` and every
+    module whose class is named as an attention layer (``GPT2Attention``,
+    ``LlamaAttention``, ``BertSelfAttention``, nanoGPT's ``CausalSelfAttention``)."""
+    return [(name or modules.ROOT, m) for name, m in model.named_modules()
+            if isinstance(m, nn.MultiheadAttention) or "attention" in type(m).__name__.lower()]
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors a model returned, one level deep (a tensor, tuple, list or mapping)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    items = output.values() if hasattr(output, "values") else (
+        output if isinstance(output, (tuple, list)) else ())
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+class Probes:
+    """The probes of one model: their rows, hooks and patches, and the window's values on
+    the device. ``follow(phase)`` turns the hooks on for statistics steps only; ``take()``
+    gives a point's ``Point.probes`` and starts the window again."""
+
+    def __init__(self, model: nn.Module, outputs: Sequence[OutputSpec], plan: Plan,
+                 device: torch.device, *, regression: bool = False) -> None:
+        self.model = model
+        self.failures = plan.failures
+        self.device = device
+        head = None if regression else find_head(model)
+        attention = attention_modules(model)
+        self.on = plan.options.probes and bool(attention or head)
+        self.rows: dict[str, int] = {}
+        self._outputs = [(self._row(s.name), s.module) for s in outputs] if self.on else []
+        by_module = {id(s.module): s.name for s in outputs}
+        self._attention = {id(m): (self._row(sanitize(n)), m) for n, m in attention} \
+            if self.on else {}
+        self._head: tuple[int, nn.Module] | None = None
+        self._head_certain = True
+        if self.on and head is not None:
+            name, module, self._head_certain = head
+            self._head = (self._row(by_module.get(id(module), sanitize(name))), module)
+        n = len(self.rows)
+        self.sums = torch.zeros(n, len(metadata.PROBE_VALUE_FIELDS), dtype=torch.float64,
+                                device=device)
+        self.counts = torch.zeros_like(self.sums)
+        self.peaks = torch.full_like(self.sums, -math.inf)
+        self.seen: set[int] = set()  # rows with a value since the start (host bookkeeping)
+        self.salt = torch.zeros((), dtype=torch.int64, device=device)
+        self.draws = torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device)
+        self._handles: list[Any] = []
+        self._stack: list[int] = []  # the attention modules running, innermost last
+        self._in_mha = False
+        self._head_out: torch.Tensor | None = None
+        self._patched: dict[str, tuple[Callable, Callable]] = {}
+        self.active = False
+
+    def _row(self, name: str) -> int:
+        return self.rows.setdefault(name, len(self.rows))
+
+    # ------------------------------------------------------------------ phase
+
+    def follow(self, phase: StepMode) -> None:
+        """The step phase changed: hooks and patches on for a statistics step, off else."""
+        want = (phase is StepMode.STATS and self.on
+                and not self.failures.is_off(PROBES.view))
+        if want == self.active:
+            return
+        if want:
+            try:
+                self._install()
+            except Exception as e:  # never break training
+                self._uninstall()
+                self.failures.fail(PROBES, e)
+                return
+        else:
+            self._uninstall()
+        self.active = want
+
+    def _install(self) -> None:
+        hook = self._handles.append
+        for i, module in self._outputs:
+            hook(module.register_forward_hook(self._output_hook(i)))
+        for i, module in self._attention.values():
+            hook(module.register_forward_pre_hook(self._enter_hook(i)))
+            hook(module.register_forward_hook(self._leave_hook, always_call=True))
+        if self._head is not None:
+            hook(self._head[1].register_forward_hook(self._head_hook))
+            if not self._head_certain:
+                hook(self.model.register_forward_hook(self._model_hook))
+        if self._attention:
+            self._patch("scaled_dot_product_attention", self._sdpa)
+            self._patch("multi_head_attention_forward", self._mha)
+
+    def _uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._stack.clear()
+        self._head_out = None
+        for name, (original, patched) in self._patched.items():
+            if getattr(F, name) is patched:  # another tool's patch on top stays
+                setattr(F, name, original)
+        self._patched.clear()
+        self.active = False
+
+    def _patch(self, name: str, make: Callable[[Callable], Callable]) -> None:
+        original = getattr(F, name)
+        patched = make(original)
+        self._patched[name] = (original, patched)
+        setattr(F, name, patched)
+
+    def _training(self) -> bool:
+        return (torch.is_grad_enabled() and self.model.training
+                and not torch.compiler.is_compiling())
+
+    # ------------------------------------------------------------------ folds
+
+    def _mean(self, i: int, col: int, value: torch.Tensor) -> None:
+        finite = torch.isfinite(value)
+        self.sums[i, col] += torch.where(finite, value.double(), 0.0)
+        self.counts[i, col] += finite
+        self.seen.add(i)
+
+    def _peak(self, i: int, col: int, value: torch.Tensor) -> None:
+        self.peaks[i, col] = torch.fmax(self.peaks[i, col], value.double())
+        self.seen.add(i)
+
+    def _guarded(self, fn: Callable, *args: Any) -> None:
+        if not self.active:
+            return
+        try:
+            with torch.no_grad():
+                fn(*args)
+        except Exception as e:  # never break training
+            self.failures.fail(PROBES, e)
+            self._uninstall()
+
+    def _output_hook(self, i: int) -> Callable:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            x = modules.first_tensor(output)
+            if (x is not None and x.is_floating_point() and x.numel() and self._training()):
+                self._guarded(self._layer, i, x.detach())
+        return hook
+
+    def _layer(self, i: int, x: torch.Tensor) -> None:
+        flat = (x if x.dtype == torch.float64 else x.float()).reshape(-1)
+        n = flat.numel()
+        sample = flat
+        if n > len(self.draws):
+            at = (_hash_uniform(self.draws, self.salt.add_(1)) * n).long().clamp_(max=n - 1)
+            sample = flat[at]
+        self._mean(i, _ABS_MEDIAN, torch.nanquantile(sample.abs(), 0.5))
+        d2 = (flat - flat.mean()).square_()
+        m2 = d2.mean()
+        self._mean(i, _KURTOSIS, d2.square_().mean() / (m2 * m2))
+
+    def _head_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        x = modules.first_tensor(output)
+        if x is None or not x.is_floating_point() or not x.numel() or not self._training():
+            return
+        if not self._head_certain:
+            self._head_out = x
+        self._guarded(self._logits, self._head[0], x.detach())
+
+    def _logits(self, i: int, x: torch.Tensor) -> None:
+        x = x if x.dtype == torch.float64 else x.float()
+        self._peak(i, _LOGIT_MAX, x.amax())
+        rows = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1)
+        self._mean(i, _LSE, torch.logsumexp(rows, dim=-1).mean())
+
+    def _model_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        """The first training forward pass tells whether the head candidate's output is the
+        model's; if not, there is no head (and no probes at all without attention)."""
+        if not self._training() or self._head is None:
+            return
+        made, self._head_out = self._head_out, None
+        if made is None:
+            return
+        if not any(t is made for t in _tensors(output)):
+            i = self._head[0]
+            for col in (_LOGIT_MAX, _LSE):  # the candidate's values are no head's
+                self.peaks[i, col] = -math.inf
+                self.sums[i, col] = 0.0
+                self.counts[i, col] = 0.0
+            self._head = None
+            if not self._attention:
+                self.on = False
+                self.seen.clear()
+        self._head_certain = True
+        self._uninstall()  # again without the model's hook (or without any)
+        if self.on:
+            self._install()
+            self.active = True
+
+    def _enter_hook(self, i: int) -> Callable:
+        def hook(module: nn.Module, inputs: Any) -> None:
+            self._stack.append(i)
+        return hook
+
+    def _leave_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def _attention_row(self) -> int | None:
+        if self._stack:
+            return self._stack[-1]
+        if self._training():
+            self.failures.warn_once("probes sdpa", "probes: an attention call outside any"
+                                    " module recognised as attention (nn.MultiheadAttention,"
+                                    " a class named *Attention*) is not probed")
+        return None
+
+    def _sdpa(self, original: Callable) -> Callable:
+        def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if self.active and not self._in_mha and self._training():
+                i = self._attention_row()
+                if i is not None:
+                    self._guarded(self._sdpa_logits, i, args, kwargs)
+            return out
+        return scaled_dot_product_attention
+
+    def _sdpa_logits(self, i: int, args: tuple, kwargs: dict) -> None:
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                 "enable_gqa")
+        a = {**dict(zip(names, args, strict=False)), **kwargs}
+        q, k = a["query"].detach(), a["key"].detach()
+        if a.get("enable_gqa") and q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        mask = a.get("attn_mask")
+        self._peak(i, _ATTN, logit_peak(q, k, () if mask is None else (mask.detach(),),
+                                        is_causal=bool(a.get("is_causal")),
+                                        scale=a.get("scale")))
+
+    def _mha(self, original: Callable) -> Callable:
+        signature = inspect.signature(original)
+
+        def multi_head_attention_forward(*args: Any, **kwargs: Any) -> Any:
+            if not (self.active and self._training()):
+                return original(*args, **kwargs)
+            i = self._attention_row()
+            if i is not None:
+                self._guarded(self._mha_logits, i, signature, args, kwargs)
+            self._in_mha = True  # its own scaled_dot_product_attention is this same call
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._in_mha = False
+        return multi_head_attention_forward
+
+    def _mha_logits(self, i: int, signature: inspect.Signature, args: tuple,
+                    kwargs: dict) -> None:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        self._peak(i, _ATTN, mha_logit_peak(**bound.arguments))
+
+    # ------------------------------------------------------------------ a point
+
+    def take(self) -> dict[str, np.ndarray]:
+        """The window's probes, row name -> ``PROBE_VALUE_FIELDS`` (NaN where one does not
+        apply), of every row seen so far; one host copy. The window starts again."""
+        if not self.seen:
+            return {}
+        copy = host(torch.stack([self.sums, self.counts, self.peaks]))
+        self.sums.zero_()
+        self.counts.zero_()
+        self.peaks.fill_(-math.inf)
+        sums, counts, peaks = copy
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = np.where(counts > 0, sums / counts, np.nan)
+        peaked = np.isfinite(peaks)
+        maxima = [c for c in range(values.shape[1]) if c not in _MEANS]
+        values[:, maxima] = np.where(peaked[:, maxima], peaks[:, maxima], np.nan)
+        names = {i: name for name, i in self.rows.items()}
+        return {names[i]: values[i] for i in sorted(self.seen)}
+
+    def close(self) -> None:
+        """Remove every hook and patch."""
+        self._uninstall()
+        self.on = False
+
+
+def mha_logit_peak(*, query: torch.Tensor, key: torch.Tensor, num_heads: int,
+                   in_proj_weight: torch.Tensor | None, in_proj_bias: torch.Tensor | None,
+                   bias_k: torch.Tensor | None = None, key_padding_mask: Any = None,
+                   attn_mask: Any = None, use_separate_proj_weight: bool = False,
+                   q_proj_weight: Any = None, k_proj_weight: Any = None, static_k: Any = None,
+                   is_causal: bool = False, **_: Any) -> torch.Tensor:
+    """``logit_peak`` of one ``F.multi_head_attention_forward`` call (``nn.MultiheadAttention``),
+    from its arguments: q and k by its in-projection, its masks (a bool mask's True
+    positions are left out, a float one is added)."""
+    batched = query.dim() == 3
+    query = query.detach() if batched else query.detach().unsqueeze(1)
+    key = key.detach() if batched else key.detach().unsqueeze(1)
+    length, batch, width = query.shape
+    head = width // num_heads
+    if use_separate_proj_weight:
+        w_q, w_k = q_proj_weight, k_proj_weight
+    else:
+        w_q, w_k, _ = in_proj_weight.chunk(3)
+    b_q = b_k = None
+    if in_proj_bias is not None:
+        b_q, b_k, _ = in_proj_bias.chunk(3)
+    q = F.linear(query, w_q.detach(), None if b_q is None else b_q.detach())
+    q = q.reshape(length, batch, num_heads, head).permute(1, 2, 0, 3)
+    if static_k is not None:
+        k = static_k.detach().reshape(batch, num_heads, -1, head)
+    else:
+        k = F.linear(key, w_k.detach(), None if b_k is None else b_k.detach())
+        if bias_k is not None:
+            k = torch.cat([k, bias_k.detach().expand(1, batch, width)])
+        k = k.reshape(k.shape[0], batch, num_heads, head).permute(1, 2, 0, 3)
+    keys = k.shape[-2]
+    masks = []
+    if attn_mask is not None:
+        m = attn_mask.detach()
+        m = m.reshape(batch, num_heads, length, -1) if m.dim() == 3 else m
+        masks.append(m)
+    if key_padding_mask is not None:
+        m = key_padding_mask.detach()
+        m = m if batched else m.unsqueeze(0)
+        masks.append(m.reshape(batch, 1, 1, -1))
+    out = []
+    for m in masks:
+        if m.shape[-1] < keys:  # bias_k's key: never masked
+            m = F.pad(m, (0, keys - m.shape[-1]))
+        out.append(~m if m.dtype == torch.bool else m)
+    return logit_peak(q, k, out, is_causal=is_causal and attn_mask is None)
