@@ -20,6 +20,9 @@ from tb_introspect.metadata import (
     METRIC_FIELDS,
     NONFINITE_FIELDS,
     PLUGIN_NAME,
+    PROBE_FIELDS,
+    PROBE_REFERENCES,
+    PROBE_VALUE_FIELDS,
     PROTO_VERSION,
     TAG_PREFIX,
     VIEW_EXTRA_FIELDS,
@@ -112,6 +115,32 @@ CHARTS: dict[str, dict[str, str]] = {
         "help": f"{_ILR} per weight between logged points ({GRADIENT_SUM}): the step size the"
         " optimizer really takes; with plain SGD it is the learning rate",
     },
+    "overview.transformer": {
+        "title": "Transformer",
+        "help": "the probes of attention layers, the output head and every layer output, per"
+        " logged point; dashed lines are the reference thresholds the findings use",
+    },
+    "transformer.attn": {
+        "title": "Attention logit max",
+        "help": "largest |q·k/√d| before the softmax, per attention layer (max over heads, the"
+        " sampled queries and every key, mask applied; max over the window); dashed: 100,"
+        " Megatron-LM's QK-clip threshold",
+    },
+    "transformer.head": {
+        "title": "Output head logits",
+        "help": "largest logit (max over the window) and the mean logsumexp log Z over rows"
+        " (averaged over the window); dashed: 0, where z-loss keeps log Z",
+    },
+    "transformer.ratio": {
+        "title": "Massive activations: max|a| / median|a|",
+        "help": "per layer output, the largest |a| over the median |a| (log axis); dashed: 1000,"
+        " a massive activation when max|a| is also above 100",
+    },
+    "transformer.kurtosis": {
+        "title": "Kurtosis of layer outputs",
+        "help": "per layer output, m4 / m2² of each statistics step's batch, averaged over the"
+        " window (log axis); dashed: 3, a Gaussian (a layer at initialisation)",
+    },
     "activity.maps": {
         "title": "Per-channel and spatial activity",
         "help": "share of non-zero values of each channel (over every sample and position) and of"
@@ -160,6 +189,9 @@ def schema() -> dict:
             "examples": [[q, quantile_field(q), quantile_field(q, log=True)]
                          for q in _QUANTILE_EXAMPLES],
         },
+        "probe_fields": list(PROBE_FIELDS),
+        "probe_value_fields": list(PROBE_VALUE_FIELDS),
+        "probe_references": dict(PROBE_REFERENCES),
         "metric_fields": list(METRIC_FIELDS),
         "metric_epoch_fields": list(METRIC_EPOCH_FIELDS),
         "metric_epoch_band_fields": list(METRIC_EPOCH_BAND_FIELDS),

@@ -77,6 +77,11 @@ export class Api {
     return this.cached(`findings\0${run}`, () => getJSON("./findings", [["run", run]]));
   }
 
+  /** The run's transformer probes per row and field (./probes; no rows when it has none). */
+  probes(run) {
+    return this.cached(`probes\0${run}`, () => getJSON("./probes", [["run", run]]));
+  }
+
   /** One activity map, every epoch (./activity; can be megabytes: read when shown). */
   activity(run, tag) {
     return this.cached(`activity\0${run}\0${tag}`, () => getJSON("./activity", [["run", run], ["tag", tag]]));

@@ -57,6 +57,17 @@ export const QUANTILE_FIELD = {
   ]
 };
 
+export const PROBE_FIELDS = ["row_key", "epoch", "abs_median", "kurtosis", "attn_logit_max", "logit_max", "logit_lse"];
+
+export const PROBE_VALUE_FIELDS = ["abs_median", "kurtosis", "attn_logit_max", "logit_max", "logit_lse"];
+
+export const PROBE_REFERENCES = {
+  "attn_logit_max": 100.0,
+  "kurtosis": 3.0,
+  "massive_abs": 100.0,
+  "massive_ratio": 1000.0
+};
+
 export const METRIC_FIELDS = ["epoch", "value"];
 
 export const METRIC_EPOCH_FIELDS = ["epoch", "min", "p25", "p50", "p75", "max", "mean", "count"];
@@ -132,6 +143,26 @@ export const CHARTS = {
   "overview.ilr": {
     "title": "Implicit learning rate",
     "help": "|Δw| / |Σg| per weight between logged points (Σg: the sum of the gradients in between): the step size the optimizer really takes; with plain SGD it is the learning rate"
+  },
+  "overview.transformer": {
+    "title": "Transformer",
+    "help": "the probes of attention layers, the output head and every layer output, per logged point; dashed lines are the reference thresholds the findings use"
+  },
+  "transformer.attn": {
+    "title": "Attention logit max",
+    "help": "largest |q·k/√d| before the softmax, per attention layer (max over heads, the sampled queries and every key, mask applied; max over the window); dashed: 100, Megatron-LM's QK-clip threshold"
+  },
+  "transformer.head": {
+    "title": "Output head logits",
+    "help": "largest logit (max over the window) and the mean logsumexp log Z over rows (averaged over the window); dashed: 0, where z-loss keeps log Z"
+  },
+  "transformer.ratio": {
+    "title": "Massive activations: max|a| / median|a|",
+    "help": "per layer output, the largest |a| over the median |a| (log axis); dashed: 1000, a massive activation when max|a| is also above 100"
+  },
+  "transformer.kurtosis": {
+    "title": "Kurtosis of layer outputs",
+    "help": "per layer output, m4 / m2² of each statistics step's batch, averaged over the window (log axis); dashed: 3, a Gaussian (a layer at initialisation)"
   },
   "activity.maps": {
     "title": "Per-channel and spatial activity",

@@ -478,7 +478,9 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         listing = self._list_run(request, run)
 
         def render() -> bytes:
-            rs = self._sampled_run(request, run, listing).rs
+            # A run without probes (format 1-3, probes off) is answered from its listing.
+            rs = (self._sampled_run(request, run, listing).rs if probes.listing(listing.infos)
+                  else reader.RunSeries(run=run))
             return gzip_bytes(encode(probes.document(run, rs, fields)))
 
         key = (plugin_util.experiment_id(request.environ), run, tuple(fields))

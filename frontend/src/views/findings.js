@@ -137,6 +137,10 @@ function jump(f, ctx) {
   const charts = { stack: "stack", rms: "rms-bands", activity: "activity" };
   let target = null;
   if (metric) target = ctx.root.querySelector(`.chart[data-chart="${CSS.escape(`metric-${metric}`)}"]`);
+  // The Transformer section's charts are named by the rules (probes-attn, probes-head, ...).
+  if (!target && /^probes-/.test(j.chart || "")) {
+    target = ctx.root.querySelector(`.chart[data-chart="${CSS.escape(j.chart)}"]`) || ctx.root.querySelector("#sec-transformer");
+  }
   if (!target && view && charts[j.chart]) target = ctx.root.querySelector(`.chart[data-chart="${view}-${charts[j.chart]}"]`);
   if (!target && view) target = ctx.root.querySelector(`#sec-${view}`);
   if (!target && (metric || /loss|metric/.test(f.kind))) target = ctx.root.querySelector("#sec-metrics");

@@ -1,17 +1,19 @@
 // Overview: the one-page dashboard of a run. Loss/metrics with per-epoch
 // bands, the findings panel, per view a row of three charts (distribution
 // of per-layer RMS, layer-scale stack plot, activation/dead rates), and after
-// the weights the implicit learning rate (./ilr.js).
+// the weights the implicit learning rate (./ilr.js); under the loss, for a run with
+// probes, the Transformer section (./transformer.js).
 
 import { chart, depthColors, percentileBands, readoutLine, stackDrawer } from "../charts.js";
 import { VIEW_HELP, VIEW_LABELS, VIEWS, emptyNote, joinParts, percentileStep, pointLabel, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { fmt, pct } from "../format.js";
-import { METRIC_EPOCH_BAND_FIELDS } from "../schema.js";
+import { CHARTS, METRIC_EPOCH_BAND_FIELDS } from "../schema.js";
 import { theme } from "../theme.js";
 import { renderFindings } from "./findings.js";
 import { ILR_TEXT, renderIlrRow } from "./ilr.js";
 import { modelActivity, overviewEpochMap } from "./shared.js";
+import { renderTransformer } from "./transformer.js";
 
 export async function renderOverview(ctx) {
   const { api, state, root } = ctx;
@@ -41,6 +43,14 @@ export async function renderOverview(ctx) {
     metricNames.forEach((name, i) => metricChart(cells[i], name, ov.metrics[name],
       { xMode, xLabel, epochMap, log: state.y === "log" && /loss/i.test(name) }));
   }
+
+  // The transformer probes, under the loss they explain; hidden when the run has none
+  // (drawn when ./probes answers: the first screen does not wait for it).
+  const tx = CHARTS["overview.transformer"];
+  const txSec = h("section.transformer", { id: "sec-transformer", hidden: true },
+    h("h2", tx.title, h("span.h-help", ` — ${tx.help}`)));
+  root.append(txSec);
+  renderTransformer(txSec, ctx, { xMode, xLabel, epochMap });
 
   // One row of three charts per view.
   for (const view of VIEWS) {
