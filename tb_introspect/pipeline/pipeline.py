@@ -12,6 +12,14 @@ has a sink; every process asks for the same points, since reading a distributed
 front-end's state is a collective. With ``on_finding`` it hands what it wrote to
 ``findings.Watch``, which judges it off the training thread, and acts on what comes back
 between steps (``stop``: a finding the front-end ends training on).
+
+What a point does on the host after the front-end's device copies runs on the run's
+``worker.HostWorker``, beside the next training steps: the front-end may hand its host
+part back as a callable (the numpy finalize, the weights' statistics), then the summaries,
+the activity maps, every event write and flush, in the order they were asked for. The
+training thread blocks only when a point is already waiting (a slow disk), at an explicit
+flush, at ``close`` and, with ``on_finding="stop"``, after each point until its findings
+are judged (the stop lands on the step of the point that showed the finding).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from tb_introspect.pipeline.metrics import Ring
 from tb_introspect.pipeline.plan import Plan, last_sampled, window_due
 from tb_introspect.pipeline.point import EpochActivity, Point, protos
 from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
+from tb_introspect.pipeline.worker import HostWorker
 
 
 class FrontEnd(Protocol):
@@ -48,8 +57,10 @@ class FrontEnd(Protocol):
     def read_metrics(self) -> tuple[int, list[str], np.ndarray, np.ndarray]:
         """(steps done, metric names, totals ``[rows, metrics]``, counts), every replica's."""
 
-    def point(self, step: int) -> Point:
-        """The statistics of the window since the last point; starts a new window."""
+    def point(self, step: int) -> Point | Callable[[], Point]:
+        """The statistics of the window since the last point; starts a new window. The
+        host work after the device copies may come back as a callable, which the
+        pipeline's worker runs beside the next steps (it reads nothing training changes)."""
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         """Channels and positions of each layer output (by index in ``plan.outputs``)."""
@@ -90,9 +101,14 @@ class Pipeline:
                          if options.on_finding is not None else None)
         #: The finding ``on_finding`` stops on, until the front-end takes it (``take_stop``).
         self.stop: Finding | None = None
+        #: A point's host work, the event writes and flushes, beside training.
+        self.worker = HostWorker()
+        # on_finding="stop": a point was handed over whose findings the step waits for
+        self._judge_now = False
 
     def set_sink(self, sink: EventSink | None) -> None:
         """Write to ``sink`` from now on (a new event file carries the metadata again)."""
+        self.worker.wait()
         self.sink = sink
         self.summaries.restart()
 
@@ -109,6 +125,15 @@ class Pipeline:
     def guard(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn``; on an error warn once and switch ``part`` off (training goes on)."""
         return self.failures.guard(part, fn, *args, on_write_error=self._writer_broken)
+
+    def _job(self, part: str, fn: Callable[..., Any], *args: Any) -> None:
+        """The worker: ``fn(*args)``, a failure reported as ``guard`` reports it. Run even
+        when ``part`` went off after the job was handed over: what was read before the
+        failure is still written."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self.guard(part, _reraise, e)
 
     def _writer_broken(self, error: BaseException) -> bool:
         """Whether ``error`` says the event file cannot be written (a full disk, a size
@@ -159,7 +184,7 @@ class Pipeline:
         elif window_due(self.last_log_step, self.steps_done, self.plan.window):
             self.end_window()
             return
-        if flush_due:
+        if flush_due:  # on disk when the step returns, as the live view expects
             self.flush()
         self.act()
 
@@ -171,7 +196,7 @@ class Pipeline:
             if self.findings is not None and self.sink is not None:
                 if not self.lockstep:  # the metrics up to the point, as at an epoch's end
                     self.guard(METRICS, self.drain)
-                self.findings.point()
+                self._judge()
 
     def drain(self, running: Mapping[str, Any] | None = None) -> None:
         """Write the per-step metric values held since the last drain."""
@@ -180,17 +205,21 @@ class Pipeline:
         self.write_steps(self.ring.steps(names, step, total, count, self.epoch, running))
 
     def log(self, step: int) -> None:
-        """One logged point at TensorBoard ``step``: the front-end's window, written."""
-        with _one_blas_thread():
-            self._log(step)
-
-    def _log(self, step: int) -> None:
+        """One logged point at TensorBoard ``step``: the front-end's window (its device
+        copies, here), finished and written on the worker."""
         point = self.front_end.point(step)
         self.last_log_step = step
-        self.activity.add(point.activity)
-        if self.sink is not None:
-            self.write_steps([(step, protos(self.plan, point, self.epoch,
-                                                   self.summaries))])
+        self.worker.submit(self._job, STATISTICS, self._finish, point, step, self.epoch,
+                           heavy=True)
+
+    def _finish(self, point: Point | Callable[[], Point], step: int, epoch: int) -> None:
+        """The worker: the point's host part, its summaries written."""
+        with _one_blas_thread():
+            if callable(point):
+                point = point()
+            self.activity.add(point.activity)
+            if self.sink is not None:
+                self._write([(step, protos(self.plan, point, epoch, self.summaries))])
 
     # -------------------------------------------------------------- per window
 
@@ -212,7 +241,7 @@ class Pipeline:
         if self.governor is not None and self.plan.per_epoch:
             self.governor.begin_window()
         if self.findings is not None and self.sink is not None:
-            self.findings.point()
+            self._judge()
         self.act()
 
     def _end_window(self, extra: Mapping[str, Any] | None) -> None:
@@ -222,7 +251,7 @@ class Pipeline:
         self.guard(STATISTICS, self._write_activity)
         self.guard(METRICS, self._write_bands, extra)
         self.ring.begin_window()
-        self.flush()
+        self.flush(wait=False)
 
     def _log_epoch(self) -> None:
         step = self.front_end.current_step()
@@ -230,8 +259,14 @@ class Pipeline:
             self.log(step)
 
     def _write_activity(self) -> None:
-        maps = self.activity.take(self.plan, self.front_end.output_widths(), self.epoch)
-        self.write_steps([(self.front_end.current_step(), maps)])
+        self.worker.submit(self._job, STATISTICS, self._write_maps,
+                           self.front_end.output_widths(), self.front_end.current_step(),
+                           self.epoch)
+
+    def _write_maps(self, widths: dict[int, tuple[int, int]], step: int, epoch: int) -> None:
+        """The worker: the epoch's activity maps, after its last point's counts."""
+        maps = self.activity.take(self.plan, widths, epoch)
+        self._write([(step, maps)])
 
     def _write_bands(self, extra: Mapping[str, Any] | None) -> None:
         bands = self.ring.epoch_bands(self.epoch, extra)
@@ -239,13 +274,24 @@ class Pipeline:
 
     # -------------------------------------------------------------- findings that act
 
+    def _judge(self) -> None:
+        """Judge what is written once the worker has written the point."""
+        self.worker.submit(self.findings.point)
+        self._judge_now = True
+
     def act(self, settle: bool = False) -> None:
         """Run ``on_finding`` on the findings judged since the last call (``settle``: wait
-        for the judgement of everything written; training has ended, nothing to stop)."""
+        for the judgement of everything written; training has ended, nothing to stop).
+        With ``on_finding="stop"`` a point just handed over is written and judged first:
+        the step that logged it stops on what it shows."""
         w = self.findings
         if w is None or w.off:
             return
-        found = w.settle() if settle else w.take()
+        wait = settle or (self._judge_now and w.action == "stop")
+        self._judge_now = False
+        if wait:
+            self.worker.wait()
+        found = w.settle() if wait else w.take()
         if not found:
             return
         if settle:
@@ -269,7 +315,7 @@ class Pipeline:
         """The finding to stop on (once), the written points flushed; None if none."""
         stop, self.stop = self.stop, None
         if stop is not None:
-            self.flush()
+            self.flush(wait=True)
         return stop
 
     def raise_stop(self) -> None:
@@ -280,18 +326,30 @@ class Pipeline:
 
     # -------------------------------------------------------------- writing
 
-    def write_steps(self, batches: list) -> None:
-        """Write each ``(step, summaries)`` (the chief's sink; nothing elsewhere)."""
+    def write_steps(self, batches: list, part: str = METRICS) -> None:
+        """Write each ``(step, summaries)`` on the worker (the chief's sink; nothing
+        elsewhere); a failure switches ``part`` off, or all writing (the file's)."""
         if self.sink is not None and not self.is_off(WRITING):
-            now = time.time()
+            self.worker.submit(self._job, part, self._write, batches, time.time())
+
+    def _write(self, batches: list, now: float | None = None) -> None:
+        """The worker: write ``batches`` (and hand them to ``on_finding``'s watch)."""
+        if self.sink is not None and not self.is_off(WRITING):
+            now = time.time() if now is None else now
             self.sink.write_steps(batches, now)
             if self.findings is not None:
                 self.findings.written(batches, now)
 
-    def flush(self, now: bool = False) -> None:
-        """Flush the sink (``now``: a bucket's uploads too, before returning, as at the end
-        of training)."""
+    def flush(self, now: bool = False, wait: bool = True) -> None:
+        """Flush the sink after everything handed to the worker is written (``now``: a
+        bucket's uploads too, as at the end of training; ``wait``: return once done)."""
         self._last_flush = time.monotonic()
+        if self.sink is not None and not self.is_off(WRITING):
+            self.worker.submit(self._flush_sink, now)
+        if wait or now:
+            self.worker.wait()
+
+    def _flush_sink(self, now: bool) -> None:
         if self.sink is not None and not self.is_off(WRITING):
             try:
                 self.sink.flush(now)
@@ -299,15 +357,22 @@ class Pipeline:
                 self.stop_writing(e)
 
     def close(self) -> None:
-        """Flush and close the sink (a later ``set_sink`` can open another)."""
+        """Finish the worker's jobs, flush and close the sink (a later ``set_sink`` can
+        open another)."""
+        self.worker.wait()
         self.act(settle=True)
         self.flush()
+        self.worker.close()
         if self.sink is not None:
             try:
                 self.sink.close()
             except Exception as e:
                 self.stop_writing(e)
             self.sink = None
+
+
+def _reraise(error: BaseException) -> None:
+    raise error
 
 
 _blas: ThreadpoolController | None = None

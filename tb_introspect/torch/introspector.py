@@ -29,7 +29,7 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -252,9 +252,10 @@ class Introspector:
                                                         self.optimizer)
         return (self.step_count, *self.metric_ring.read(self.ranks))
 
-    def point(self, step: int) -> Point:
-        """The window's statistics: one host copy per buffer, ranks merged (rank 0 gets the
-        vectors; every rank calls it at the same steps, the output buffers are gathered)."""
+    def point(self, step: int) -> Point | Callable[[], Point]:
+        """The window's statistics: one host copy per buffer and the ranks' exchange here;
+        rank 0's numpy finalize comes back as a callable the pipeline's worker runs
+        (every rank calls it at the same steps, the output buffers are gathered)."""
         out = Point(window=self._window, stats_steps=self._stats_steps)
         out.probes = self.pipeline.guard(PROBES.view, self.probes.take) or {}
         if self.ranks.writes and self._stats_steps:
@@ -266,21 +267,24 @@ class Introspector:
                 self.failures.warn_once("uncalled", f"{len(idle)} layer output(s) not"
                                         " monitored: no training forward pass called them"
                                         f" before the first point ({', '.join(idle)})")
-        self._exchange(out, seed=self.options.seed + self.step_count)
+        finish = self._exchange(out, seed=self.options.seed + self.step_count)
         self._window = self._stats_steps = 0
-        return out
+        return out if finish is None else finish
 
-    def _exchange(self, out: Point, seed: int) -> None:
+    def _exchange(self, out: Point, seed: int) -> Callable[[], Point] | None:
         """The point's one exchange between ranks (``Ranks.exchange``): every rank's output
         states and sharded parameters' states, and rank 0's governor spacing; a part that
-        failed on any rank switches the statistics off on every rank (``ranks.Broken``)."""
+        failed on any rank switches the statistics off on every rank (``ranks.Broken``).
+        The writing rank gets the blocks' numpy work back as a callable (None elsewhere):
+        it reads host copies only, never a buffer training writes to."""
         ranks, failed = self.ranks, self._failed
-        payload, n_out = None, 0
+        payload, n_out, layout, params = None, 0, None, None
         if failed is None:
             try:
-                payload = self.output_states.local_payload()
+                payload, layout = self.output_states.local_payload()
                 n_out = payload.size
-                payload = np.concatenate([payload, self.parameter_views.local_payload(seed)])
+                local, params = self.parameter_views.local_payload(seed)
+                payload = np.concatenate([payload, local])
             except Exception as e:
                 failed = e
                 payload = None
@@ -294,16 +298,20 @@ class Introspector:
         if ranks.world > 1:
             self.governor.share(spacing)
         if not ranks.writes:
-            return
-        try:
-            self.output_states.add_blocks(out, copies[:, :n_out])
-            self.parameter_views.add_blocks(out, copies[:, n_out:], seed)
-        except Exception as e:
-            if ranks.world == 1:
-                raise
-            # said on every rank at the next point: the statistics stop together
-            self._failed = e
-            out.blocks.clear()
+            return None
+
+        def finish() -> Point:
+            try:
+                self.output_states.add_blocks(out, copies[:, :n_out], layout)
+                self.parameter_views.add_blocks(out, copies[:, n_out:], seed, params)
+            except Exception as e:
+                if ranks.world == 1:
+                    raise
+                # said on every rank at a next point: the statistics stop together
+                self._failed = e
+                out.blocks.clear()
+            return out
+        return finish
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         return self.output_states.widths()
@@ -311,7 +319,8 @@ class Introspector:
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self) -> None:
-        """Write the pending metric values and flush the event file."""
+        """Write the pending metric values and every point logged so far, and flush the
+        event file."""
         self.pipeline.guard(METRICS, self.pipeline.drain)
         self.pipeline.flush()
 

@@ -121,27 +121,31 @@ class OutputStates:
                 widths[j] = (seg.channels, seg.positions)
         return widths
 
-    def local_payload(self) -> np.ndarray:
-        """This rank's buffers, one host copy (every view's, in ``views`` order); the
-        buffers start again."""
+    def local_payload(self) -> tuple[np.ndarray, dict[str, int]]:
+        """This rank's buffers, one host copy (every view's, in ``views`` order), and each
+        view's length in it (an output first seen later lies beyond); the buffers start
+        again."""
         for spec in self.specs:
             tally = self.tallies.get(spec.name)
             if tally is not None:
                 tally.settle(self.buffers["output"], spec.segments["output"])
+        lengths = {v: self.buffers[v].numel() for v in self.views}
         if not self.views:
-            return np.zeros(0)
+            return np.zeros(0), lengths
+        # a new tensor, which no reset below touches: its host copy needs no second copy
         flat = torch.cat([self.buffers[v] for v in self.views])
-        copy = host(flat)
+        copy = (flat.numpy() if flat.device.type == "cpu" else host(flat))
         for view in self.views:
             self.buffers[view].copy_(self.empty[view])
-        return copy
+        return copy, lengths
 
-    def add_blocks(self, out: Point, copies: np.ndarray) -> None:
+    def add_blocks(self, out: Point, copies: np.ndarray, lengths: dict[str, int]) -> None:
         """The window's blocks and activity into ``out`` (the writing rank), from every
-        rank's ``local_payload`` (``[ranks, length]``), the ranks' segments merged."""
+        rank's ``local_payload`` (``[ranks, length]``; ``lengths``: its views' lengths),
+        the ranks' segments merged. Runs beside training: reads host copies only."""
         at = 0
         for view in self.views:
-            n = self.empty[view].numel()
+            n = lengths.get(view, 0)
             view_copies = copies[:, at:at + n]
             at += n
             if not n:
@@ -149,7 +153,8 @@ class OutputStates:
             specs, states = [], []
             for j, spec in enumerate(self.specs):
                 seg = spec.segments.get(view)
-                if seg is None or not self.plan.writes(view, spec):
+                if (seg is None or seg.offset + seg.length > n
+                        or not self.plan.writes(view, spec)):
                     continue
                 merged = state.merge_ranks(view_copies[:, seg.offset:seg.offset + seg.length],
                                            seg)

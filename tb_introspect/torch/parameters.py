@@ -68,7 +68,6 @@ class ParameterViews:
         self._host_side = params.Params(
             plan, self.weights() if self.reads_weights and self.local_reads else None,
             channels_first=True, shards=shards or None)
-        self._pending: tuple | None = None
 
     def add(self) -> None:
         """Add the parameters' gradients to the sums (one fused add)."""
@@ -110,10 +109,12 @@ class ParameterViews:
         if rows:
             self.skipped.add_(torch.stack(rows))
 
-    def local_payload(self, seed: int) -> np.ndarray:
+    def local_payload(self, seed: int) -> tuple[np.ndarray, tuple]:
         """Every rank, at a point: this rank's share of the point's exchange (its sharded
         blocks' states and partial sums, and their skipped steps' counts; empty when no
-        parameter is sharded). The sums start again."""
+        parameter is sharded), and the host copies ``add_blocks`` reads (weights, sums,
+        skipped counts: taken now, as the next steps change the parameters). The sums
+        start again."""
         weights = sums = skipped = None
         if self.local_reads:
             weights = self.weights() if self.reads_weights else None
@@ -125,24 +126,24 @@ class ParameterViews:
         if self.sums is not None:
             self.sums.zero_()
             self.skipped.zero_()
-        self._pending = (weights, sums, skipped)
+        pending = (weights, sums, skipped)
         if not self.sharded:
-            return np.zeros(0)
+            return np.zeros(0), pending
         vec = self._host_side.local_vector(weights, sums, seed)
         if skipped is None:
-            return vec
+            return vec, pending
         # each parameter's non-finite counts once: a block from each rank whose copy
         # counts, a whole parameter from rank 0
         keep = np.array([(sh.counts if sh is not None else self.ranks.writes)
                          for sh in self.shards], dtype=np.float64)
-        return np.concatenate([vec, (skipped * keep[:, None]).reshape(-1)])
+        return np.concatenate([vec, (skipped * keep[:, None]).reshape(-1)]), pending
 
-    def add_blocks(self, out: Point, copies: np.ndarray | None, seed: int) -> None:
+    def add_blocks(self, out: Point, copies: np.ndarray | None, seed: int,
+                   pending: tuple | None) -> None:
         """The writing rank: the window's gradient and variable blocks into ``out``, from
-        its own copies and (sharded parameters) every rank's ``local_payload``
-        (``copies``: ``[ranks, length]``)."""
-        weights, sums, skipped = self._pending or (None, None, None)
-        self._pending = None
+        its own copies (``pending``, from ``local_payload``) and (sharded parameters) every
+        rank's ``local_payload`` (``copies``: ``[ranks, length]``). Runs beside training."""
+        weights, sums, skipped = pending or (None, None, None)
         if not self.ranks.writes:
             return
         shared = None
@@ -164,6 +165,7 @@ class ParameterViews:
         with torch.no_grad():
             flat = torch.cat([sharding.local(p.param).detach().reshape(-1).float()
                               for p in self.specs])
-        copy = host(flat)
+        # a new tensor on a CPU: its own memory is the copy (``host`` would copy again)
+        copy = flat.numpy() if flat.device.type == "cpu" else host(flat)
         return [copy[o:o + n].reshape(shape) for o, n, shape in
                 zip(self.offsets, self.sizes, self.local_shapes, strict=True)]

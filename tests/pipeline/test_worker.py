@@ -1,0 +1,101 @@
+"""A point's host work runs beside training (``pipeline.worker.HostWorker``): the real
+pipeline, a real event sink whose point writes are held back, real event files."""
+
+from __future__ import annotations
+
+import threading
+
+from tb_introspect import metadata
+from tb_introspect.pipeline.sink import EventSink
+from tb_introspect.pipeline.worker import HostWorker
+from tests.pipeline.pipeline_testlib import make, read, tensor, train
+
+POINT_TAG = metadata.stats_tag("variable", "dense/kernel")
+
+
+class HeldSink(EventSink):
+    """An event sink whose writes of a point wait until the test lets them go (a slow
+    disk or bucket); records what the training thread had done when each write ended."""
+
+    def __init__(self, log_dir, fe, timeout: float = 20.0) -> None:
+        super().__init__(log_dir)
+        self.fe, self.timeout = fe, timeout
+        self.release = threading.Event()
+        self.started = threading.Semaphore(0)
+        self.steps_at_write: list[int] = []  # the training's step when each point was written
+
+    def write_steps(self, batches, wall_time=None) -> None:
+        if any(v.tag == POINT_TAG for _, summaries in batches for s in summaries
+               for v in s.value):
+            self.started.release()
+            self.release.wait(self.timeout)
+            self.steps_at_write.append(self.fe.step_count)
+        super().write_steps(batches, wall_time)
+
+
+def held(tmp_path, **kw):
+    fe, pipeline = make(tmp_path, **kw)
+    sink = HeldSink(tmp_path / "held", fe)
+    pipeline.set_sink(sink)
+    return fe, pipeline, sink
+
+
+def test_a_slow_write_does_not_hold_the_steps_and_close_writes_it(tmp_path):
+    fe, pipeline, sink = held(tmp_path, every=4)
+    train(fe, pipeline, 4)  # the point at step 4 goes to the worker, whose write waits
+    assert sink.started.acquire(timeout=20)
+    train(fe, pipeline, 3)  # these steps run while the point is not written yet
+    assert sink.steps_at_write == []
+    sink.release.set()
+    pipeline.close()
+    # written after the step loop ran on (a synchronous write would have waited for the
+    # release, which only comes after the loop: the written step would be 4)
+    assert sink.steps_at_write == [7]
+    run = read(tmp_path / "held")
+    assert tensor(run, "variable", "dense/kernel").steps.tolist() == [4]
+
+
+def test_at_most_one_point_waits_and_nothing_is_lost(tmp_path):
+    fe, pipeline, sink = held(tmp_path, every=2)
+    trainer = threading.Thread(target=train, args=(fe, pipeline, 12))
+    trainer.start()
+    assert sink.started.acquire(timeout=20)  # the worker writes the point of step 2
+    # Step 4's point waits; step 6's blocks the training thread until one is written.
+    trainer.join(2.0)
+    assert trainer.is_alive() and fe.step_count == 6 and fe.calls["point"] == 3
+    sink.release.set()
+    trainer.join(60)
+    assert not trainer.is_alive()
+    pipeline.close()
+    run = read(tmp_path / "held")
+    assert tensor(run, "variable", "dense/kernel").steps.tolist() == [2, 4, 6, 8, 10, 12]
+    assert pipeline.failures.off == set()
+
+
+def test_an_epoch_end_writes_beside_the_next_epoch_and_flush_waits(tmp_path):
+    fe, pipeline, sink = held(tmp_path, every="epoch")
+    train(fe, pipeline, 5)
+    pipeline.end_epoch()
+    pipeline.begin_epoch(1)
+    assert sink.started.acquire(timeout=20)
+    train(fe, pipeline, 2)
+    sink.release.set()
+    pipeline.flush()  # waits for the worker
+    assert sink.steps_at_write == [7]
+    run = read(tmp_path / "held")
+    assert tensor(run, "variable", "dense/kernel").steps.tolist() == [5]
+    pipeline.close()
+
+
+def test_a_failing_job_is_reported_and_the_worker_goes_on():
+    worker, ran = HostWorker(), []
+
+    def fails():
+        raise RuntimeError("a job's own error")
+
+    worker.submit(fails)
+    worker.submit(ran.append, 1, heavy=True)
+    assert worker.wait(20) and ran == [1]
+    worker.close()
+    worker.submit(ran.append, 2)  # a closed worker starts again
+    assert worker.wait(20) and ran == [1, 2]
