@@ -21,7 +21,9 @@ callback's two train functions (statistics and lean). ``--step-functions`` times
 compiled train functions themselves, interleaved, outside ``fit``: plain, the callback's lean
 step and its statistics step, per step: where a model's added time comes from, with no
 callback, logging or epoch in between; ``--op-profile N`` adds the N TensorFlow op types whose
-time (a profiler trace of the lean step and of the plain function) grows most.
+time (a profiler trace of the lean step and of the plain function) grows most. ``--probes``
+adds the transformer probes' own cost: a per-epoch row with ``probes=False`` beside the
+default's, and with ``--step-functions`` the statistics step without them.
 
     python benchmarks/overhead.py                      # the table of docs/benchmarks.md
     python benchmarks/overhead.py --models cnn --quick # a fast smoke run
@@ -206,6 +208,9 @@ def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
             out.append((f"Introspect(every='epoch', views={view}, stats_every=epoch)", False,
                         lambda d, v=view: Introspect(d, every="epoch", views=(v,),
                                                      stats_every=ONCE)))
+    if args.probes:  # the default row less the transformer probes
+        out.append(("Introspect(every='epoch', probes=False)", False,
+                    lambda d: Introspect(d, every="epoch", probes=False)))
     if args.jit:
         out.append(("plain fit, jit_compile=True", True, None))
         out.append(("Introspect(every='epoch'), jit_compile=True", True,
@@ -274,6 +279,10 @@ def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     cb = Introspect(tempfile.mkdtemp(dir=args.scratch))
     make(kind).fit(ds, epochs=1, verbose=0, callbacks=[cb])
     fns["lean step"], fns["statistics step"] = cb._lean_fn, cb._instrumented_fn
+    if args.probes:
+        off = Introspect(tempfile.mkdtemp(dir=args.scratch), probes=False)
+        make(kind).fit(ds, epochs=1, verbose=0, callbacks=[off])
+        fns["statistics step, probes=False"] = off._instrumented_fn
     batches = iter(ds.repeat())
     for fn in fns.values():
         for _ in range(2):
@@ -360,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="time the compiled train functions (plain, lean, statistics) instead")
     p.add_argument("--op-profile", type=int, default=0, metavar="N",
                    help="with --step-functions: the N ops whose time the lean step adds most")
+    p.add_argument("--probes", action="store_true",
+                   help="add rows without the transformer probes (their own cost)")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
     args = p.parse_args(argv)
     if args.quick:
