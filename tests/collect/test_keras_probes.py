@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tb_introspect import Introspector, metadata, rundata  # noqa: E402
-from tb_introspect.collect import probes  # noqa: E402
+from tb_introspect.collect import capture, probes  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 from tb_introspect.plugin import reader  # noqa: E402
 
@@ -101,6 +101,30 @@ def test_replicas_combine_maxima_and_pooled_means():
     got = probes.combine([a, b], ["x"])["x"]
     np.testing.assert_allclose(got, [3.0, 3.0, 9.0, np.nan, np.nan])
     assert probes.VALUE_FIELDS == metadata.PROBE_VALUE_FIELDS
+
+
+class Block(keras.layers.Layer):
+    """A composite layer with its attention inside."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.mha = keras.layers.MultiHeadAttention(2, 4, name="mha")
+
+    def call(self, x):
+        return x + self.mha(x, x)
+
+
+@pytest.mark.parametrize("loss", ["ce", "mse"])
+def test_nested_attention_layers_and_the_head_are_found(loss):
+    inp = keras.Input((6, 8))
+    x = Block(name="block")(inp)
+    model = keras.Model(inp, keras.layers.Dense(5, name="head")(x))
+    captured = capture.layers_to_capture(model)
+    info = metadata.loss_json("classification" if loss == "ce" else "regression")
+    found = probes.discover(captured, [c.name for c in captured], info)
+    # A regression's last Dense is no classifier head.
+    assert found.rows == (["block/mha", "head"] if loss == "ce" else ["block/mha"])
+    assert probes.discover(captured[1:], ["head"], metadata.loss_json("regression")) is None
 
 
 # ------------------------------------------------------------------ fit
