@@ -1,4 +1,5 @@
-"""The device variables a Keras training step writes, one class per kind.
+"""The device variables a Keras training step writes, one class per kind (the transformer
+probes keep theirs beside their computation, ``probes.ProbeStates``).
 
 Only the traced step (``step.StepRecorder``) adds to them; a logged point
 (``point_graph``) reads and resets the window's, the host reads the step count and the
