@@ -1,15 +1,15 @@
 """Shape-polymorphic ``tf.function`` wrappers of the ``stats`` kernels.
 
 One statistics computation is a graph of about a thousand ops; inlining one per
-monitored tensor makes a ResNet's train step and logging function take minutes
-to trace. Here every kernel is a nested ``tf.function`` with unknown
-dimensions in its input signature, traced once per (kind, dtype) and called
-from the outer graphs as a single op, whatever the number of tensors.
+monitored tensor makes a ResNet's train step take minutes to trace. Here every
+kernel is a nested ``tf.function`` with unknown dimensions in its input signature,
+traced once per (kind, dtype) and called from the outer graphs as a single op,
+whatever the number of tensors. Nothing of a logged point is here: its statistics
+are taken on the host (``point_graph.py``).
 
 Layer outputs are brought to a canonical rank first: ``[batch, channels]`` or
 ``[batch, positions, channels]`` (all spatial/time axes flattened into one, which
-leaves the dead rates unchanged). Variables and gradient sums are not here: their
-statistics are taken on the host (``pipeline/params.py``).
+leaves the dead rates unchanged).
 """
 
 from __future__ import annotations
@@ -49,22 +49,6 @@ def as_activation(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
     return stats.as_canonical(x, canonical)
 
 
-def _state_signature(sample_size: int | None, stacked: bool = False
-                     ) -> dict[str, tf.TensorSpec]:
-    """Any state with a ``sample_size``-value sample (channel/spatial widths left open;
-    ``None``: any sample size)."""
-    lead = [None] if stacked else []
-    sig = {}
-    for key in stats.STATE_MERGE:
-        if key in ("channel_nnz", "spatial_nnz"):
-            sig[key] = tf.TensorSpec(lead + [None], tf.float64)
-        elif key in ("sample_keys", "sample_values"):
-            sig[key] = tf.TensorSpec(lead + [sample_size], tf.float64)
-        else:
-            sig[key] = tf.TensorSpec(lead, tf.float64)
-    return sig
-
-
 @functools.cache
 def activation_parts_fn(rank: int, dtype: str, sample_size: int, xla: bool):
     """``(x[canonical], seed) -> state`` of one layer output (``stats.batch_state``)."""
@@ -77,31 +61,6 @@ def activation_parts_fn(rank: int, dtype: str, sample_size: int, xla: bool):
         return stats.batch_state(x, sample_size, seed)
 
     return activation_parts
-
-
-def finalize_many_fn(view: str | None, quantiles: tuple[float, ...], sample_size: int):
-    """States stacked on a leading axis (counts padded), with samples of at most
-    ``sample_size`` values -> one stats vector per row (``view`` None: the slots every view
-    shares). A larger ``sample_size`` costs a few more rounds of the percentile search,
-    not another trace: callers with several sample sizes pass the largest."""
-    shared = _finalize_shared_fn(tuple(quantiles), sample_size)
-    if view is None:
-        return shared
-    return lambda stacked: stats.with_extra_slots(shared(stacked), view, quantiles)
-
-
-@functools.cache
-def _finalize_shared_fn(quantiles: tuple[float, ...], sample_size: int):
-    # One graph for every view, any number of tensors and every sample class: tracing it is
-    # most of a first point's cost (tf.vectorized_map of a one-state finalize took seconds
-    # to convert; a graph per sample class was a dozen traces on MobileNetV2, one per view
-    # four).
-    @tf.function(input_signature=[_state_signature(None, stacked=True)],
-                 autograph=False, experimental_attributes=_NOINLINE)
-    def finalize_many(stacked):
-        return stats.finalize(stacked, None, quantiles=quantiles, sample_bound=sample_size)
-
-    return finalize_many
 
 
 def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int

@@ -1,12 +1,14 @@
-"""The Keras side's logged point: one traced function reads the window's accumulators and
-finalizes the layer outputs' states; the weights and gradient sums go to the host as they are.
+"""The Keras side's logged point: one traced function reads and resets the window's
+accumulators; every statistic is then taken on the host, in numpy, as PyTorch's are.
 
-At logging time gradient sums are read with a SUM over replicas and the variables as they
-are (one host copy each: their statistics are the framework-neutral ``pipeline.params``'s,
-in numpy, as PyTorch's are); output states are gathered from all replicas (one
-``all_gather``), merged and finalized with ``stats.finalize`` (vectorised over tensors); the
-accumulators are reset. What happens to the vectors then is the framework-neutral
-pipeline's (``pipeline/point.py``).
+The traced function only reads: gradient sums with a SUM over replicas, the variables as
+they are, and the layer outputs' states gathered from all replicas (one ``all_gather``) and
+merged with ``stats.merge_stacked`` (the step's own merge, so a window merges exactly across
+replicas as across steps). It returns them with one host copy each and resets the window.
+On the host the output states are finalized by the numpy twin (``stats.finalize_rows``,
+``stats_np.finalize_many``) and the weights and gradient sums by the framework-neutral
+``pipeline.params``: a traced finalize cost seconds of tracing per process. What happens to
+the vectors then is the pipeline's (``pipeline/point.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import stats
-from tb_introspect.collect import kernels, private
-from tb_introspect.collect.accumulators import GradientSums, OutputStates, StepCount
+from tb_introspect.collect import private
+from tb_introspect.collect.accumulators import (
+    BatchLayout,
+    GradientSums,
+    OutputStates,
+    StepCount,
+)
 from tb_introspect.pipeline.params import Params
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
@@ -54,37 +61,52 @@ class PointGraph:
 
     def point(self, step: int) -> Point:
         """The window's statistics (every worker computes; the chief's sink writes)."""
-        # Traced once per set of switched-off tensors: reads, and the outputs' finalize
-        # vectorised over all of them, so the trace is short.
+        # Traced once per set of switched-off tensors (a point reads what is on), so the
+        # trace is short: reads, one gather and merge, resets.
         key = frozenset(self.plan.failures.off)
         fn = self._traced.get(key)
         if fn is None:
             fn = tf.function(self._compute, autograph=False)
             self._traced = {key: fn}
-        views = list(self.output_states.states) if self.output_states is not None else []
-        blocks = [(view, [self.plan.outputs[j] for j in rows])
-                  for view in views if (rows := self.output_rows(view))]
         # Runs once per point: Grappler's optimization of its graph took longer than the
         # graph runs in a whole training.
         with self.strategy.scope(), private.without_graph_optimization():
-            vectors, (activity, window, stats_steps, skipped), weights, sums = fn()
-        activity_rows = ({} if self.output_states is None else
-                         self.output_states.layout.unpadded_activity(activity.numpy()))
+            states, (activity, window, stats_steps, skipped), weights, sums = fn()
+        activity = activity.numpy()
         skipped = skipped.numpy()
         out = Point(window=int(window.numpy()), stats_steps=int(stats_steps.numpy()),
-                    activity=activity_rows, skipped=skipped if skipped.size else None)
+                    activity=({} if self.output_states is None else
+                              self.output_states.layout.unpadded_activity(activity)),
+                    skipped=skipped if skipped.size else None)
         self.params.add_blocks(out, [w.numpy() for w in weights] if weights else None,
                                [g.numpy() for g in sums] if sums else None,
                                self.plan.options.seed + step)
-        out.blocks += [Block(view, specs, v.numpy())
-                       for (view, specs), v in zip(blocks, vectors, strict=True)]
+        if self.output_states is not None:
+            out.blocks += self.output_blocks(states.numpy(), activity)
         return out
 
-    def _compute(self) -> tuple[list[tf.Tensor], list[tf.Tensor], list[tf.Tensor],
-                                list[tf.Tensor]]:
-        """The traced body: the output views' blocks (``point``'s), ``[activity, window,
-        stats_steps, skipped]``, the weights (``[]`` without the variable view) and the
-        gradient sums (``[]`` without the gradient view) of every variable."""
+    def output_blocks(self, states: np.ndarray, activity: np.ndarray) -> list[Block]:
+        """Each output view's block from the merged states ``[views, outputs, L]`` and the
+        activity rows, finalized on the host (``stats.finalize_rows``)."""
+        layout = self.output_states.layout
+        blocks = []
+        for position, view in enumerate(self.output_states.states):
+            rows = self.output_rows(view)
+            if not rows:
+                continue
+            state = unpack_rows(layout, states[position, rows])
+            if view == "output":  # the rectifiers' activity counts every step of the window
+                state.update(layout.activity_parts(activity[rows]))
+            blocks.append(Block(view, [self.plan.outputs[j] for j in rows],
+                                stats.finalize_rows(state, view,
+                                                    quantiles=self.plan.options.quantiles)))
+        return blocks
+
+    def _compute(self) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+        """The traced body: the output views' merged states ``[views, outputs, L]``,
+        ``[activity, window, stats_steps, skipped]``, the weights (``[]`` without the
+        variable view) and the gradient sums (``[]`` without the gradient view) of every
+        variable."""
         resets = []  # assignments that must wait for every read
         skipped = tf.zeros([0, 3], tf.float64)
         weights = [tf.convert_to_tensor(value_of(v)) for v in self.weights]
@@ -97,32 +119,25 @@ class PointGraph:
         if skipped_counts is not None:
             skipped = skipped_counts.read_value()  # SUM over replicas
             resets.append(lambda: skipped_counts.assign(tf.zeros_like(skipped)))
-        views = list(self.output_states.states) if self.output_states is not None else []
-        blocks = []
+        states = tf.zeros([0, 0, 0], tf.float64)
         tail = [tf.zeros([0, 0], tf.float64), tf.constant(0.0, tf.float64),
                 tf.constant(0.0, tf.float64)]
-        if views:
+        if self.output_states is not None:
             results = self.strategy.run(functools.partial(
-                finalize_outputs, self.output_states, self.count, self.plan.options.quantiles))
-            results = [self.strategy.experimental_local_results(r)[0] for r in results]
-            tail = results[len(views):]
-            for view, block in zip(views, results[:len(views)], strict=True):
-                rows = self.output_rows(view)
-                if rows:
-                    blocks.append(tf.gather(block, rows))
+                gather_outputs, self.output_states, self.count))
+            states, *tail = [self.strategy.experimental_local_results(r)[0] for r in results]
         tail.append(skipped)
-        with tf.control_dependencies([*blocks, *tail, *weights, *sums]):
+        with tf.control_dependencies([states, *tail, *weights, *sums]):
             for reset in resets:
                 reset()
-        return [tf.identity(b) for b in blocks], [tf.identity(t) for t in tail], weights, sums
+        return tf.identity(states), [tf.identity(t) for t in tail], weights, sums
 
 
-def finalize_outputs(output_states: OutputStates, count: StepCount,
-                     quantiles: Sequence[float]) -> list[tf.Tensor]:
-    """Replica context: merge every replica's output states (one all_gather) and finalize
-    them; reset the window. Returns each output view's block, then the activity counts
-    ``[outputs, 1 + channels + positions]`` (``[0, 0]`` without the output view), the
-    window's steps and its statistics steps."""
+def gather_outputs(output_states: OutputStates, count: StepCount) -> list[tf.Tensor]:
+    """Replica context: every replica's output states merged (one all_gather), then the
+    activity counts ``[outputs, 1 + channels + positions]`` summed over replicas (``[0, 0]``
+    without the output view), the window's steps and its statistics steps; resets the
+    window. The states are ``[views, outputs, L]`` (``BatchLayout`` rows)."""
     context = tf.distribute.get_replica_context()
     layout, views = output_states.layout, list(output_states.states)
     local = tf.stack([output_states.states[v].read_value() for v in views])  # [V, N, L]
@@ -131,30 +146,35 @@ def finalize_outputs(output_states: OutputStates, count: StepCount,
                 else None)
     window = tf.cast(count.window.read_value(), tf.float64)
     stats_steps = tf.cast(count.stats_steps.read_value(), tf.float64)
+    merged = local
     if replicas > 1:
         gathered = context.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
         gathered = tf.reshape(gathered, [replicas, len(views), layout.rows, sum(layout.sizes)])
+        # Every view's rows merge in one stack: [R, V * N, L].
+        state = stats.merge_stacked(layout.unpack(
+            tf.reshape(gathered, [replicas, len(views) * layout.rows, -1])))
+        merged = tf.reshape(tf.concat([tf.reshape(state[k], [len(views) * layout.rows, -1])
+                                       for k in layout.keys], 1),
+                            [len(views), layout.rows, -1])
         if activity is not None:
             activity = tf.reduce_sum(context.all_gather(activity[tf.newaxis], axis=0), 0)
-    blocks = []
-    for position, view in enumerate(views):
-        if replicas > 1:
-            state = stats.merge_stacked(layout.unpack(gathered[:, position]))
-        else:
-            state = layout.unpack(local[position])
-        if view == "output":  # the rectifiers' activity counts every step of the window
-            state = dict(state, **layout.activity_parts(activity))
-        blocks.append(kernels.finalize_many_fn(view, quantiles, layout.sample_size)(state))
-    tail = [activity if activity is not None else tf.zeros([0, 0], tf.float64),
-            window, stats_steps]
-    with tf.control_dependencies(blocks + tail):
+    out = [merged, activity if activity is not None else tf.zeros([0, 0], tf.float64),
+           window, stats_steps]
+    with tf.control_dependencies(out):
         for view in views:
             output_states.states[view].assign(tf.constant(layout.empty))
         if activity is not None:
             output_states.activity.assign(tf.zeros_like(activity))
         count.window.assign(0)
         count.stats_steps.assign(0)
-    return [tf.identity(b) for b in blocks + tail]
+    return [tf.identity(t) for t in out]
+
+
+def unpack_rows(layout: BatchLayout, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """``[n, L]`` state rows (``BatchLayout``'s) -> the stacked state, in numpy."""
+    parts = np.split(rows, np.cumsum(layout.sizes)[:-1], axis=-1)
+    return {k: p.reshape(rows.shape[:-1] + tuple(shape.as_list()))
+            for k, p, shape in zip(layout.keys, parts, layout.shapes, strict=True)}
 
 
 def value_of(v: Any) -> Any:

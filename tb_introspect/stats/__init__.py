@@ -21,6 +21,7 @@ Example::
     vector = stats.finalize(state, "output")   # same layout as stats.tensor_stats
 """
 
+from tb_introspect.stats.host import finalize_rows, numpy_states
 from tb_introspect.stats.numeric import DEFAULT_SAMPLE_SIZE, to_float
 from tb_introspect.stats.shapes import as_canonical, canonical_shape
 from tb_introspect.stats.state import (
@@ -45,10 +46,12 @@ __all__ = [
     "canonical_shape",
     "empty_state",
     "finalize",
+    "finalize_rows",
     "merge_pair",
     "merge_replicas",
     "merge_stacked",
     "merge_states",
+    "numpy_states",
     "tensor_stats",
     "to_float",
     "update_state",

@@ -1,11 +1,13 @@
 """The producers of the packed statistics vector agree slot by slot on the same tensors.
 
-Three producers: the TensorFlow engine (``stats``), its numpy twin (``stats_np``, the hub
-every other producer is compared with) and PyTorch's device segments (``torch/state.fold``,
-finalized through ``stats_np``). Each slot has the tolerance its arithmetic allows: counts,
-extremes and rates of counts exact, moments to their floating-point precision, percentiles
-exact while the sample holds every value. Where a producer differs on purpose
-(``docs/statistics.md``), the difference is spelled out below, case by case.
+Four producers: the TensorFlow engine (``stats``, the summary op's), its numpy twin
+(``stats_np``, the hub every other producer is compared with), the Keras point (the
+training step's TensorFlow states finalized on the host, ``stats.finalize_rows``) and
+PyTorch's device segments (``torch/state.fold``, finalized through ``stats_np``). Each slot
+has the tolerance its arithmetic allows: counts, extremes and rates of counts exact, moments
+to their floating-point precision, percentiles exact while the sample holds every value.
+Where a producer differs on purpose (``docs/statistics.md``), the difference is spelled out
+below, case by case.
 """
 
 from __future__ import annotations
@@ -278,6 +280,8 @@ def test_merged_states_match_the_whole():
     # the training step's sums are float32 (docs/statistics.md)
     assert not mismatches(stats.finalize(tf_state, VIEW, quantiles=Q).numpy(), want, x,
                           tol=1e-6)
+    on_host = {key: v.numpy()[np.newaxis] for key, v in tf_state.items()}
+    assert not mismatches(stats.finalize_rows(on_host, VIEW, quantiles=Q)[0], want, x, tol=1e-6)
 
     ranks = [torch_segment(parts[:2], salt=0), torch_segment(parts[2:], salt=10)]
     seg = ranks[0][1]
@@ -297,10 +301,37 @@ def test_numpy_and_tensorflow_states_carry_the_same_keys():
     assert set(np_state) == set(stats_np.STATE_MERGE) == set(tf_state) | {"sample_size"}
 
 
-def test_stacked_states_finalize_as_each_alone():
-    """``stats.finalize`` of states stacked on a leading axis (the logging function's one
-    call for all of a model's layer outputs) gives, row by row, exactly each state's own
-    vector: every edge case at once, non-finite and empty ones beside ordinary ones."""
+def keras_vector(x: np.ndarray, k: int = K) -> np.ndarray:
+    """The Keras point's producer: the training step's state of ``x`` (``batch_state``, as
+    one statistics step takes it) read to the host and finalized there
+    (``stats.finalize_rows``)."""
+    import tensorflow as tf
+
+    t = tf.constant(x)
+    canonical = stats.canonical_shape(t.shape.as_list())
+    state = stats.batch_state(stats.as_canonical(t, canonical), k, tf.constant([5, 6], tf.int64))
+    if canonical[-1] == 0:  # an empty tensor's rows are not units
+        state["channels"] = tf.constant(0.0, tf.float64)
+    return stats.finalize_rows({key: v.numpy()[np.newaxis] for key, v in state.items()},
+                               VIEW, quantiles=Q)[0]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_keras_point_matches_numpy(case):
+    """A Keras point's vectors: the step's float32 sums (``docs/statistics.md``), every
+    other slot as numpy's own."""
+    x = CASES[case]
+    want = as_dict(np_vector(tf_input(case, x)))
+    assert not mismatches(keras_vector(x), want, x, tol=1e-6 if x.dtype == np.float32
+                          else 1e-12)
+
+
+def test_stacked_states_finalize_as_each_alone_and_as_tensorflow():
+    """The Keras point's one host call for a model's layer outputs: the step's states of
+    every edge case stacked on a leading axis, their counts zero-padded to the widest and
+    their samples in fixed slots (+inf where empty), give row by row exactly each state's
+    own vector; and the TensorFlow engine's ``stats.finalize`` of each same state gives the
+    same slots (one definition in both engines)."""
     import tensorflow as tf
 
     from tb_introspect.collect import kernels
@@ -315,12 +346,15 @@ def test_stacked_states_finalize_as_each_alone():
     widths = [max(int(st[key].shape[0]) for st in states)
               for key in ("channel_nnz", "spatial_nnz")]
     padded = [kernels.pad_state(st, *widths) for st in states]
-    stacked = {key: tf.stack([st[key] for st in padded]) for key in padded[0]}
-    together = stats.finalize(stacked, VIEW, quantiles=Q).numpy()
+    stacked = {key: np.stack([st[key].numpy() for st in padded]) for key in padded[0]}
+    together = stats.finalize_rows(stacked, VIEW, quantiles=Q)
     assert together.shape == (len(names), len(FIELDS))
     for i, name in enumerate(names):
-        alone = stats.finalize({k: v[i] for k, v in stacked.items()}, VIEW, quantiles=Q)
-        np.testing.assert_array_equal(together[i], alone.numpy(), err_msg=name)
+        alone = stats.finalize_rows({k: v[i:i + 1] for k, v in stacked.items()}, VIEW,
+                                    quantiles=Q)[0]
+        np.testing.assert_array_equal(together[i], alone, err_msg=name)
+        in_graph = stats.finalize(states[i], VIEW, quantiles=Q).numpy()
+        assert not mismatches(together[i], as_dict(in_graph), CASES[name], tol=1e-12), name
 
 
 def test_numpy_many_at_once_match_each_alone():
