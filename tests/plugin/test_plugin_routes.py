@@ -334,7 +334,8 @@ def test_loader_defaults_samples_but_keeps_users_value() -> None:
     assert plugin.frontend_metadata().es_module_path == "/index.js"
     assert plugin.frontend_metadata().tab_name == "Introspect"
     assert set(plugin.get_plugin_apps()) == {"/runs", "/run", "/series", "/export", "/overview",
-                                             "/findings", "/activity", "/index.js", "/static/*"}
+                                             "/findings", "/activity", "/probes", "/index.js",
+                                             "/static/*"}
 
 
 def test_series_from_the_cached_full_read_equals_a_provider_read(env) -> None:
