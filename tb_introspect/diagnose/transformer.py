@@ -74,12 +74,12 @@ def attention_logit_growth(rv: RunView) -> list[Finding]:
             flagged.append((i, min(js), jh is not None))
     if not flagged:
         return []
-    i, j, _ = min(flagged, key=lambda r: (r[1], -nanmax(x[r[0]])))
-    above = any(a for _, _, a in flagged)
-    if above:  # name the layer past the reference first
-        i, j, _ = min((r for r in flagged if r[2]), key=lambda r: (r[1], -nanmax(x[r[0]])))
+    # The title names a layer past the reference if any, else the earliest to grow; the
+    # finding starts where the first layer's did.
+    pool = [r for r in flagged if r[2]] or flagged
+    i, _, above = min(pool, key=lambda r: (r[1], -nanmax(x[r[0]])))
     start, peak, last = _first_finite(x[i]), float(nanmax(x[i])), float(x[i][-1])
-    step, epoch = _when(rv, p, j)
+    step, epoch = _when(rv, p, min(r[1] for r in flagged))
     name = p.rows[i]
     title = (f"Attention logits above {t.attn_logit_high:g}: '{name}' reached"
              f" {fmt_num(peak)} (QK-clip threshold {t.attn_logit_high:g})" if above else
@@ -157,7 +157,7 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
             j_max = None
         if j_lse is None and j_max is None:
             continue
-        j = min(x for x in (j_lse, j_max) if x is not None)
+        j = min(c for c in (j_lse, j_max) if c is not None)
         step, epoch = _when(rv, p, j)
         name = p.rows[i]
         lse_end = float(last[-1]) + _first_finite(lse[i]) if last.size else np.nan
