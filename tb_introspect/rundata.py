@@ -5,7 +5,9 @@
 ``docs/format.md``), and the loss and metrics. :func:`align` puts the tensors of one view on
 one step axis as :class:`Aligned` (tensor x step) matrices; the run overview
 (``plugin.overview``), the findings rules (``diagnose``) and ``tb-introspect diagnose`` all
-compute on those. How a statistic gets here from the training step: ``docs/design.md``.
+compute on those. :func:`probes_of` reads a run's transformer probes (format 4) per row and
+field, for the ``./probes`` route and the transformer rules alike. How a statistic gets
+here from the training step: ``docs/design.md``.
 """
 
 from __future__ import annotations
