@@ -1,0 +1,111 @@
+"""Transformer instabilities judged from real trainings (``tb_introspect/demo/gpt.py``).
+
+A small pre-LN GPT on a seeded Markov-chain language at a high AdamW rate without
+QK-layernorm: its attention logits grow into the thousands and the loss, after falling near
+the chain's entropy, diverges (Wortsman et al. 2023). The run's own event files, read as
+``tb-introspect diagnose`` reads them, must show a transformer finding before the loss
+diverged; its twins (QK-layernorm at the same rate, and a 30x lower rate) none. Each story is
+trained once per module, by a plain loop with the PyTorch ``Introspector`` (a point every 15
+steps) and by the Hugging Face ``Trainer`` with ``IntrospectCallback`` at its defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tb_introspect.diagnose import Finding, find_issues
+from tb_introspect.rundata import probes_of
+from tests.diagnose.findings_testlib import read_one
+
+#: The findings that say a transformer is going unstable.
+KINDS = ("attention_logit_growth", "output_logit_drift", "update_spike", "loss_spike")
+SERIOUS = ("warning", "critical")
+#: A twin's attention logits stay below this (the growth rule's watch level is 30).
+BOUNDED = 20.0
+
+
+@dataclass
+class Judged:
+    """A logged training: its per-step history, its run read back, and its findings."""
+
+    history: Any  # gpt.History
+    run: Any
+    findings: list[Finding]
+
+    def fired(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind in KINDS and f.severity in SERIOUS]
+
+    def probe_peak(self) -> float:
+        p = probes_of(self.run)
+        assert p is not None, "no probes written"
+        x = p.field("attn_logit_max")[list(p.rows_with("attn_logit_max"))]
+        assert x.size, p.rows
+        return float(np.nanmax(x))
+
+
+def _judge(history: Any, logdir: Path) -> Judged:
+    run = read_one(str(logdir))
+    return Judged(history, run, find_issues(run))
+
+
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
+    """The three stories, each a plain PyTorch loop with the ``Introspector``."""
+    from tb_introspect.demo import gpt
+
+    out = {}
+    for name, story in gpt.STORIES.items():
+        d = tmp_path_factory.mktemp(name)
+        out[name] = _judge(gpt.train(story, seed=0, log_dir=str(d)), d)
+    return out
+
+
+def _assert_flagged_before_divergence(r: Judged) -> None:
+    diverged = r.history.diverged
+    assert diverged is not None, "the unstable run did not diverge"
+    fired = r.fired()
+    assert fired, [(f.severity, f.kind) for f in r.findings]
+    first = min(f.first_step for f in fired)
+    assert first < diverged, (first, diverged, [(f.kind, f.first_step) for f in fired])
+
+
+def _assert_stable_and_clean(r: Judged) -> None:
+    from tb_introspect.demo import gpt
+
+    assert r.history.diverged is None
+    losses = r.history.losses
+    # Learned the chain: the last 20 steps' loss well under log(vocabulary), near its entropy.
+    assert np.mean(losses[-20:]) < 0.5 * math.log(gpt.VOCAB)
+    assert np.nanmax(r.history.logit_max) < BOUNDED
+    assert r.fired() == [], [(f.kind, f.first_step, f.title) for f in r.fired()]
+
+
+def test_unstable_gpt_loop_is_flagged_before_its_loss_diverges(loop_runs) -> None:
+    r = loop_runs["gpt_high_lr"]
+    _assert_flagged_before_divergence(r)
+    # The attention logits it was flagged for: past Megatron's QK-clip threshold, 10x over.
+    assert np.nanmax(r.history.logit_max) > 1000
+    growth = next(f for f in r.fired() if f.kind == "attention_logit_growth")
+    assert growth.first_step < r.history.diverged
+    assert growth.layers and all(name.endswith(".attn") for name in growth.layers)
+
+
+def test_probes_measure_the_logits_the_model_made(loop_runs) -> None:
+    # The probes read statistics steps only (a subset): their peak is at most the loop's own
+    # measurement over every step, and near it (the logits grow smoothly).
+    for name, r in loop_runs.items():
+        direct = float(np.nanmax(r.history.logit_max))
+        assert 0.5 * direct <= r.probe_peak() <= 1.001 * direct, name
+
+
+@pytest.mark.parametrize("twin", ["gpt_high_lr_qk_norm", "gpt_low_lr"])
+def test_loop_twins_train_stably_without_a_transformer_warning(loop_runs, twin) -> None:
+    r = loop_runs[twin]
+    _assert_stable_and_clean(r)
+    assert r.probe_peak() < BOUNDED
