@@ -20,6 +20,7 @@ GPT-style language model (4 pre-LN causal ``nn.TransformerEncoderLayer`` blocks,
     python benchmarks/torch_overhead.py --on-finding --no-wandb  # on_finding's cost
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
     python benchmarks/torch_overhead.py --profile --models cnn,gpt  # where a step's time goes
+    python benchmarks/torch_overhead.py --models gpt --probes --no-wandb  # the probes' cost
 
 ``--profile`` times, on one model copy, a plain step (a second copy, no hooks), a lean step
 (the rectifier outputs' activity counts and the gradient sum), a statistics step and a
@@ -241,9 +242,13 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
     if args.on_finding:  # every rule judged after each point, a callable that does nothing
         specs += [("Introspector(every='epoch', on_finding)", "introspector", "epoch"),
                   ("Introspector(every=16, on_finding)", "introspector", 16)]
+    if args.probes:  # the transformer probes off: the default's difference is their cost
+        specs += [("Introspector(every='epoch', probes=False)", "introspector", "epoch"),
+                  ("Introspector(every=16, probes=False)", "introspector", 16)]
     variants = [Variant(n, build, k, e, root, wandb_run,
                         **({"on_finding": lambda f: None, "on_finding_severity": "info"}
-                           if "on_finding" in n else {}))
+                           if "on_finding" in n else
+                           {"probes": False} if "probes=False" in n else {}))
                 for n, k, e in specs]
     for v in variants:  # warm-up: first-call allocations, hook set-up
         v.epoch(data[: max(2, args.steps // 8)])
@@ -311,8 +316,13 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
             train_step(plain, opt_plain, x, y)
             return
         # The phase the governor would have chosen, its hooks in place before the forward.
+        probes, was_on = intro.probes, intro.probes.on
+        probes.on = was_on and phase != "no probes"  # a statistics step without the probes
+        probes.follow(StepMode.LEAN)  # (their cost is the difference): hooks off, then as
         intro.hooks.set_phase(StepMode.LEAN if phase == "activity" else StepMode.STATS)
+        probes.follow(intro.hooks.phase)  # the phase asks
         intro.step(loss=train_step(model, opt, x, y))
+        probes.on = was_on
 
     worker = intro.pipeline.worker
 
@@ -324,7 +334,7 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
         worker.wait()
         return spent
 
-    phases = ("plain", "activity", "stats")
+    phases = ("plain", "activity", "stats") + (("no probes",) if args.probes else ())
     for ph in phases * 2:  # warm-up
         step(ph)
     point()
@@ -345,6 +355,9 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
           f" statistics {ms['stats']:.1f} (+{ms['stats'] - ms['plain']:.1f}), logged point"
           f" {ms['point']:.1f} on the training thread, {ms['worker']:.1f} on its worker"
           f" ({len(intro.outputs)} outputs, {len(intro.params)} parameters)")
+    if args.probes:
+        print(f"  the probes ({len(intro.probes.rows)} rows): +{ms['stats'] - ms['no probes']:.1f}"
+              f" ms of the statistics step's {ms['stats']:.1f}")
     print(f"  a later point on the training thread, its statistics step included:"
           f" {cost:.1f} ms" + (f" (target <= {target:.0f} ms)" if target else ""))
     for ph, label in (("activity", "lean"), ("stats", "statistics")):
@@ -387,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 8 steps, 1 round")
     p.add_argument("--on-finding", action="store_true",
                    help="add the Introspector variants with on_finding (a no-op callable)")
+    p.add_argument("--probes", action="store_true",
+                   help="add the Introspector variants with probes=False (the probes' cost)")
     p.add_argument("--profile", action="store_true",
                    help="per-step costs and operator profiles instead of the overhead table")
     args = p.parse_args(argv)

@@ -36,7 +36,7 @@ from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.torch import modules
 from tb_introspect.torch.modules import OutputSpec
 from tb_introspect.torch.ranks import host
-from tb_introspect.torch.state import _hash_uniform
+from tb_introspect.torch.state import _hash_uniform, _scratch
 
 #: At most this many query rows of each attention call give its logits (evenly spread).
 QUERY_ROWS = 64
@@ -47,6 +47,7 @@ MASKED = -1e30
 _ABS_MEDIAN, _KURTOSIS, _ATTN, _LOGIT_MAX, _LSE = range(len(metadata.PROBE_VALUE_FIELDS))
 #: Probes averaged over the window's statistics steps; the others are maxima.
 _MEANS = (_ABS_MEDIAN, _KURTOSIS, _LSE)
+_WIDTH = len(metadata.PROBE_VALUE_FIELDS)
 PROBES = Part("probes")
 
 
@@ -79,8 +80,9 @@ def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] =
     def first(t: torch.Tensor) -> torch.Tensor:  # the kept batch elements of a full-rank t
         return t[:b] if t.dim() == rank and rank > 2 and t.shape[0] > b else t
 
-    qs = first(q).index_select(-2, r).float()
-    logits = torch.matmul(qs, first(k).float().transpose(-1, -2)) * scale
+    qs = first(q) if len(r) == length else first(q).index_select(-2, r)
+    # the scale on the few query rows, then in-place passes over the logits, no copies
+    logits = torch.matmul(qs.float() * scale, first(k).float().transpose(-1, -2))
     keep = None
     if is_causal:
         keep = r[:, None] >= torch.arange(keys, device=q.device)[None, :]
@@ -93,12 +95,14 @@ def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] =
         else:
             m = m.float()
             usable = m > MASKED
-            logits = logits + torch.where(usable, m, 0.0)
+            logits.add_(torch.where(usable, m, 0.0))
             keep = usable if keep is None else keep & usable
-    a = logits.abs()
+    if not logits.numel():
+        return torch.zeros((), device=q.device)
     if keep is not None:
-        a = torch.where(keep, a, 0.0)
-    return a.amax() if a.numel() else torch.zeros((), device=q.device)
+        logits.masked_fill_(~keep, 0.0)
+    lo, hi = torch.aminmax(logits)
+    return torch.maximum(hi, -lo)
 
 
 def find_head(model: nn.Module) -> tuple[str, nn.Module, bool] | None:
@@ -167,11 +171,14 @@ class Probes:
         self.counts = torch.zeros_like(self.sums)
         self.peaks = torch.full_like(self.sums, -math.inf)
         self.seen: set[int] = set()  # rows with a value since the start (host bookkeeping)
-        self.salt = torch.zeros((), dtype=torch.int64, device=device)
-        self.draws = torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device)
+        # uniform positions in [0, 1) of the median's sample, without the user's RNG
+        self.draws = _hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
+                                   torch.zeros((), dtype=torch.int64, device=device))
         self._handles: list[Any] = []
         self._stack: list[int] = []  # the attention modules running, innermost last
+        self._running = 0  # the model's forward passes running (another model's calls pass)
         self._in_mha = False
+        self._pending: list[tuple[int, torch.Tensor, bool]] = []  # (slot, value, mean?)
         self._head_out: torch.Tensor | None = None
         self._patched: dict[str, tuple[Callable, Callable]] = {}
         self.active = False
@@ -210,14 +217,18 @@ class Probes:
             if not self._head_certain:
                 hook(self.model.register_forward_hook(self._model_hook))
         if self._attention:
+            hook(self.model.register_forward_pre_hook(self._model_enter))
+            hook(self.model.register_forward_hook(self._model_leave, always_call=True))
             self._patch("scaled_dot_product_attention", self._sdpa)
             self._patch("multi_head_attention_forward", self._mha)
 
     def _uninstall(self) -> None:
+        self.settle()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self._stack.clear()
+        self._running = 0
         self._head_out = None
         for name, (original, patched) in self._patched.items():
             if getattr(F, name) is patched:  # another tool's patch on top stays
@@ -238,14 +249,31 @@ class Probes:
     # ------------------------------------------------------------------ folds
 
     def _mean(self, i: int, col: int, value: torch.Tensor) -> None:
-        finite = torch.isfinite(value)
-        self.sums[i, col] += torch.where(finite, value.double(), 0.0)
-        self.counts[i, col] += finite
+        self._pending.append((i * _WIDTH + col, value, True))
         self.seen.add(i)
 
     def _peak(self, i: int, col: int, value: torch.Tensor) -> None:
-        self.peaks[i, col] = torch.fmax(self.peaks[i, col], value.double())
+        self._pending.append((i * _WIDTH + col, value, False))
         self.seen.add(i)
+
+    def settle(self) -> None:
+        """Fold the values of the statistics steps so far (device scalars) into the window's
+        sums, counts and maxima: a few ops for all of them, not a few per value. A
+        non-finite value is left out of a mean; a NaN out of a maximum."""
+        pending, self._pending = self._pending, []
+        for mean in (True, False):
+            chosen = [(j, v) for j, v, m in pending if m is mean]
+            if not chosen:
+                continue
+            at = torch.tensor([j for j, _ in chosen], device=self.device)
+            v = torch.stack([v.reshape(()) for _, v in chosen]).double()
+            if mean:
+                finite = torch.isfinite(v)
+                self.sums.view(-1).index_add_(0, at, torch.where(finite, v, 0.0))
+                self.counts.view(-1).index_add_(0, at, finite.double())
+            else:
+                v = torch.where(torch.isnan(v), -math.inf, v)
+                self.peaks.view(-1).scatter_reduce_(0, at, v, reduce="amax")
 
     def _guarded(self, fn: Callable, *args: Any) -> None:
         if not self.active:
@@ -253,6 +281,8 @@ class Probes:
         try:
             with torch.no_grad():
                 fn(*args)
+                if len(self._pending) > 4096:  # statistics steps one after the other
+                    self.settle()
         except Exception as e:  # never break training
             self.failures.fail(PROBES, e)
             self._uninstall()
@@ -267,14 +297,16 @@ class Probes:
     def _layer(self, i: int, x: torch.Tensor) -> None:
         flat = (x if x.dtype == torch.float64 else x.float()).reshape(-1)
         n = flat.numel()
-        sample = flat
-        if n > len(self.draws):
-            at = (_hash_uniform(self.draws, self.salt.add_(1)) * n).long().clamp_(max=n - 1)
-            sample = flat[at]
-        self._mean(i, _ABS_MEDIAN, torch.nanquantile(sample.abs(), 0.5))
-        d2 = (flat - flat.mean()).square_()
-        m2 = d2.mean()
-        self._mean(i, _KURTOSIS, d2.square_().mean() / (m2 * m2))
+        # The same uniform positions at every step (the batches differ): no draw to pay.
+        sample = flat if n <= len(self.draws) else flat[(self.draws * n).long()]
+        # the lower median, by selection (not a sort), NaN left out
+        self._mean(i, _ABS_MEDIAN, sample.abs().nanmedian())
+        # kurtosis: two passes from the mean, the sums of powers as dot products (fused); the
+        # deviations in the CPU's reused work buffer (a fresh one costs its page faults)
+        d = torch.sub(flat, flat.mean(), out=_scratch(flat, n, 1)[0])
+        m2 = torch.dot(d, d) / n
+        d.square_()
+        self._mean(i, _KURTOSIS, torch.dot(d, d) / n / (m2 * m2))
 
     def _head_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
         x = modules.first_tensor(output)
@@ -299,6 +331,7 @@ class Probes:
         if made is None:
             return
         if not any(t is made for t in _tensors(output)):
+            self.settle()
             i = self._head[0]
             for col in (_LOGIT_MAX, _LSE):  # the candidate's values are no head's
                 self.peaks[i, col] = -math.inf
@@ -323,10 +356,16 @@ class Probes:
         if self._stack:
             self._stack.pop()
 
+    def _model_enter(self, module: nn.Module, inputs: Any) -> None:
+        self._running += 1
+
+    def _model_leave(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        self._running = max(0, self._running - 1)
+
     def _attention_row(self) -> int | None:
         if self._stack:
             return self._stack[-1]
-        if self._training():
+        if self._running and self._training():
             self.failures.warn_once("probes sdpa", "probes: an attention call outside any"
                                     " module recognised as attention (nn.MultiheadAttention,"
                                     " a class named *Attention*) is not probed")
@@ -360,27 +399,29 @@ class Probes:
         def multi_head_attention_forward(*args: Any, **kwargs: Any) -> Any:
             if not (self.active and self._training()):
                 return original(*args, **kwargs)
-            i = self._attention_row()
-            if i is not None:
-                self._guarded(self._mha_logits, i, signature, args, kwargs)
-            self._in_mha = True  # its own scaled_dot_product_attention is this same call
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            # need_weights=False: it calls the fused kernel, whose own q and k are read there
+            if bound.arguments["need_weights"]:
+                i = self._attention_row()
+                if i is not None:
+                    self._guarded(self._mha_logits, i, bound.arguments)
+                self._in_mha = True  # no second reading of the same call
             try:
                 return original(*args, **kwargs)
             finally:
                 self._in_mha = False
         return multi_head_attention_forward
 
-    def _mha_logits(self, i: int, signature: inspect.Signature, args: tuple,
-                    kwargs: dict) -> None:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        self._peak(i, _ATTN, mha_logit_peak(**bound.arguments))
+    def _mha_logits(self, i: int, arguments: dict) -> None:
+        self._peak(i, _ATTN, mha_logit_peak(**arguments))
 
     # ------------------------------------------------------------------ a point
 
     def take(self) -> dict[str, np.ndarray]:
         """The window's probes, row name -> ``PROBE_VALUE_FIELDS`` (NaN where one does not
         apply), of every row seen so far; one host copy. The window starts again."""
+        self.settle()
         if not self.seen:
             return {}
         copy = host(torch.stack([self.sums, self.counts, self.peaks]))

@@ -77,7 +77,9 @@ def kurtosis(x: np.ndarray) -> float:
 
 
 def abs_median(x: np.ndarray) -> float:
-    return float(np.median(np.abs(x.astype(np.float64))))
+    """The lower median of |x| (of an even count, the smaller middle value)."""
+    a = np.sort(np.abs(x.astype(np.float64)).ravel())
+    return float(a[(len(a) - 1) // 2])
 
 
 def logit_lse(logits: np.ndarray) -> float:
@@ -305,8 +307,8 @@ def test_hf_gpt2_probes(tmp_path):
     each block's attention row and the LM head's logits against a direct computation."""
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB,
-                                     n_positions=SEQ + 1, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
+                                     n_positions=SEQ + 1, bos_token_id=0, eos_token_id=0,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     assert model.config._attn_implementation == "sdpa"
@@ -375,3 +377,39 @@ def test_logit_peak_samples_query_rows_and_applies_masks():
     sampled = query_rows(150).numpy()
     assert causal_got == pytest.approx(
         np.where(causal(150), ref, 0.0)[:, :, sampled].max(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------- HF Trainer
+
+
+def test_hf_trainer_runs_write_probe_rows(tmp_path):
+    """``IntrospectCallback`` drives the same Introspector: a Trainer run of the tiny GPT-2
+    (its LM head from ``get_output_embeddings``) and of the tiny BERT classifier (its last
+    Linear, the model's logits) write each attention layer's and the head's rows."""
+    pytest.importorskip("transformers")
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+    from tb_introspect.transformers import IntrospectCallback
+    from tests.trainers import hf_support as hs
+
+    torch.manual_seed(0)
+    bert = BertForSequenceClassification(BertConfig(
+        vocab_size=hs.VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=hs.SEQ, num_labels=hs.BERT_CLASSES,
+        type_vocab_size=1))
+    for name, model, data, attention, head in (
+            ("gpt2", hs.gpt2(), hs.lm_data(32, 0), "transformer.h.1.attn", "lm_head"),
+            ("bert", bert, hs.cls_data(32, 0), "bert.encoder.layer.0.attention.self",
+             "classifier")):
+        args = TrainingArguments(str(tmp_path / name), max_steps=4, per_device_train_batch_size=8,
+                                 logging_steps=2, save_strategy="no", report_to="none",
+                                 use_cpu=True, disable_tqdm=True, seed=0)
+        Trainer(model=model, args=args, train_dataset=data,
+                callbacks=[IntrospectCallback(tmp_path / name / "tb", every=2)]).train()
+        rows, points, matrices = probes_of(tmp_path / name / "tb")
+        assert points == [2, 4], name
+        assert attention in rows and head in rows, rows
+        for matrix in matrices:
+            assert value(rows, matrix, attention, "attn_logit_max") > 0
+            assert np.isfinite(value(rows, matrix, head, "logit_max"))
+            assert np.isfinite(value(rows, matrix, head, "logit_lse"))
