@@ -355,31 +355,36 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     cols = _columns(sign.abs_().view(xf.shape), seg)
     nnz = cols[:c].sum()
     mn, mx = torch.aminmax(xz)
-    ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64)])
     _merge_sample(buf, seg, xz, seed, arange)
     mean_z = total / n
-    if finite:
+    if finite:  # a CPU's: its scalars read as numbers, one small tensor added
         dev = torch.sub(xz, mean_z.to(xz.dtype), out=work)
-        m2 = torch.dot(dev, dev).to(torch.float64)
-        nan = posinf = neginf = torch.zeros((), dtype=torch.float64, device=xf.device)
-        mean, nfin = mean_z, float(n)
-    else:
-        # x - xz: 0 where x is finite, NaN, +Inf or -Inf where it is not
-        kinds = torch.sub(flat, xz, out=work)
-        dev = xz.sub_(mean_z.to(xz.dtype))
-        m2_z = torch.dot(dev, dev).to(torch.float64)  # sum over all n of (xz - mean_z)^2
-        inf = torch.nan_to_num(kinds, nan=0.0, posinf=1.0, neginf=-1.0, out=dev)
-        inf_balance = _sum(inf, big)  # +Inf count - -Inf count
-        # +Inf count + -Inf count: a dot product of +-1/0 values is an exact integer below
-        # 2**24
-        infs = _sum(inf.abs_(), big) if big else torch.dot(inf, inf).to(torch.float64)
-        nan = _sum(kinds.nan_to_num_(nan=1.0, posinf=0.0, neginf=0.0), big)
-        posinf, neginf = (infs + inf_balance) / 2, (infs - inf_balance) / 2
-        bad = nan + infs
-        nfin = n - bad
-        mean = total / nfin.clamp(min=1)
-        # sum over the finite values of (x - mean)^2, from the zeroed tensor's moments
-        m2 = (m2_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
+        m2 = float(torch.dot(dev, dev))
+        tot, bal, nz, mean = float(total), float(balance), float(nnz), float(mean_z)
+        buf[o:a].add_(torch.tensor([n, 0.0, 0.0, 0.0, (nz + bal) / 2, (nz - bal) / 2, tot, m2,
+                                    n * mean * mean, n], dtype=torch.float64))
+        buf[a:a + c + p].add_(cols)
+        e = seg.extremes_at
+        ext = torch.tensor([float(mn), -float(mx)], dtype=torch.float64)
+        torch.minimum(buf[e:e + _EXTREMES_LEN], ext, out=buf[e:e + _EXTREMES_LEN])
+        return
+    ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64)])
+    # x - xz: 0 where x is finite, NaN, +Inf or -Inf where it is not
+    kinds = torch.sub(flat, xz, out=work)
+    dev = xz.sub_(mean_z.to(xz.dtype))
+    m2_z = torch.dot(dev, dev).to(torch.float64)  # sum over all n of (xz - mean_z)^2
+    inf = torch.nan_to_num(kinds, nan=0.0, posinf=1.0, neginf=-1.0, out=dev)
+    inf_balance = _sum(inf, big)  # +Inf count - -Inf count
+    # +Inf count + -Inf count: a dot product of +-1/0 values is an exact integer below
+    # 2**24
+    infs = _sum(inf.abs_(), big) if big else torch.dot(inf, inf).to(torch.float64)
+    nan = _sum(kinds.nan_to_num_(nan=1.0, posinf=0.0, neginf=0.0), big)
+    posinf, neginf = (infs + inf_balance) / 2, (infs - inf_balance) / 2
+    bad = nan + infs
+    nfin = n - bad
+    mean = total / nfin.clamp(min=1)
+    # sum over the finite values of (x - mean)^2, from the zeroed tensor's moments
+    m2 = (m2_z + n * (mean_z - mean) ** 2 - bad * mean * mean).clamp(min=0)
     full_n = torch.full((), float(n), dtype=torch.float64, device=xf.device)
     parts = torch.stack([
         full_n, nan, posinf, neginf,
