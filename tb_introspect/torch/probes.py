@@ -51,12 +51,14 @@ _WIDTH = len(metadata.PROBE_VALUE_FIELDS)
 PROBES = Part("probes")
 
 
-def query_rows(length: int, rows: int = QUERY_ROWS) -> torch.Tensor:
+def query_rows(length: int, rows: int = QUERY_ROWS,
+               device: torch.device | str = "cpu") -> torch.Tensor:
     """The query rows a call of ``length`` queries is probed at: all of them up to ``rows``,
-    else ``rows`` evenly spread from the first to the last."""
+    else ``rows`` evenly spread from the first to the last (integer steps of at least one,
+    made on ``device``: no copy to wait for)."""
     if length <= rows:
-        return torch.arange(length)
-    return torch.linspace(0, length - 1, rows).round().long().unique()
+        return torch.arange(length, device=device)
+    return torch.arange(rows, device=device) * (length - 1) // (rows - 1)
 
 
 def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] = (), *,
@@ -72,7 +74,7 @@ def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] =
     length, width = q.shape[-2:]
     keys = k.shape[-2]
     scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
-    r = query_rows(length, rows).to(q.device)
+    r = query_rows(length, rows, q.device)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     b = max(1, budget // max(1, math.prod(lead[1:]) * len(r) * keys))
     rank = len(lead) + 2
@@ -179,6 +181,7 @@ class Probes:
         self._running = 0  # the model's forward passes running (another model's calls pass)
         self._in_mha = False
         self._pending: list[tuple[int, torch.Tensor, bool]] = []  # (slot, value, mean?)
+        self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._head_out: torch.Tensor | None = None
         self._patched: dict[str, tuple[Callable, Callable]] = {}
         self.active = False
@@ -265,7 +268,12 @@ class Probes:
             chosen = [(j, v) for j, v, m in pending if m is mean]
             if not chosen:
                 continue
-            at = torch.tensor([j for j, _ in chosen], device=self.device)
+            slots = tuple(j for j, _ in chosen)
+            at = self._slots.get(slots)
+            if at is None:  # a step's slots repeat: copied to the device once
+                if len(self._slots) > 64:
+                    self._slots.clear()
+                at = self._slots[slots] = torch.tensor(slots, device=self.device)
             v = torch.stack([v.reshape(()) for _, v in chosen]).double()
             if mean:
                 finite = torch.isfinite(v)
