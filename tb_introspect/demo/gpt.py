@@ -9,9 +9,9 @@ an optional QK-layernorm (``qk_norm=True``), and an LM head; ``STORIES`` names t
 the findings are validated on: the unstable one and its two stable twins (QK-layernorm at
 the same rate, and a low rate).
 
-The data is an order-2 Markov chain over a small vocabulary (``markov_tokens``): the next
-token depends on the two before it, so a model must attend to the previous position to
-learn it, and a healthy run's loss falls well below log(vocabulary).
+The data is a fixed random Markov chain over a small vocabulary (``markov_tokens``, each
+token has ``BRANCHING`` possible successors): a healthy run's loss falls from log(32) = 3.47
+to near the chain's entropy (0.78) within a hundred steps, so a divergence after it is plain.
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ def _transitions(vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def markov_tokens(n: int, seq: int = SEQ, vocab: int = VOCAB, *, seed: int = 0) -> torch.Tensor:
-    """``n`` sequences of ``seq + 1`` tokens of the order-2 chain (inputs and shifted targets)."""
+    """``n`` sequences of ``seq + 1`` tokens of the chain (inputs and shifted targets)."""
+    return torch.from_numpy(chain(n, seq, vocab, seed=seed))
+
+
+def chain(n: int, seq: int = SEQ, vocab: int = VOCAB, *, seed: int = 0) -> np.ndarray:
+    """``markov_tokens`` as an int64 numpy array (the Keras trainings' data)."""
     succ, prob = _transitions(vocab)
     rng = np.random.default_rng(seed)
     x = np.empty((n, seq + 1), np.int64)
@@ -66,7 +71,7 @@ def markov_tokens(n: int, seq: int = SEQ, vocab: int = VOCAB, *, seed: int = 0) 
         ctx = tuple(x[:, t - ORDER + i] for i in range(ORDER))
         choice = (rng.random(n)[:, None] > cum[ctx]).sum(-1).clip(max=BRANCHING - 1)
         x[:, t] = succ[(*ctx, choice)]
-    return torch.from_numpy(x)
+    return x
 
 
 def entropy_floor(vocab: int = VOCAB) -> float:
@@ -363,8 +368,8 @@ def track_gpt2_logits(model: nn.Module) -> list[float]:
     return found
 
 
-#: The HF GPT-2 runs: the unstable peak rate and its 10x lower twin, the warm-up, steps.
-HF_HIGH_LR, HF_LOW_LR = 1e-1, 1e-2
+#: The HF GPT-2 runs: the unstable peak rate and its 30x lower twin, the warm-up, steps.
+HF_HIGH_LR, HF_LOW_LR = 1e-1, 3e-3
 HF_WARMUP, HF_STEPS, HF_BATCH = 150, 300, 16
 
 
@@ -372,8 +377,9 @@ def train_hf(out: str, lr: float, *, seed: int = 0, steps: int = HF_STEPS,
              callbacks: list | None = None, track_logits: bool = True,
              **args) -> tuple[object, History]:
     """Train the tiny GPT-2 with the ``Trainer`` on ``ChainStream`` for ``steps`` steps
-    (AdamW, betas 0.9/0.95, linear warm-up then constant, gradient clipping at 1 as the
-    Trainer's default); its TensorBoard run is ``out/runs/<date_host>``.
+    (AdamW, betas 0.9/0.95, linear warm-up then constant, no gradient clipping: clipping at
+    the Trainer's default norm 1 holds the loss near 1.0 while the attention logits still
+    grow past 10^4); its TensorBoard run is ``out/runs/<date_host>``.
     Returns the trainer and the per-step loss and attention-logit history."""
     import os
 
@@ -387,7 +393,8 @@ def train_hf(out: str, lr: float, *, seed: int = 0, steps: int = HF_STEPS,
         out, max_steps=steps, per_device_train_batch_size=HF_BATCH, learning_rate=lr,
         lr_scheduler_type="constant_with_warmup", warmup_steps=HF_WARMUP, adam_beta2=0.95,
         weight_decay=0.0, logging_steps=1, save_strategy="no", report_to="tensorboard",
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=seed, **args)
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=seed,
+        **{"max_grad_norm": 0.0, **args})
     trainer = Trainer(model=model, args=targs, train_dataset=ChainStream(seed),
                       callbacks=callbacks or [])
     trainer.train()
