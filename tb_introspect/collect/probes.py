@@ -57,17 +57,18 @@ _PROBABILITIES = frozenset({"softmax", "sigmoid", "log_softmax"})
 def abs_median(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """The median of |x| (float64): exact up to ``MEDIAN_SAMPLE`` values, else of that many
     drawn with replacement (``seed``: an int64 pair). Non-finite values sort last."""
-    flat = tf.abs(tf.reshape(to_float(x), [-1]))
-    flat = tf.where(tf.math.is_finite(flat), flat, tf.constant(np.inf, flat.dtype))
+    flat = tf.reshape(x, [-1])
     n = tf.size(flat, out_type=tf.int64)
 
     def drawn():
         u = uniform([MEDIAN_SAMPLE], seed, 0)
-        index = tf.minimum(tf.cast(u * tf.cast(n, tf.float64), tf.int64), n - 1)
-        return tf.gather(flat, index)
+        return tf.gather(flat, tf.minimum(tf.cast(u * tf.cast(n, tf.float64), tf.int64), n - 1))
 
+    # Drawn before anything else: the batch itself is read once, by the gather.
     sample = flat if (flat.shape[0] is not None and flat.shape[0] <= MEDIAN_SAMPLE) else (
         tf.cond(n <= MEDIAN_SAMPLE, lambda: flat, drawn))
+    sample = tf.abs(to_float(sample))
+    sample = tf.where(tf.math.is_finite(sample), sample, tf.constant(np.inf, sample.dtype))
     ordered = tf.sort(sample)
     m = tf.shape(ordered, out_type=tf.int64)[0]
     middle = (tf.gather(ordered, (m - 1) // 2) + tf.gather(ordered, m // 2)) / 2
