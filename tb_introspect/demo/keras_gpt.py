@@ -48,7 +48,8 @@ class _QKNormed(layers.Layer):
 
 class GPTAttention(layers.MultiHeadAttention):
     """``MultiHeadAttention`` with an optional QK-layernorm; ``track_logits`` records the
-    largest causal |q.k/sqrt(d)| of each forward pass in ``logit_max``."""
+    largest causal |q.k/sqrt(d)| of each forward pass in ``logit_max`` (self-attention with
+    the causal mask or none, as ``build_gpt`` calls it)."""
 
     def __init__(self, num_heads: int, key_dim: int, qk_norm: bool = False,
                  track_logits: bool = False, **kwargs: Any):
@@ -65,18 +66,19 @@ class GPTAttention(layers.MultiHeadAttention):
         self.logit_max = self.add_weight(shape=(), initializer="zeros", trainable=False,
                                          name="logit_max")
 
-    def _compute_attention(self, query, key, value, attention_mask=None, training=None,
-                           return_attention_scores=False, use_causal_mask=False, **kwargs):
+    def call(self, query: Any, value: Any, key: Any = None, **kwargs: Any) -> Any:
+        # The logits are recomputed from the projections here, not in _compute_attention:
+        # the probes read only a MultiHeadAttention whose attention step is Keras's own.
         if self.track_logits:
-            logits = ops.einsum("btnh,bsnh->bnts", query, key) / math.sqrt(self._key_dim)
+            q = ops.stop_gradient(self._query_dense(query))
+            k = ops.stop_gradient(self._key_dense(value if key is None else key))
+            logits = ops.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(self._key_dim)
             t, s = ops.shape(logits)[-2], ops.shape(logits)[-1]
             keep = ops.greater_equal(ops.arange(t)[:, None], ops.arange(s)[None, :])
-            if attention_mask is not None:
-                keep = ops.logical_and(keep, ops.cast(attention_mask[:, None], "bool"))
+            if not kwargs.get("use_causal_mask", False):
+                keep = ops.ones_like(keep)
             self.logit_max.assign(ops.max(ops.where(keep, ops.abs(logits), 0.0)))
-        extra = {"use_causal_mask": True} if use_causal_mask else {}
-        return super()._compute_attention(query, key, value, attention_mask, training,
-                                          return_attention_scores, **extra, **kwargs)
+        return super().call(query, value, key, **kwargs)
 
 
 class TokenAndPosition(layers.Layer):
