@@ -166,9 +166,11 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
 
     class ReadMidway(L.Callback):
         def on_train_batch_end(self, trainer, *args):
-            if trainer.global_step == 50 and 50 not in seen:
+            # A window's point is written beside the next steps, at most one point waiting:
+            # by step 60's window end the one of step 50 is on disk.
+            if trainer.global_step == 60 and 60 not in seen:
                 run = ts.read_run(str(tmp_path / "tb"))
-                seen[50] = [int(s) for s in run.tensors["gradient"][0].steps]
+                seen[60] = [int(s) for s in run.tensors["gradient"][0].steps]
 
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(max_steps=100, accelerator="cpu", logger=False,
@@ -186,7 +188,7 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
     out = next(iter(ts.by_name(run, "output").values()))
     np.testing.assert_array_equal(out.field("steps"), np.diff([0, *ends]))
     # Written while it trained: the windows up to step 50 (the band at its end included).
-    assert len(seen[50]) >= 10 and seen[50][-1] == 50, seen
+    assert len(seen[60]) >= 10 and 50 in seen[60], seen
 
 
 def test_a_loss_module_held_as_an_attribute_is_recorded(tmp_path: Path, lightning_runs):
