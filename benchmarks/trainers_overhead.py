@@ -22,9 +22,9 @@ process's CPU; wandb's service process is not counted), from its first step to t
 training, which includes the epoch's logged point and closing the writers: the steady
 state, without the one-time start (model hooks, writers, wandb's run). Each figure is the
 median over rounds of the per-round ratio to the plain setup. An Introspect row also gives
-a later point's cost on the training thread (``Pipeline.log`` timed, plus the statistics
-step's extra time as the governor measures it; the point's host work runs beside on its
-worker) and its added CPU time over ``wandb.watch``'s.
+a later point's cost on the training thread (``Pipeline.log``'s CPU time, plus a statistics
+step's over a lean step's, medians; the point's host work runs beside, on its worker) and
+its added CPU time over ``wandb.watch``'s.
 
     python benchmarks/trainers_overhead.py --rounds 5          # the table of docs/benchmarks.md
     python benchmarks/trainers_overhead.py --quick --no-wandb  # a smoke run (16 steps)
@@ -76,31 +76,46 @@ class Clock:
 
 
 CLOCK = Clock()
-#: Each logged point of the setup running now: (seconds on the training thread, the
-#: statistics step's extra seconds as the governor measures them).
-POINTS: list[tuple[float, float | None]] = []
+#: The setup running now: each logged point's seconds on the training thread, and each
+#: training step's (from the end of one ``Introspector.step`` to the next: the point
+#: left out) with whether it was a statistics step.
+POINTS: list[float] = []
+STEPS: list[tuple[bool, float]] = []
 
 
 def time_points() -> None:
-    """Record every logged point's training-thread time (its worker's part runs beside)."""
+    """Record every logged point's training-thread CPU time (its worker's part runs
+    beside) and every step's, by phase."""
+    from tb_introspect.pipeline.governor import StepMode
     from tb_introspect.pipeline.pipeline import Pipeline
+    from tb_introspect.torch import Introspector
 
-    log = Pipeline.log
+    log, step = Pipeline.log, Introspector.step
 
-    def timed(self, step: int) -> None:
+    def timed_log(self, at: int) -> None:
         t = time.thread_time()
-        log(self, step)
-        extra = self.governor.extra_per_stats_step() if self.governor is not None else None
-        POINTS.append((time.thread_time() - t, extra))
+        log(self, at)
+        POINTS.append(time.thread_time() - t)
 
-    Pipeline.log = timed
+    def timed_step(self, *args, **kwargs) -> None:
+        last = getattr(self, "_bench_step_end", None)
+        if last is not None:
+            STEPS.append((self.hooks.phase is StepMode.STATS, time.thread_time() - last))
+        step(self, *args, **kwargs)
+        self._bench_step_end = time.thread_time()
+
+    Pipeline.log, Introspector.step = timed_log, timed_step
 
 
 def point_ms() -> float | None:
-    """A later point's cost on the training thread, its statistics step's extra included:
-    the median over the setup's points but its first (ms)."""
-    later = [a + (b or 0.0) for a, b in POINTS[1:]]
-    return statistics.median(later) * 1e3 if later else None
+    """A later point's cost on the training thread, its statistics step's extra time over
+    a lean step included (medians, ms)."""
+    stats = [t for full, t in STEPS if full]
+    lean = [t for full, t in STEPS if not full]
+    if len(POINTS) < 2 or not stats or not lean:
+        return None
+    extra = statistics.median(stats) - statistics.median(lean)
+    return (statistics.median(POINTS[1:]) + extra) * 1e3
 
 
 def hf_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
@@ -204,6 +219,7 @@ def measure(setups: dict[str, Callable[[], None]], rounds: int, steps: int
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             POINTS.clear()
+            STEPS.clear()
             setups[n]()
             if r:
                 times[n].append(CLOCK.spent)
