@@ -19,6 +19,7 @@ mean or a maximum over the window; a logged point copies them to the host once (
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -179,11 +180,9 @@ class Probes:
         self._handles: list[Any] = []
         self._stack: list[int] = []  # the attention modules running, innermost last
         self._running = 0  # the model's forward passes running (another model's calls pass)
-        self._in_mha = False
         self._pending: list[tuple[int, torch.Tensor, bool]] = []  # (slot, value, mean?)
         self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._head_out: torch.Tensor | None = None
-        self._patched: dict[str, tuple[Callable, Callable]] = {}
         self.active = False
 
     def _row(self, name: str) -> int:
@@ -222,8 +221,7 @@ class Probes:
         if self._attention:
             hook(self.model.register_forward_pre_hook(self._model_enter))
             hook(self.model.register_forward_hook(self._model_leave, always_call=True))
-            self._patch("scaled_dot_product_attention", self._sdpa)
-            self._patch("multi_head_attention_forward", self._mha)
+            KERNELS.add(self)
 
     def _uninstall(self) -> None:
         self.settle()
@@ -233,17 +231,8 @@ class Probes:
         self._stack.clear()
         self._running = 0
         self._head_out = None
-        for name, (original, patched) in self._patched.items():
-            if getattr(F, name) is patched:  # another tool's patch on top stays
-                setattr(F, name, original)
-        self._patched.clear()
+        KERNELS.remove(self)
         self.active = False
-
-    def _patch(self, name: str, make: Callable[[Callable], Callable]) -> None:
-        original = getattr(F, name)
-        patched = make(original)
-        self._patched[name] = (original, patched)
-        setattr(F, name, patched)
 
     def _training(self) -> bool:
         return (torch.is_grad_enabled() and self.model.training
@@ -379,15 +368,20 @@ class Probes:
                                     " a class named *Attention*) is not probed")
         return None
 
-    def _sdpa(self, original: Callable) -> Callable:
-        def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            if self.active and not self._in_mha and self._training():
-                i = self._attention_row()
-                if i is not None:
-                    self._guarded(self._sdpa_logits, i, args, kwargs)
-            return out
-        return scaled_dot_product_attention
+    def sdpa_call(self, args: tuple, kwargs: dict) -> None:
+        """A ``scaled_dot_product_attention`` call (``KERNELS``): probed when this model's
+        attention module runs it."""
+        if self.active and self._training():
+            i = self._attention_row()
+            if i is not None:
+                self._guarded(self._sdpa_logits, i, args, kwargs)
+
+    def mha_call(self, arguments: dict) -> None:
+        """A ``multi_head_attention_forward`` call that makes the weights itself."""
+        if self.active and self._training():
+            i = self._attention_row()
+            if i is not None:
+                self._guarded(self._mha_logits, i, arguments)
 
     def _sdpa_logits(self, i: int, args: tuple, kwargs: dict) -> None:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
@@ -400,26 +394,6 @@ class Probes:
         self._peak(i, _ATTN, logit_peak(q, k, () if mask is None else (mask.detach(),),
                                         is_causal=bool(a.get("is_causal")),
                                         scale=a.get("scale")))
-
-    def _mha(self, original: Callable) -> Callable:
-        signature = inspect.signature(original)
-
-        def multi_head_attention_forward(*args: Any, **kwargs: Any) -> Any:
-            if not (self.active and self._training()):
-                return original(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            # need_weights=False: it calls the fused kernel, whose own q and k are read there
-            if bound.arguments["need_weights"]:
-                i = self._attention_row()
-                if i is not None:
-                    self._guarded(self._mha_logits, i, bound.arguments)
-                self._in_mha = True  # no second reading of the same call
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._in_mha = False
-        return multi_head_attention_forward
 
     def _mha_logits(self, i: int, arguments: dict) -> None:
         self._peak(i, _ATTN, mha_logit_peak(**arguments))
@@ -449,6 +423,65 @@ class Probes:
         """Remove every hook and patch."""
         self._uninstall()
         self.on = False
+
+
+class Kernels:
+    """The two attention functions of ``torch.nn.functional``, patched while any ``Probes``
+    is on a statistics step (one patch for every ``Introspector`` of the process, each call
+    offered to each) and given back when none is. The user's call runs once, as it is."""
+
+    NAMES = ("scaled_dot_product_attention", "multi_head_attention_forward")
+
+    def __init__(self) -> None:
+        self.users: list[Probes] = []
+        self.patched: dict[str, tuple[Callable, Callable]] = {}  # name -> (original, ours)
+
+    def add(self, probes: Probes) -> None:
+        if not self.users:
+            for name, make in zip(self.NAMES, (self._sdpa, self._mha), strict=True):
+                original = getattr(F, name)
+                ours = functools.wraps(original)(make(original))
+                self.patched[name] = (original, ours)
+                setattr(F, name, ours)
+        if probes not in self.users:
+            self.users.append(probes)
+
+    def remove(self, probes: Probes) -> None:
+        if probes in self.users:
+            self.users.remove(probes)
+        if not self.users:
+            for name, (original, ours) in self.patched.items():
+                if getattr(F, name) is ours:  # another tool's patch on top stays
+                    setattr(F, name, original)
+            self.patched.clear()
+
+    def _sdpa(self, original: Callable) -> Callable:
+        def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            for probes in tuple(self.users):
+                probes.sdpa_call(args, kwargs)
+            return out
+        return scaled_dot_product_attention
+
+    def _mha(self, original: Callable) -> Callable:
+        signature = inspect.signature(original)
+
+        def multi_head_attention_forward(*args: Any, **kwargs: Any) -> Any:
+            # Without weights it calls the fused kernel, whose own q and k are read there.
+            try:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                weights = bool(bound.arguments.get("need_weights"))
+            except TypeError:  # the function's own error follows
+                weights = False
+            if weights:
+                for probes in tuple(self.users):
+                    probes.mha_call(bound.arguments)
+            return original(*args, **kwargs)
+        return multi_head_attention_forward
+
+
+KERNELS = Kernels()
 
 
 def mha_logit_peak(*, query: torch.Tensor, key: torch.Tensor, num_heads: int,

@@ -413,3 +413,32 @@ def test_hf_trainer_runs_write_probe_rows(tmp_path):
             assert value(rows, matrix, attention, "attn_logit_max") > 0
             assert np.isfinite(value(rows, matrix, head, "logit_max"))
             assert np.isfinite(value(rows, matrix, head, "logit_lse"))
+
+
+def test_two_introspectors_at_once(tmp_path):
+    """Two models trained side by side, each with its Introspector (a teacher and a student,
+    a benchmark's copies): each call is its own model's, and the kernels come back whole."""
+    torch.manual_seed(0)
+    models = [MHAModel(need_weights=False), TinyLM()]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    pad = torch.zeros(BATCH, SEQ, dtype=torch.bool)
+    intros = [Introspector(tmp_path / str(i), m, o, every=1)
+              for i, (m, o) in enumerate(zip(models, opts, strict=True))]
+    for idx in tokens(2):
+        for model, opt, intro in zip(models, opts, intros, strict=True):
+            args = (idx[:, :-1], pad) if isinstance(model, MHAModel) else (idx[:, :-1],)
+            loss = lm_loss(model(*args), idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            intro.step(loss=loss)
+    for intro in intros:
+        intro.close()
+    assert F.scaled_dot_product_attention is ORIGINAL_SDPA
+    assert F.multi_head_attention_forward is ORIGINAL_MHA
+    (rows0, points0, m0), (rows1, points1, m1) = (probes_of(tmp_path / str(i)) for i in (0, 1))
+    assert points0 == points1 == [1, 2]
+    assert "mha" in rows0 and "attn" not in rows0
+    assert "attn" in rows1 and "mha" not in rows1
+    assert all(value(rows0, m, "mha", "attn_logit_max") > 0 for m in m0)
+    assert all(value(rows1, m, "attn", "attn_logit_max") > 0 for m in m1)
