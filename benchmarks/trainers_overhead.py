@@ -83,9 +83,9 @@ POINTS: list[float] = []
 STEPS: list[tuple[bool, float]] = []
 
 
-def time_points() -> None:
+def time_points() -> Callable[[], None]:
     """Record every logged point's training-thread CPU time (its worker's part runs
-    beside) and every step's, by phase."""
+    beside) and every step's, by phase; returns what puts the two methods back."""
     from tb_introspect.pipeline.governor import StepMode
     from tb_introspect.pipeline.pipeline import Pipeline
     from tb_introspect.torch import Introspector
@@ -105,6 +105,10 @@ def time_points() -> None:
         self._bench_step_end = time.thread_time()
 
     Pipeline.log, Introspector.step = timed_log, timed_step
+
+    def restore() -> None:
+        Pipeline.log, Introspector.step = log, step
+    return restore
 
 
 def point_ms() -> float | None:
@@ -276,17 +280,20 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     rounds, steps = (1, 16) if a.quick else (a.rounds, a.steps)
-    time_points()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        if a.only in (None, "hf"):
-            setups = hf_setups(root, steps)
-            print(table("tiny GPT-2, transformers.Trainer",
-                        measure(pick(setups, a), rounds, steps), POINT_TARGET_MS["hf"]))
-        if a.only in (None, "lightning"):
-            setups = lightning_setups(root, steps)
-            print(table("digits CNN, Lightning", measure(pick(setups, a), rounds, steps),
-                        POINT_TARGET_MS["lightning"]))
+    restore = time_points()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            if a.only in (None, "hf"):
+                setups = hf_setups(root, steps)
+                print(table("tiny GPT-2, transformers.Trainer",
+                            measure(pick(setups, a), rounds, steps), POINT_TARGET_MS["hf"]))
+            if a.only in (None, "lightning"):
+                setups = lightning_setups(root, steps)
+                print(table("digits CNN, Lightning", measure(pick(setups, a), rounds, steps),
+                            POINT_TARGET_MS["lightning"]))
+    finally:
+        restore()
     print(f"targets for the Introspect() rows: <= {TARGET[1]}x CPU, <= {WANDB_TARGET}x"
           " wandb.watch's added CPU time, a later point <= the ms above")
 
