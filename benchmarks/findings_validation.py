@@ -6,12 +6,22 @@ would, and for each run what fired, at which epoch, against the onset.
 
 Usage: python benchmarks/findings_validation.py [--only NAME ...] [--epochs N]
        [--pairs-only | --archs-only]
+       python benchmarks/findings_validation.py --transformers [--seeds 0 1 2 3]
+       [--frameworks torch keras hf] [--threads N]
 
 Prints the Markdown table of docs/findings.md ("Validation"): for a pathology, the epoch at
 which the live reading first shows each expected finding (at its severity) against the
 onset read off the curves; for a healthy run, every warning any live reading showed (the
 target is none). The final findings of each run follow (warning and critical ones, with
 their first epoch). ``tests/diagnose/test_findings_archs.py`` asserts the same on the same runs.
+
+``--transformers`` prints instead the table of docs/findings.md ("Transformer instabilities:
+validation"): the small GPTs of ``tb_introspect/demo/gpt.py`` (a plain PyTorch loop with the
+``Introspector``, Keras ``fit`` with ``Introspect``, the tiny GPT-2 under the Hugging Face
+``Trainer`` with ``IntrospectCallback()``), each story at each seed: the step its loss diverged
+(``gpt.diverged_at``), the largest attention logit (the model's own measurement at every
+step, and the probes'), the step each transformer finding first fired, and the other
+warnings. ``tests/diagnose/test_findings_transformer.py`` asserts the same at seed 0.
 """
 
 from __future__ import annotations
@@ -26,16 +36,110 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def main(argv: list[str] | None = None) -> None:
-    from tests.diagnose.findings_archs import SCENARIOS, train_scenario
-    from tests.diagnose.findings_pairs import PAIRS, train_pair
+#: The findings that say a transformer is going unstable.
+TRANSFORMER_KINDS = ("attention_logit_growth", "output_logit_drift", "update_spike",
+                     "loss_spike")
 
+
+def _transformer_run(framework: str, story: str, seed: int, logdir: str):
+    """Train one GPT story; its history and its run's findings."""
+    from pathlib import Path
+
+    from tb_introspect.demo import gpt
+    from tb_introspect.diagnose import find_issues
+    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.rundata import probes_of
+
+    if framework == "torch":
+        history = gpt.train(gpt.STORIES[story], seed=seed, log_dir=logdir)
+    elif framework == "keras":
+        import keras
+
+        from tb_introspect.demo import keras_gpt
+
+        history = keras_gpt.train(gpt.STORIES[story], seed=seed, log_dir=logdir)
+        keras.backend.clear_session()
+    else:
+        from tb_introspect.transformers import IntrospectCallback
+
+        lr = gpt.HF_HIGH_LR if story == "gpt_high_lr" else gpt.HF_LOW_LR
+        _, history = gpt.train_hf(logdir, lr, seed=seed, callbacks=[IntrospectCallback()])
+        logdir = str(next((Path(logdir) / "runs").iterdir()))
+    (run,) = read_logdir(logdir).values()
+    p = probes_of(run)
+    peak = float("nan")
+    if p is not None and p.rows_with("attn_logit_max"):
+        import numpy as np
+
+        peak = float(np.nanmax(p.field("attn_logit_max")[list(p.rows_with("attn_logit_max"))]))
+    return history, peak, find_issues(run)
+
+
+def transformer_rows(seeds: list[int], frameworks: list[str]) -> list[str]:
+    """The Markdown rows of the transformer validation table."""
+    import numpy as np
+
+    from tb_introspect.demo import gpt
+
+    stories = {"torch": list(gpt.STORIES), "keras": list(gpt.STORIES),
+               "hf": ["gpt_high_lr", "gpt_low_lr"]}
+    labels = {"torch": "PyTorch loop", "keras": "Keras fit", "hf": "HF Trainer (GPT-2)"}
+    rows = []
+    for fw in frameworks:
+        for story in stories[fw]:
+            for seed in seeds:
+                with tempfile.TemporaryDirectory() as d:
+                    t = time.perf_counter()
+                    history, peak, found = _transformer_run(fw, story, seed, d)
+                    secs = time.perf_counter() - t
+                serious = [f for f in found if f.severity in ("warning", "critical")]
+                fired = ", ".join(f"`{f.kind}` {f.first_step}" for f in serious
+                                  if f.kind in TRANSFORMER_KINDS) or "none"
+                other = ", ".join(sorted({f"`{f.kind}`" for f in serious
+                                          if f.kind not in TRANSFORMER_KINDS})) or "none"
+                direct = float(np.nanmax(history.logit_max))
+                note = gpt.STORIES[story].note if fw != "hf" else (
+                    "no clipping, AdamW at a high rate" if story == "gpt_high_lr"
+                    else "twin: a 30x lower rate")
+                rows.append(f"| {labels[fw]}: {story} | {note} | {seed} |"
+                            f" {history.diverged or 'never'} | {direct:.3g} / {peak:.3g} |"
+                            f" {fired} | {other} |")
+                print(f"{fw} {story} seed {seed}: {secs:.1f} s", file=sys.stderr)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", default=None, help="scenario names")
     p.add_argument("--epochs", type=int, default=None, help="override each scenario's epochs")
     p.add_argument("--pairs-only", action="store_true", help="the findings_pairs runs only")
     p.add_argument("--archs-only", action="store_true", help="the findings_archs runs only")
+    p.add_argument("--transformers", action="store_true",
+                   help="the small GPTs' table only (tb_introspect/demo/gpt.py)")
+    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2, 3])
+    p.add_argument("--frameworks", nargs="*", default=["torch", "keras", "hf"],
+                   choices=["torch", "keras", "hf"])
+    p.add_argument("--threads", type=int, default=1, help="compute threads per framework")
     args = p.parse_args(argv)
+    if args.transformers:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        if "keras" in args.frameworks:
+            import tensorflow as tf
+
+            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        t0 = time.perf_counter()
+        rows = transformer_rows(args.seeds, args.frameworks)
+        print("| run | what | seed | loss diverged at step | attention logit max (every step"
+              " / probes) | transformer findings (first step) | other warnings |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(rows))
+        print(f"\n{len(rows)} runs, {time.perf_counter() - t0:.0f} s wall", file=sys.stderr)
+        return
+    from tests.diagnose.findings_archs import SCENARIOS, train_scenario
+    from tests.diagnose.findings_pairs import PAIRS, train_pair
+
     names = [] if args.pairs_only else [n for n in (args.only or SCENARIOS) if n in SCENARIOS]
     rows = []
     t0 = time.perf_counter()

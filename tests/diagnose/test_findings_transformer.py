@@ -109,3 +109,71 @@ def test_loop_twins_train_stably_without_a_transformer_warning(loop_runs, twin) 
     r = loop_runs[twin]
     _assert_stable_and_clean(r)
     assert r.probe_peak() < BOUNDED
+
+
+# ------------------------------------------------------------------ Keras fit
+
+
+@pytest.fixture(scope="module")
+def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
+    """The three stories, each a Keras ``fit`` with the ``Introspect`` callback."""
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from tb_introspect.demo import gpt, keras_gpt
+
+    out = {}
+    for name, story in gpt.STORIES.items():
+        d = tmp_path_factory.mktemp(f"keras_{name}")
+        out[name] = _judge(keras_gpt.train(story, seed=0, log_dir=str(d)), d)
+        keras.backend.clear_session()
+    return out
+
+
+def test_unstable_gpt_keras_is_flagged_before_its_loss_diverges(keras_runs) -> None:
+    r = keras_runs["gpt_high_lr"]
+    _assert_flagged_before_divergence(r)
+    assert np.nanmax(r.history.logit_max) > 1000
+    direct = float(np.nanmax(r.history.logit_max))
+    assert 0.5 * direct <= r.probe_peak() <= 1.001 * direct
+
+
+@pytest.mark.parametrize("twin", ["gpt_high_lr_qk_norm", "gpt_low_lr"])
+def test_keras_twins_train_stably_without_a_transformer_warning(keras_runs, twin) -> None:
+    r = keras_runs[twin]
+    _assert_stable_and_clean(r)
+    assert r.probe_peak() < BOUNDED
+
+
+# ------------------------------------------------------------------ Hugging Face Trainer
+
+
+@pytest.fixture(scope="module")
+def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
+    """The tiny GPT-2 under the ``Trainer`` at the high rate and 30x lower, each with
+    ``IntrospectCallback()`` at its defaults (a point per window of about 1/20 of the run)."""
+    pytest.importorskip("transformers")
+    from tb_introspect.demo import gpt
+    from tb_introspect.transformers import IntrospectCallback
+    from tests.trainers.hf_support import run_dir
+
+    out = {}
+    for name, lr in (("high", gpt.HF_HIGH_LR), ("low", gpt.HF_LOW_LR)):
+        d = tmp_path_factory.mktemp(f"hf_{name}")
+        _, history = gpt.train_hf(str(d), lr, seed=0, callbacks=[IntrospectCallback()])
+        out[name] = _judge(history, run_dir(Path(d)))
+    return out
+
+
+def test_unstable_gpt2_trainer_is_flagged_before_its_loss_diverges(hf_runs) -> None:
+    r = hf_runs["high"]
+    _assert_flagged_before_divergence(r)
+    assert np.nanmax(r.history.logit_max) > 1000
+    growth = next(f for f in r.fired() if f.kind == "attention_logit_growth")
+    assert all(name.endswith(".attn") for name in growth.layers), growth.layers
+
+
+def test_gpt2_trainer_at_a_low_rate_trains_stably_without_a_transformer_warning(hf_runs) -> None:
+    r = hf_runs["low"]
+    _assert_stable_and_clean(r)
+    assert r.probe_peak() < BOUNDED
