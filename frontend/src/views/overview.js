@@ -50,7 +50,10 @@ export async function renderOverview(ctx) {
   const txSec = h("section.transformer", { id: "sec-transformer", hidden: true },
     h("h2", tx.title, h("span.h-help", ` — ${tx.help}`)));
   root.append(txSec);
-  renderTransformer(txSec, ctx, { xMode, xLabel, epochMap });
+  renderTransformer(txSec, ctx, { xMode, xLabel, epochMap }).catch((e) => {
+    console.warn("tb-introspect: transformer section:", e);
+    txSec.dataset.state = "error";
+  });
 
   // One row of three charts per view.
   for (const view of VIEWS) {
