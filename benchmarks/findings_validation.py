@@ -20,8 +20,9 @@ validation"): the small GPTs of ``tb_introspect/demo/gpt.py`` (a plain PyTorch l
 ``Introspector``, Keras ``fit`` with ``Introspect``, the tiny GPT-2 under the Hugging Face
 ``Trainer`` with ``IntrospectCallback()``), each story at each seed: the step its loss diverged
 (``gpt.diverged_at``), the largest attention logit (the model's own measurement at every
-step, and the probes'), the step each transformer finding first fired, and the other
-warnings. ``tests/diagnose/test_findings_transformer.py`` asserts the same at seed 0.
+step, and the probes'), the step each transformer finding first fired (its ``first_step``,
+read from the finished run), the step training was at when ``on_finding`` saw it, and the
+other warnings. ``tests/diagnose/test_findings_transformer.py`` asserts the same at seed 0.
 """
 
 from __future__ import annotations
@@ -60,10 +61,8 @@ def _transformer_run(framework: str, story: str, seed: int, logdir: str):
         history = keras_gpt.train(gpt.STORIES[story], seed=seed, log_dir=logdir)
         keras.backend.clear_session()
     else:
-        from tb_introspect.transformers import IntrospectCallback
-
         lr = gpt.HF_HIGH_LR if story == "gpt_high_lr" else gpt.HF_LOW_LR
-        _, history = gpt.train_hf(logdir, lr, seed=seed, callbacks=[IntrospectCallback()])
+        _, history = gpt.train_hf(logdir, lr, seed=seed, introspect={})
         logdir = str(next((Path(logdir) / "runs").iterdir()))
     (run,) = read_logdir(logdir).values()
     p = probes_of(run)
@@ -95,6 +94,8 @@ def transformer_rows(seeds: list[int], frameworks: list[str]) -> list[str]:
                 serious = [f for f in found if f.severity in ("warning", "critical")]
                 fired = ", ".join(f"`{f.kind}` {f.first_step}" for f in serious
                                   if f.kind in TRANSFORMER_KINDS) or "none"
+                live = ", ".join(f"`{k}` {s}" for s, k in history.live
+                                 if k in TRANSFORMER_KINDS) or "none"
                 other = ", ".join(sorted({f"`{f.kind}`" for f in serious
                                           if f.kind not in TRANSFORMER_KINDS})) or "none"
                 direct = float(np.nanmax(history.logit_max))
@@ -103,7 +104,7 @@ def transformer_rows(seeds: list[int], frameworks: list[str]) -> list[str]:
                     else "twin: a 30x lower rate")
                 rows.append(f"| {labels[fw]}: {story} | {note} | {seed} |"
                             f" {history.diverged or 'never'} | {direct:.3g} / {peak:.3g} |"
-                            f" {fired} | {other} |")
+                            f" {fired} | {live} | {other} |")
                 print(f"{fw} {story} seed {seed}: {secs:.1f} s", file=sys.stderr)
     return rows
 
@@ -132,8 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         rows = transformer_rows(args.seeds, args.frameworks)
         print("| run | what | seed | loss diverged at step | attention logit max (every step"
-              " / probes) | transformer findings (first step) | other warnings |")
-        print("|---|---|---|---|---|---|---|")
+              " / probes) | transformer findings (first step) | seen live (at step) |"
+              " other warnings |")
+        print("|---|---|---|---|---|---|---|---|")
         print("\n".join(rows))
         print(f"\n{len(rows)} runs, {time.perf_counter() - t0:.0f} s wall", file=sys.stderr)
         return

@@ -259,11 +259,12 @@ def diverged_at(losses: np.ndarray, learned: float | None = None, *, rise: float
 
 @dataclass
 class History:
-    """A training's per-step loss and largest attention logit (over its layers)."""
+    """A training's per-step loss and largest attention logit (over its layers), and the
+    findings its ``on_finding`` saw while it ran: (the step it was at, the kind)."""
 
     losses: np.ndarray
     logit_max: np.ndarray
-    extra: dict = field(default_factory=dict)
+    live: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def diverged(self) -> int | None:
@@ -280,7 +281,8 @@ def train(story: Story, *, seed: int = 0, steps: int = STEPS, cfg: GPTConfig | N
     """Train ``story`` for ``steps`` steps of fresh chain batches, one epoch.
 
     With ``log_dir`` a ``tb_introspect.torch.Introspector`` follows the loop (a point every
-    ``WINDOW`` steps unless ``options`` say otherwise; ``options``: its keywords)."""
+    ``WINDOW`` steps unless ``options`` say otherwise; ``options``: its keywords), and each
+    finding the rules judge while it runs is kept in ``History.live``."""
     torch.manual_seed(seed)
     cfg = cfg or GPTConfig(qk_norm=story.qk_norm)
     model = GPT(cfg)
@@ -288,12 +290,15 @@ def train(story: Story, *, seed: int = 0, steps: int = STEPS, cfg: GPTConfig | N
     for a in model.attentions():
         a.track_logits = track_logits
     intro = None
+    losses: list[float] = []
+    logits: list[float] = []
+    live: list[tuple[int, str]] = []
     if log_dir is not None:
         from tb_introspect.torch import Introspector
 
         intro = Introspector(log_dir, model, opt, **{
-            "every": "epoch", "window": WINDOW, "criterion": nn.CrossEntropyLoss(), **options})
-    losses, logits = [], []
+            "every": "epoch", "window": WINDOW, "criterion": nn.CrossEntropyLoss(),
+            "on_finding": lambda f: live.append((len(losses), f.kind)), **options})
     data = batches(seed, seq=cfg.seq, vocab=cfg.vocab)
     try:
         for _ in range(steps):
@@ -312,7 +317,7 @@ def train(story: Story, *, seed: int = 0, steps: int = STEPS, cfg: GPTConfig | N
     finally:
         if intro is not None:
             intro.close()
-    return History(np.array(losses), np.array(logits))
+    return History(np.array(losses), np.array(logits), live)
 
 
 # --- The same instability in a Hugging Face GPT-2 under the ``Trainer`` -------------------
@@ -374,12 +379,14 @@ HF_WARMUP, HF_STEPS, HF_BATCH = 150, 300, 16
 
 
 def train_hf(out: str, lr: float, *, seed: int = 0, steps: int = HF_STEPS,
-             callbacks: list | None = None, track_logits: bool = True,
+             introspect: dict | None = None, track_logits: bool = True,
              **args) -> tuple[object, History]:
     """Train the tiny GPT-2 with the ``Trainer`` on ``ChainStream`` for ``steps`` steps
     (AdamW, betas 0.9/0.95, linear warm-up then constant, no gradient clipping: clipping at
     the Trainer's default norm 1 holds the loss near 1.0 while the attention logits still
     grow past 10^4); its TensorBoard run is ``out/runs/<date_host>``.
+    ``introspect``: the keywords of a ``tb_introspect.transformers.IntrospectCallback`` to
+    train with (``{}``: its defaults), whose live findings go to ``History.live``.
     Returns the trainer and the per-step loss and attention-logit history."""
     import os
 
@@ -395,8 +402,17 @@ def train_hf(out: str, lr: float, *, seed: int = 0, steps: int = HF_STEPS,
         weight_decay=0.0, logging_steps=1, save_strategy="no", report_to="tensorboard",
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=seed,
         **{"max_grad_norm": 0.0, **args})
+    live: list[tuple[int, str]] = []
+    callbacks = []
+    if introspect is not None:
+        from tb_introspect.transformers import IntrospectCallback
+
+        def on_finding(f) -> None:
+            live.append((trainer.state.global_step, f.kind))
+
+        callbacks.append(IntrospectCallback(**{"on_finding": on_finding, **introspect}))
     trainer = Trainer(model=model, args=targs, train_dataset=ChainStream(seed),
-                      callbacks=callbacks or [])
+                      callbacks=callbacks)
     trainer.train()
     losses = np.array([r["loss"] for r in trainer.state.log_history if "loss" in r])
-    return trainer, History(losses, np.array(seen[:len(losses)]))
+    return trainer, History(losses, np.array(seen[:len(losses)]), live)

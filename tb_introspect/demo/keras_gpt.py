@@ -150,7 +150,8 @@ def train(story: gpt.Story, *, seed: int = 0, steps: int = gpt.STEPS,
           log_dir: str | None = None, **options: Any) -> gpt.History:
     """Train ``story`` with ``model.fit`` for ``steps`` steps (one epoch of fresh chain
     batches); with ``log_dir``, ``tb_introspect.keras.Introspect`` follows it (a point every
-    ``gpt.WINDOW`` steps unless ``options`` say otherwise)."""
+    ``gpt.WINDOW`` steps unless ``options`` say otherwise) and the findings it judges while
+    training runs go to ``History.live``."""
     keras.utils.set_random_seed(seed)
     cfg = cfg or gpt.GPTConfig(qk_norm=story.qk_norm)
     model = build_gpt(cfg, track_logits)
@@ -163,12 +164,14 @@ def train(story: gpt.Story, *, seed: int = 0, steps: int = gpt.STEPS,
     data = gpt.chain(steps * gpt.BATCH, cfg.seq, cfg.vocab, seed=seed)
     trace, losses = _LogitTrace(attns), _Losses()
     callbacks: list[Any] = [losses, trace] if track_logits else [losses]
+    live: list[tuple[int, str]] = []
     if log_dir is not None:
         from tb_introspect.keras import Introspect
 
-        callbacks.append(Introspect(log_dir, **{"every": "epoch", "window": gpt.WINDOW,
-                                                **options}))
+        callbacks.append(Introspect(log_dir, **{
+            "every": "epoch", "window": gpt.WINDOW,
+            "on_finding": lambda f: live.append((len(losses.values), f.kind)), **options}))
     model.fit(data[:, :-1], data[:, 1:], batch_size=gpt.BATCH, epochs=1, shuffle=False,
               callbacks=callbacks, verbose=0)
     logit_max = np.array(trace.values) if track_logits else np.full(steps, np.nan)
-    return gpt.History(np.array(losses.values), logit_max)
+    return gpt.History(np.array(losses.values), logit_max, live)

@@ -4,9 +4,11 @@ A small pre-LN GPT on a seeded Markov-chain language at a high AdamW rate withou
 QK-layernorm: its attention logits grow into the thousands and the loss, after falling near
 the chain's entropy, diverges (Wortsman et al. 2023). The run's own event files, read as
 ``tb-introspect diagnose`` reads them, must show a transformer finding before the loss
-diverged; its twins (QK-layernorm at the same rate, and a 30x lower rate) none. Each story is
-trained once per module, by a plain loop with the PyTorch ``Introspector`` (a point every 15
-steps) and by the Hugging Face ``Trainer`` with ``IntrospectCallback`` at its defaults.
+diverged, and ``on_finding`` must have seen one while it trained, before that; its twins
+(QK-layernorm at the same rate, and a 30x lower rate) none. Each story is trained once per
+module: a plain loop with the PyTorch ``Introspector`` (a point every 15 steps), Keras ``fit``
+with ``Introspect``, and the tiny GPT-2 under the Hugging Face ``Trainer`` with
+``IntrospectCallback`` at its defaults.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def _assert_flagged_before_divergence(r: Judged) -> None:
     assert fired, [(f.severity, f.kind) for f in r.findings]
     first = min(f.first_step for f in fired)
     assert first < diverged, (first, diverged, [(f.kind, f.first_step) for f in fired])
+    # And while it trained: on_finding saw one at a step before the divergence.
+    live = [step for step, kind in r.history.live if kind in KINDS]
+    assert live and min(live) < diverged, (r.history.live, diverged)
 
 
 def _assert_stable_and_clean(r: Judged) -> None:
@@ -84,6 +89,7 @@ def _assert_stable_and_clean(r: Judged) -> None:
     assert np.mean(losses[-20:]) < 0.5 * math.log(gpt.VOCAB)
     assert np.nanmax(r.history.logit_max) < BOUNDED
     assert r.fired() == [], [(f.kind, f.first_step, f.title) for f in r.fired()]
+    assert not [kind for _, kind in r.history.live if kind in KINDS], r.history.live
 
 
 def test_unstable_gpt_loop_is_flagged_before_its_loss_diverges(loop_runs) -> None:
@@ -154,13 +160,12 @@ def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
     ``IntrospectCallback()`` at its defaults (a point per window of about 1/20 of the run)."""
     pytest.importorskip("transformers")
     from tb_introspect.demo import gpt
-    from tb_introspect.transformers import IntrospectCallback
     from tests.trainers.hf_support import run_dir
 
     out = {}
     for name, lr in (("high", gpt.HF_HIGH_LR), ("low", gpt.HF_LOW_LR)):
         d = tmp_path_factory.mktemp(f"hf_{name}")
-        _, history = gpt.train_hf(str(d), lr, seed=0, callbacks=[IntrospectCallback()])
+        _, history = gpt.train_hf(str(d), lr, seed=0, introspect={})
         out[name] = _judge(history, run_dir(Path(d)))
     return out
 
