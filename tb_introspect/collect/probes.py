@@ -59,19 +59,19 @@ def abs_median(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     drawn with replacement (``seed``: an int64 pair). Non-finite values sort last."""
     flat = tf.reshape(x, [-1])
     n = tf.size(flat, out_type=tf.int64)
-
-    def drawn():
-        u = uniform([MEDIAN_SAMPLE], seed, 0)
-        return tf.gather(flat, tf.minimum(tf.cast(u * tf.cast(n, tf.float64), tf.int64), n - 1))
-
-    # Drawn before anything else: the batch itself is read once, by the gather.
-    sample = flat if (flat.shape[0] is not None and flat.shape[0] <= MEDIAN_SAMPLE) else (
-        tf.cond(n <= MEDIAN_SAMPLE, lambda: flat, drawn))
+    # One fixed-size sample whatever the batch (a branch per size made XLA sort every
+    # value): all the values of a small batch, padded, else a draw. Drawn before anything
+    # else: the batch itself is read once, by the gather.
+    slots = tf.range(MEDIAN_SAMPLE, dtype=tf.int64)
+    drawn = tf.cast(uniform([MEDIAN_SAMPLE], seed, 0) * tf.cast(n, tf.float64), tf.int64)
+    index = tf.minimum(tf.where(n <= MEDIAN_SAMPLE, slots, drawn), tf.maximum(n - 1, 0))
+    sample = tf.cond(n > 0, lambda: tf.gather(flat, index),
+                     lambda: tf.zeros([MEDIAN_SAMPLE], flat.dtype))
     sample = tf.abs(to_float(sample))
-    sample = tf.where(tf.math.is_finite(sample), sample, tf.constant(np.inf, sample.dtype))
-    ordered = tf.sort(sample)
-    m = tf.shape(ordered, out_type=tf.int64)[0]
-    middle = (tf.gather(ordered, (m - 1) // 2) + tf.gather(ordered, m // 2)) / 2
+    m = tf.minimum(n, MEDIAN_SAMPLE)
+    inf = tf.constant(np.inf, sample.dtype)  # the padding and non-finite values: last
+    ordered = tf.sort(tf.where((slots < m) & tf.math.is_finite(sample), sample, inf))
+    middle = (tf.gather(ordered, tf.maximum(m - 1, 0) // 2) + tf.gather(ordered, m // 2)) / 2
     return tf.where(m > 0, tf.cast(middle, tf.float64), np.nan)
 
 

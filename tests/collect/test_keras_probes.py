@@ -190,7 +190,7 @@ def test_every_probe_of_a_one_step_fit_is_the_batch_s(gpt_run):
     assert np.isnan(value(p, "head", "attn_logit_max"))
 
 
-def classifier(seed: int = 0, loss: str = "ce") -> keras.Model:
+def classifier(seed: int = 0, loss: str = "ce", jit: bool = False) -> keras.Model:
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([
         keras.Input((4,)),
@@ -198,7 +198,7 @@ def classifier(seed: int = 0, loss: str = "ce") -> keras.Model:
         keras.layers.Dense(3, activation="softmax" if loss == "ce" else None, name="head"),
     ])
     model.compile(keras.optimizers.SGD(0.0),
-                  "sparse_categorical_crossentropy" if loss == "ce" else "mse")
+                  "sparse_categorical_crossentropy" if loss == "ce" else "mse", jit_compile=jit)
     return model
 
 
@@ -211,8 +211,9 @@ def scaled_batches() -> tuple[np.ndarray, np.ndarray]:
     return x, rng.integers(0, 3, 64)
 
 
-def test_probes_come_from_statistics_steps_only(tmp_path):
-    model = classifier()
+@pytest.mark.parametrize("jit", [False, True])
+def test_probes_come_from_statistics_steps_only(tmp_path, jit):
+    model = classifier(jit=jit)
     x, y = scaled_batches()
     cb = Introspect(str(tmp_path), every="epoch", overhead=None, stats_every=2)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
