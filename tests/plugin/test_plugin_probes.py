@@ -48,6 +48,19 @@ def env(tmp_path_factory):
     written = write_run(str(root / "lm"), STEPS)
     write_probes(str(root / "lm"))  # a second event file of the same run
     write_run(str(root / "old"), STEPS, format_version=3)
+    # Another model's probes written later into the same run directory: TensorBoard keeps the
+    # first metadata, so those points' rows are not the rows it names.
+    write_run(str(root / "mixed"), STEPS)
+    write_probes(str(root / "mixed"), STEPS[:5])
+    sink = EventSink(str(root / "mixed"))
+    for step in STEPS[5:]:
+        # As many rows as the first model's (a point of another width is unreadable), in
+        # another order: "dense" sits in a slot the metadata gives to another row.
+        other = ("other.attn", "dense", "x", "y")
+        pb = summary_pb.probes_pb({r: [0.5, 3.0, 7.0, NAN, NAN] for r in other}, rows=other,
+                                  with_metadata=False)
+        sink.add_event(event_pb2.Event(wall_time=3000.0 + step, step=step, summary=pb))
+    sink.close()
     return App(str(root)), written
 
 
@@ -105,3 +118,14 @@ def test_bad_probes_requests_get_a_clear_4xx(env, route, status, message) -> Non
     app, _ = env
     body = app.get(route, status=status)
     assert message in body["error"]
+
+
+def test_points_whose_rows_are_not_the_metadata_rows_are_null(env) -> None:
+    app, _ = env
+    doc = app.get("probes?run=mixed&field=abs_median&field=attn_logit_max")
+    assert doc["steps"] == STEPS
+    rows = {r["name"]: i for i, r in enumerate(doc["rows"])}
+    dense = doc["values"]["abs_median"][rows["dense"]]
+    assert dense[:5] == pytest.approx([probe_values("dense", s)[0] for s in STEPS[:5]])
+    assert dense[5:] == [None] * 5  # another model's row in that slot
+    assert doc["values"]["attn_logit_max"][rows["attn"]][5:] == [None] * 5
