@@ -6,10 +6,11 @@
   statistics step pays (``stats_every``), and a bare ``tf.reduce_sum``, the floor of one read;
 * other ways to count the non-zero values of every column of the same activation
   (ReLU-like), interleaved with ``activity_state``;
-* one logged point (``Pipeline.log``: computed, written) for MobileNetV2 (32x32, ``weights=None``):
-  statistics of every variable and gradient sum (numpy, on the host) and output state
-  (finalized in the logging function), plus writing; and the first point, which traces the
-  logging function;
+* one logged point (``Pipeline.log``: computed, written) for the GAP CNN, MobileNetV2 and
+  ResNet50 (32x32, ``weights=None``; ``--log-model``): the device copies on the training
+  thread (one traced function: reads, a merge across replicas, resets), then on the
+  pipeline's worker the statistics of every variable, gradient sum and output state
+  (numpy) and writing; and the first point, which traces the reading function;
 * the XLA compile of a step holding N ``batch_state`` computations (each in a fresh
   process: seconds to the first result, peak RSS), why ``step.XLA_STEP_TENSORS`` exists.
 
@@ -132,44 +133,60 @@ def xla_compile_rows(sizes: tuple[int, ...]) -> None:
         print(f"| {n} | {s} | {mib} |", flush=True)
 
 
-def log_row(repeats: int, name: str = "mobilenetv2") -> None:
+def log_rows(repeats: int, names: list[str]) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from overhead import make
 
     from tb_introspect.keras import Introspect
 
-    model = make(name)
-    with tempfile.TemporaryDirectory(prefix="tbi_engine_") as logdir:
-        _log_row(model, Introspect(logdir, every="epoch"), repeats, name)
+    for name in names:
+        model = make(name)
+        with tempfile.TemporaryDirectory(prefix="tbi_engine_") as logdir:
+            _log_rows(model, Introspect(logdir, every="epoch"), repeats, name)
 
 
-def _log_row(model, cb, repeats: int, name: str) -> None:
+def _log_rows(model, cb, repeats: int, name: str) -> None:
     from overhead import dataset
 
     from tb_introspect.pipeline.pipeline import Pipeline
 
     # The fit's one point, at the epoch's end, is the first: it traces the logging function.
+    # A point is its device copies on the training thread, then its host part (statistics,
+    # summaries, writes) on the pipeline's worker: timed until the worker is done (CPU
+    # time is every thread's).
     first, log = [], Pipeline.log
 
     def first_log(host, *a, **k):
         c0, t0 = time.process_time(), time.perf_counter()
-        try:
-            return log(host, *a, **k)
-        finally:
-            first.append((1e3 * (time.perf_counter() - t0), 1e3 * (time.process_time() - c0)))
+        log(host, *a, **k)
+        thread = (time.perf_counter() - t0, time.process_time() - c0)
+        host.worker.wait()
+        first.append((*thread, time.perf_counter() - t0, time.process_time() - c0))
 
     Pipeline.log = first_log
     try:
         model.fit(dataset(2, 16), epochs=1, verbose=0, callbacks=[cb])
     finally:
         Pipeline.log = log
-    plan = cb.front_end.plan
+    plan, pipeline = cb.front_end.plan, cb.pipeline
     steps = iter(range(10**6))
-    w, cpu = timed(lambda: cb.pipeline.log(next(steps)), repeats)
+    on_thread = []
+
+    def one_point():
+        c0, t0 = time.process_time(), time.perf_counter()
+        pipeline.log(next(steps))
+        on_thread.append((1e3 * (time.perf_counter() - t0), 1e3 * (time.process_time() - c0)))
+        pipeline.worker.wait()
+
+    w, cpu = timed(one_point, repeats)
+    tw, tc = (statistics.median(x) for x in zip(*on_thread[1:], strict=True))
     tensors = len(plan.variables) * 2 + len(plan.outputs) * 2
-    print(f"| `Pipeline.log`, the first point (traced), {name} ({tensors} tensors) |"
-          f" {first[0][0]:.0f} | {first[0][1]:.0f} |")
-    print(f"| `Pipeline.log`, one point, {name} ({tensors} tensors) | {w:.0f} | {cpu:.0f} |")
+    label = f"{name} ({tensors} tensors)"
+    fw, fc, tw0, tc0 = (1e3 * v for v in first[0])
+    print(f"| `Pipeline.log`, the first point (traced), {label} | {tw0:.0f} | {tc0:.0f} |")
+    print(f"| the same, on the training thread | {fw:.0f} | {fc:.0f} |")
+    print(f"| `Pipeline.log`, one later point, {label} | {w:.0f} | {cpu:.0f} |")
+    print(f"| the same, on the training thread | {tw:.0f} | {tc:.0f} |", flush=True)
     cb.close()
 
 
@@ -178,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--xla-sizes", default="4,16,32",
                    help="numbers of batch_state computations in the XLA compile rows")
-    p.add_argument("--log-model", default="mobilenetv2",
-                   help="the model of the logged-point row (a model of overhead.py)")
+    p.add_argument("--log-model", default="cnn,mobilenetv2,resnet50",
+                   help="the models of the logged-point rows, comma separated (of"
+                        " overhead.py's)")
+    p.add_argument("--only-points", action="store_true",
+                   help="only the logged-point rows")
     p.add_argument("--xla-compile-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.xla_compile_child:
@@ -188,10 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# CPU ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}),"
           f" median of {args.repeats}")
     print("| what | wall ms | CPU ms |\n|---|---:|---:|")
-    batch_state_rows(args.repeats)
-    counting_rows(2 * args.repeats)
-    log_row(max(3, args.repeats // 3), args.log_model)
-    xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
+    if not args.only_points:
+        batch_state_rows(args.repeats)
+        counting_rows(2 * args.repeats)
+    log_rows(max(3, args.repeats // 3), [m for m in args.log_model.split(",") if m])
+    if not args.only_points:
+        xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
     return 0
 
 

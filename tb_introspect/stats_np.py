@@ -198,23 +198,33 @@ def tensor_state(
     a = _to_float(x, name)
     flat = a.reshape(-1)
     n = flat.size
-    finite = np.isfinite(flat)
-    nf = int(np.count_nonzero(finite))
-    # Weights and most gradients are all finite: the masking passes are then identities
-    # (same values, bit for bit), and a logged point takes this for every one of them.
+    # Weights and most gradients are all finite, which finite extremes prove (a NaN makes
+    # them NaN): the masking passes are then identities (same values, bit for bit), and a
+    # logged point takes this for every one of them.
+    lo, hi = (flat.min(), flat.max()) if n else (np.nan, np.nan)
+    if np.isfinite(lo) and np.isfinite(hi):
+        finite, nf = None, n
+    else:
+        finite = np.isfinite(flat)
+        nf = int(np.count_nonzero(finite))
     all_finite = nf == n
     xf = flat if all_finite else np.where(finite, flat, 0)
-    pos = xf > 0
-    neg = xf < 0
-    active = pos | neg
-    n_pos, n_neg = int(np.count_nonzero(pos)), int(np.count_nonzero(neg))
+    active = xf != 0
+    n_active = int(np.count_nonzero(active))
+    n_pos = int(np.count_nonzero(xf > 0))
+    n_neg = n_active - n_pos
+    # Weights seldom hold an exact zero: then every unit counts all its elements, and the
+    # sample draws from the array itself.
+    dense = n_active == n
     st = empty_state(a.shape, sample_size=sample_size)
     blocks, channels, positions = _units(a.shape)
     per_unit = active.reshape(blocks)
     if channels:
-        st["channel_nnz"] = np.count_nonzero(per_unit, axis=(0, 1)).astype(np.float64)
+        st["channel_nnz"] = (np.full(channels, blocks[0] * blocks[1], np.float64) if dense else
+                             np.count_nonzero(per_unit, axis=(0, 1)).astype(np.float64))
     if positions:
-        st["spatial_nnz"] = np.count_nonzero(per_unit, axis=(0, 2)).astype(np.float64)
+        st["spatial_nnz"] = (np.full(positions, blocks[0] * blocks[2], np.float64) if dense
+                             else np.count_nonzero(per_unit, axis=(0, 2)).astype(np.float64))
     st.update(
         count=np.float64(n), finite_count=np.float64(nf),
         posinf_count=np.float64(0 if all_finite else np.count_nonzero(flat == np.inf)),
@@ -225,18 +235,17 @@ def tensor_state(
     if not nf:
         return st
     if all_finite:
-        vmin, vmax = float(flat.min()), float(flat.max())
+        vmin, vmax = float(lo), float(hi)
     else:
         vmin = float(np.min(flat, where=finite, initial=np.inf))
         vmax = float(np.max(flat, where=finite, initial=-np.inf))
     e = scale_exponent(vmin, vmax)
-    xs = xf.astype(np.float64)
-    xs *= 2.0**-e
+    xs = np.multiply(xf, 2.0**-e, dtype=np.float64)  # exact: a power of two
     mean_s = xs.sum() / nf
     xs -= mean_s  # the deviations, in place
     dev = xs if all_finite else np.where(finite, xs, 0.0)
     m2_s = float(np.dot(dev, dev))
-    nonzero = flat[active]
+    nonzero = flat if dense else flat[active]
     if seed is None:
         seed = _content_seed(mean_s, m2_s)
     keys, values = _sample(nonzero, k, np.random.default_rng(seed))
@@ -559,14 +568,12 @@ class _Sorted:
             self.groups.append((idx, mat))
 
     def magnitudes(self) -> _Sorted:
-        """The rows' absolute values, sorted. Each sorted row's magnitudes are two sorted
-        runs (the negatives' descending, the positives' ascending), which a stable sort
-        (timsort) merges in one linear pass."""
-        out = _Sorted(())
-        out.groups = [(idx, np.sort(np.abs(mat), axis=1, kind="stable"))
-                      for idx, mat in self.groups]
-        out.large = {i: np.abs(r) for i, r in self.large.items()}
-        return out
+        """The rows' absolute values, in order (``_Magnitudes``)."""
+        return _Magnitudes(self)
+
+    def _take(self, mat: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """The ``ranks``-th (0-based) order statistics of each sorted row of ``mat``."""
+        return np.take_along_axis(mat, ranks, axis=1)
 
     def select(self, positions: np.ndarray, scale=None) -> np.ndarray:
         """``[rows, P]``: each row's order statistics at its fractional sorted ``positions``
@@ -575,8 +582,8 @@ class _Sorted:
         hi = np.ceil(positions).astype(np.int64)
         a, b = np.empty(positions.shape), np.empty(positions.shape)
         for idx, mat in self.groups:
-            a[idx] = np.take_along_axis(mat, lo[idx], axis=1)
-            b[idx] = np.take_along_axis(mat, hi[idx], axis=1)
+            a[idx], b[idx] = np.split(self._take(mat, np.concatenate([lo[idx], hi[idx]], 1)),
+                                      2, axis=1)
         for i, row in self.large.items():
             part = np.partition(row, np.unique(np.concatenate([lo[i], hi[i]])))
             a[i], b[i] = part[lo[i]], part[hi[i]]
@@ -584,6 +591,41 @@ class _Sorted:
             if scale is not None:
                 a, b = scale(a), scale(b)
             return np.where(hi > lo, a + (b - a) * (positions - lo), a)
+
+
+class _Magnitudes(_Sorted):
+    """The absolute values of a ``_Sorted``'s rows of finite non-zero values, in order,
+    without a second sort (which cost a point as much as the first): a sorted row's
+    magnitudes are two sorted runs, the negatives read backwards and the positives, so each
+    wanted one is found by a binary search for how many of the smallest come from the
+    negatives, for every row and rank at once (the engine's ``order_statistics``). A row
+    partitioned instead of sorted is partitioned again by magnitude."""
+
+    def __init__(self, values: _Sorted) -> None:
+        super().__init__(())
+        self.groups = values.groups
+        self.large = {i: np.abs(r) for i, r in values.large.items()}
+
+    def _take(self, mat: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        width, rows = mat.shape[1], np.arange(mat.shape[0])[:, np.newaxis]
+
+        def at(i: np.ndarray) -> np.ndarray:  # past the ends: unspecified, masked below
+            return mat[rows, np.minimum(np.maximum(i, 0), width - 1)]
+
+        m_neg = np.count_nonzero(mat < 0, axis=1, keepdims=True)
+        m_pos = np.count_nonzero((mat > 0) & (mat < np.inf), axis=1, keepdims=True)
+        # The smallest count of negatives among the ranks + 1 smallest magnitudes at which
+        # the last positive taken is no larger than the next negative's magnitude.
+        lo = np.maximum(0, ranks + 1 - m_pos)
+        hi = np.minimum(ranks + 1, m_neg)
+        for _ in range(width.bit_length() + 1):
+            mid = (lo + hi) // 2
+            fits = (mid >= hi) | (at(m_neg + ranks - mid) <= -at(m_neg - 1 - mid))
+            hi = np.where(fits, mid, hi)
+            lo = np.where(fits, lo, mid + 1)
+        taken = ranks + 1 - lo  # positives among them
+        return np.maximum(np.where(lo > 0, -at(m_neg - lo), -np.inf),
+                          np.where(taken > 0, at(m_neg + taken - 1), -np.inf))
 
 
 def sample_quantiles(
@@ -722,21 +764,30 @@ def cosine_of_sums(ab: np.ndarray, aa: np.ndarray, bb: np.ndarray) -> np.ndarray
         return ab / np.sqrt(aa * bb)
 
 
+def _f64_flat(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).reshape(-1)
+
+
 def update_ratios(ws: Sequence[np.ndarray], dws: Sequence[np.ndarray]) -> np.ndarray:
     """``update_ratio`` of each variable: ‖dw‖ / ‖w‖, the change ``dw`` since the previous
     point relative to the weights ``w`` (NaN or inf when ``w`` is all zero)."""
-    w, starts = _flat64(ws)
-    dw, _ = _flat64(dws)
-    return update_ratio_of_sums(_segment_sums(w * w, starts), _segment_sums(dw * dw, starts))
+    # One float64 copy and one dot product per array: concatenating a model's variables
+    # first cost twice the memory traffic (a point's largest host cost on MobileNetV2).
+    ww, dd = np.zeros(len(ws)), np.zeros(len(ws))
+    for i, (w, dw) in enumerate(zip(ws, dws, strict=True)):
+        w, dw = _f64_flat(w), _f64_flat(dw)
+        ww[i], dd[i] = np.dot(w, w), np.dot(dw, dw)
+    return update_ratio_of_sums(ww, dd)
 
 
 def cos_prevs(gs: Sequence[np.ndarray], prevs: Sequence[np.ndarray]) -> np.ndarray:
     """``cos_prev`` of each gradient aggregate: the cosine with the previous point's (NaN
     when either is zero)."""
-    a, starts = _flat64(gs)
-    b, _ = _flat64(prevs)
-    return cosine_of_sums(_segment_sums(a * b, starts), _segment_sums(a * a, starts),
-                          _segment_sums(b * b, starts))
+    ab, aa, bb = np.zeros(len(gs)), np.zeros(len(gs)), np.zeros(len(gs))
+    for i, (g, prev) in enumerate(zip(gs, prevs, strict=True)):
+        a, b = _f64_flat(g), _f64_flat(prev)
+        ab[i], aa[i], bb[i] = np.dot(a, b), np.dot(a, a), np.dot(b, b)
+    return cosine_of_sums(ab, aa, bb)
 
 
 def implicit_lrs(dws: Sequence[np.ndarray], gsums: Sequence[np.ndarray],

@@ -145,15 +145,24 @@ class KerasFrontEnd:
             step, total, count = self._read_metrics()
         return int(step.numpy()), ring.names, total.numpy(), count.numpy()
 
-    def point(self, step: int) -> Point:
-        """The window's statistics (every worker computes; the chief's sink writes)."""
-        point = self.point_graph.point(step)
+    def point(self, step: int) -> Callable[[], Point]:
+        """The window's device copies now, and the host part that makes its statistics
+        (``PointGraph.point``; every worker computes, the chief's sink writes)."""
+        host = self.point_graph.point(step)
+        probes = None
         if self.probes is not None and not self.plan.failures.is_off("probes"):
             try:
-                point.probes = self.probes.read()
+                probes = self.probes.read()
             except Exception as e:  # the point goes on without them
                 self.plan.failures.fail(Part("probes"), e)
-        return point
+
+        def finish() -> Point:
+            point = host()
+            if probes is not None:
+                point.probes = probes
+            return point
+
+        return finish
 
     def output_widths(self) -> dict[int, tuple[int, int]]:
         if self.output_states is None:

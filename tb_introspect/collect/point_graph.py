@@ -53,51 +53,60 @@ class PointGraph:
         # statistics: the first update_ratio is the change since training began.
         self.params = Params(plan, [np.asarray(value_of(v)) for v in self.weights]
                              if plan.want("variable") else None, channels_first=False)
-        self._traced: dict[frozenset, Callable] = {}
+        self._read: Callable | None = None
 
     def output_rows(self, view: str) -> list[int]:
         """The rows of ``view`` a point writes (not off, a gradient reaches them)."""
         return [j for j, spec in enumerate(self.plan.outputs) if self.plan.writes(view, spec)]
 
-    def point(self, step: int) -> Point:
-        """The window's statistics (every worker computes; the chief's sink writes)."""
-        # Traced once per set of switched-off tensors (a point reads what is on), so the
-        # trace is short: reads, one gather and merge, resets.
-        key = frozenset(self.plan.failures.off)
-        fn = self._traced.get(key)
-        if fn is None:
-            fn = tf.function(self._compute, autograph=False)
-            self._traced = {key: fn}
+    def point(self, step: int) -> Callable[[], Point]:
+        """The window's device copies, taken now (the window starts again); returns the
+        host part, which computes the point's statistics from them and reads nothing
+        training changes (the pipeline runs it beside the next steps). Every worker
+        computes; the chief's sink writes."""
+        if self._read is None:
+            # One trace per process, short: reads, one gather and merge, resets.
+            self._read = tf.function(self._compute, autograph=False)
         # Runs once per point: Grappler's optimization of its graph took longer than the
         # graph runs in a whole training.
         with self.strategy.scope(), private.without_graph_optimization():
-            states, (activity, window, stats_steps, skipped), weights, sums = fn()
-        activity = activity.numpy()
-        skipped = skipped.numpy()
-        out = Point(window=int(window.numpy()), stats_steps=int(stats_steps.numpy()),
-                    activity=({} if self.output_states is None else
-                              self.output_states.layout.unpadded_activity(activity)),
-                    skipped=skipped if skipped.size else None)
-        self.params.add_blocks(out, [w.numpy() for w in weights] if weights else None,
-                               [g.numpy() for g in sums] if sums else None,
-                               self.plan.options.seed + step)
-        if self.output_states is not None:
-            out.blocks += self.output_blocks(states.numpy(), activity)
-        return out
+            states, tail, weights, sums = self._read()
+        activity, window, stats_steps, skipped = (t.numpy() for t in tail)
+        weights = [w.numpy() for w in weights] if weights else None
+        sums = [g.numpy() for g in sums] if sums else None
+        states = states.numpy()
+        rows = {view: self.output_rows(view) for view in self.output_states.states
+                } if self.output_states is not None else {}
+        seed = self.plan.options.seed + step
 
-    def output_blocks(self, states: np.ndarray, activity: np.ndarray) -> list[Block]:
-        """Each output view's block from the merged states ``[views, outputs, L]`` and the
-        activity rows, finalized on the host (``stats.finalize_rows``)."""
+        def host() -> Point:
+            out = Point(window=int(window), stats_steps=int(stats_steps),
+                        activity=({} if self.output_states is None else
+                                  self.output_states.layout.unpadded_activity(activity)),
+                        skipped=skipped if skipped.size else None)
+            self.params.add_blocks(out, weights, sums, seed)
+            out.blocks += self.output_blocks(states, activity, rows)
+            return out
+
+        return host
+
+    def output_blocks(self, states: np.ndarray, activity: np.ndarray,
+                      rows: dict[str, list[int]]) -> list[Block]:
+        """Each output view's block of its written ``rows`` (by view), from the merged
+        states ``[views, outputs, L]`` and the activity rows, finalized on the host
+        (``stats.finalize_rows``)."""
+        if self.output_states is None:
+            return []
         layout = self.output_states.layout
         blocks = []
         for position, view in enumerate(self.output_states.states):
-            rows = self.output_rows(view)
-            if not rows:
+            written = rows[view]
+            if not written:
                 continue
-            state = unpack_rows(layout, states[position, rows])
+            state = unpack_rows(layout, states[position, written])
             if view == "output":  # the rectifiers' activity counts every step of the window
-                state.update(layout.activity_parts(activity[rows]))
-            blocks.append(Block(view, [self.plan.outputs[j] for j in rows],
+                state.update(layout.activity_parts(activity[written]))
+            blocks.append(Block(view, [self.plan.outputs[j] for j in written],
                                 stats.finalize_rows(state, view,
                                                     quantiles=self.plan.options.quantiles)))
         return blocks
