@@ -41,7 +41,8 @@ export async function renderTransformer(sec, ctx, opts) {
     .map((r, i) => ({ row: r, values: doc.values[field][i] }))
     .filter((r) => (!kind || r.row.kind === kind) && r.values.some((v) => v != null));
   const specs = [
-    { key: "transformer.attn", name: "probes-attn", rows: at("attn_logit_max", "attention"), ref: refs.attn_logit_max, log: true },
+    { key: "transformer.attn", name: "probes-attn", rows: at("attn_logit_max", "attention"), ref: refs.attn_logit_max, log: true,
+      none: "No attention layer was found in this model; the other probes apply to any model." },
     { key: "transformer.head", name: "probes-head", head: true },
     { key: "transformer.ratio", name: "probes-ratio", rows: at("massive_ratio"), ref: refs.massive_ratio, log: true },
     { key: "transformer.kurtosis", name: "probes-kurtosis", rows: at("kurtosis"), ref: refs.kurtosis, log: true },
@@ -62,7 +63,7 @@ function rowsChart(cell, spec, doc, x, xLabel) {
   const t = theme();
   const text = CHARTS[spec.key];
   if (!spec.rows.length) {
-    cell.append(h("div.chart-title", text.title), emptyNote("No layer of this run has this probe."));
+    cell.append(h("div.chart-title", text.title), emptyNote(spec.none || "No layer of this run has this probe."));
     return null;
   }
   const colors = depthColors(spec.rows.length);
