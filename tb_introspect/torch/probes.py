@@ -196,15 +196,16 @@ class Probes:
                 and not self.failures.is_off(PROBES.view))
         if want == self.active:
             return
-        if want:
-            try:
+        try:
+            if want:
                 self._install()
-            except Exception as e:  # never break training
+            else:
                 self._uninstall()
-                self.failures.fail(PROBES, e)
-                return
-        else:
+        except Exception as e:  # never break training
+            self.on = False
+            self.failures.fail(PROBES, e)
             self._uninstall()
+            return
         self.active = want
 
     def _install(self) -> None:
@@ -251,8 +252,16 @@ class Probes:
     def settle(self) -> None:
         """Fold the values of the statistics steps so far (device scalars) into the window's
         sums, counts and maxima: a few ops for all of them, not a few per value. A
-        non-finite value is left out of a mean; a NaN out of a maximum."""
+        non-finite value is left out of a mean; a NaN out of a maximum. An error switches
+        the probes off (training goes on)."""
         pending, self._pending = self._pending, []
+        try:
+            self._fold(pending)
+        except Exception as e:  # never break training
+            self.on = False
+            self.failures.fail(PROBES, e)
+
+    def _fold(self, pending: list[tuple[int, torch.Tensor, bool]]) -> None:
         for mean in (True, False):
             chosen = [(j, v) for j, v, m in pending if m is mean]
             if not chosen:
@@ -325,8 +334,15 @@ class Probes:
         if not self._training() or self._head is None:
             return
         made, self._head_out = self._head_out, None
-        if made is None:
-            return
+        if made is not None:
+            try:
+                self._decide_head(made, output)
+            except Exception as e:  # never break training
+                self.on = False
+                self.failures.fail(PROBES, e)
+                self._uninstall()
+
+    def _decide_head(self, made: torch.Tensor, output: Any) -> None:
         if not any(t is made for t in _tensors(output)):
             self.settle()
             i = self._head[0]
@@ -334,6 +350,8 @@ class Probes:
                 self.peaks[i, col] = -math.inf
                 self.sums[i, col] = 0.0
                 self.counts[i, col] = 0.0
+            if all(j != i for j, _ in self._outputs):
+                self.seen.discard(i)  # no layer output's row either
             self._head = None
             if not self._attention:
                 self.on = False
