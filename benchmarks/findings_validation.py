@@ -105,6 +105,7 @@ def transformer_rows(seeds: list[int], frameworks: list[str]) -> list[str]:
                 rows.append(f"| {labels[fw]}: {story} | {note} | {seed} |"
                             f" {history.diverged or 'never'} | {direct:.3g} / {peak:.3g} |"
                             f" {fired} | {live} | {other} |")
+                print(rows[-1], flush=True)  # each row as it comes: the runs take minutes
                 print(f"{fw} {story} seed {seed}: {secs:.1f} s", file=sys.stderr)
     return rows
 
@@ -131,12 +132,11 @@ def main(argv: list[str] | None = None) -> None:
 
             tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         t0 = time.perf_counter()
-        rows = transformer_rows(args.seeds, args.frameworks)
         print("| run | what | seed | loss diverged at step | attention logit max (every step"
               " / probes) | transformer findings (first step) | seen live (at step) |"
               " other warnings |")
         print("|---|---|---|---|---|---|---|---|")
-        print("\n".join(rows))
+        rows = transformer_rows(args.seeds, args.frameworks)
         print(f"\n{len(rows)} runs, {time.perf_counter() - t0:.0f} s wall", file=sys.stderr)
         return
     from tests.diagnose.findings_archs import SCENARIOS, train_scenario

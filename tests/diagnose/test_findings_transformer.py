@@ -85,8 +85,9 @@ def _assert_stable_and_clean(r: Judged) -> None:
 
     assert r.history.diverged is None
     losses = r.history.losses
-    # Learned the chain: the last 20 steps' loss well under log(vocabulary), near its entropy.
-    assert np.mean(losses[-20:]) < 0.5 * math.log(gpt.VOCAB)
+    # Learned the chain: from log(32) = 3.47 to within 25 % of its entropy (0.78 nats).
+    assert losses[0] > 0.9 * math.log(gpt.VOCAB)
+    assert np.mean(losses[-20:]) < 1.25 * gpt.entropy_floor()
     assert np.nanmax(r.history.logit_max) < BOUNDED
     assert r.fired() == [], [(f.kind, f.first_step, f.title) for f in r.fired()]
     assert not [kind for _, kind in r.history.live if kind in KINDS], r.history.live
