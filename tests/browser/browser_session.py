@@ -54,8 +54,10 @@ document.addEventListener('securitypolicyviolation', (e) =>
 """
 
 
-# An Overview drawn from view summaries reads its findings after it is "ready".
-FINDINGS_READ_JS = "() => !document.querySelector('#findings[data-state=loading]')"
+# An Overview drawn from view summaries reads its findings after it is "ready", and every
+# Overview its Transformer section (./probes).
+FINDINGS_READ_JS = ("() => !document.querySelector('#findings[data-state=loading]')"
+                    " && !document.querySelector('#sec-transformer[data-state=loading]')")
 
 #: The tab's own page, as TensorBoard serves it to the tab's iframe. Opened bare, the tab
 #: keeps its state in its own URL hash. TensorBoard's app around it costs the browser about
