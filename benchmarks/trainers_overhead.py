@@ -80,7 +80,7 @@ CLOCK = Clock()
 #: training step's (from the end of one ``Introspector.step`` to the next: the point
 #: left out) with whether it was a statistics step.
 POINTS: list[float] = []
-STEPS: list[tuple[bool, float]] = []
+STEP_TIMES: list[tuple[bool, float]] = []
 
 
 def time_points() -> Callable[[], None]:
@@ -100,7 +100,7 @@ def time_points() -> Callable[[], None]:
     def timed_step(self, *args, **kwargs) -> None:
         last = getattr(self, "_bench_step_end", None)
         if last is not None:
-            STEPS.append((self.hooks.phase is StepMode.STATS, time.thread_time() - last))
+            STEP_TIMES.append((self.hooks.phase is StepMode.STATS, time.thread_time() - last))
         step(self, *args, **kwargs)
         self._bench_step_end = time.thread_time()
 
@@ -114,8 +114,8 @@ def time_points() -> Callable[[], None]:
 def point_ms() -> float | None:
     """A later point's cost on the training thread, its statistics step's extra time over
     a lean step included (medians, ms)."""
-    stats = [t for full, t in STEPS if full]
-    lean = [t for full, t in STEPS if not full]
+    stats = [t for full, t in STEP_TIMES if full]
+    lean = [t for full, t in STEP_TIMES if not full]
     if len(POINTS) < 2 or not stats or not lean:
         return None
     extra = statistics.median(stats) - statistics.median(lean)
@@ -223,7 +223,7 @@ def measure(setups: dict[str, Callable[[], None]], rounds: int, steps: int
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             POINTS.clear()
-            STEPS.clear()
+            STEP_TIMES.clear()
             setups[n]()
             if r:
                 times[n].append(CLOCK.spent)
