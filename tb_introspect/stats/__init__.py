@@ -8,7 +8,9 @@ A *state* (``state.py``) holds exact counts, moments, extremes and per-unit non-
 counts, plus a bounded uniform sample of the finite non-zero values (``sample.py``).
 States come from one batch (``batch_state``, in the training step), merge
 (``merge_pair``), and ``finalize`` (``vector.py``) turns any of them into the packed
-vector. ``tensor_stats`` is the state of one tensor, finalized.
+vector. ``tensor_stats`` is the state of one tensor, finalized. A logged point reads its
+states to the host and finalizes them there with the numpy twin (``finalize_rows``,
+``host.py``).
 
 Example::
 

@@ -15,8 +15,8 @@ def _count_last(mask: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.reduce_sum(tf.cast(mask, tf.int32), axis=-1, keepdims=True), F64)
 
 
-def order_statistics(sample: tf.Tensor, value_ranks: tf.Tensor, magnitude_ranks: tf.Tensor,
-                     bound: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+def order_statistics(sample: tf.Tensor, value_ranks: tf.Tensor, magnitude_ranks: tf.Tensor
+                     ) -> tuple[tf.Tensor, tf.Tensor]:
     """The ``value_ranks``-th smallest values and ``magnitude_ranks``-th smallest magnitudes
     (0-based, int32) of the finite values of ``sample`` (empty slots hold +inf), along the
     last axis; leading axes are independent samples.
@@ -24,12 +24,12 @@ def order_statistics(sample: tf.Tensor, value_ranks: tf.Tensor, magnitude_ranks:
     One sort. The magnitudes in ascending order are the merge of two sorted runs of the
     sorted values, the negatives read backwards and the positives, so each wanted
     magnitude is found by a binary search for how many of it come from the negatives.
-    Ranks past the end give unspecified values (callers mask them). ``bound``: the most
-    values a sample of unknown static size can hold (the search's number of rounds).
+    Ranks past the end give unspecified values (callers mask them). The sample's static
+    size sets the search's number of rounds.
     """
-    size = sample.shape[-1] if sample.shape[-1] is not None else bound
+    size = sample.shape[-1]
     if size is None:
-        raise ValueError("order_statistics needs a sample of static size or a bound")
+        raise ValueError("order_statistics needs a sample of static size")
     ordered = tf.sort(where(tf.math.is_finite(sample), sample, INF), axis=-1)
     last = tf.shape(sample, out_type=tf.int32)[-1] - 1
     m = tf.cast(_count_last(tf.math.is_finite(sample)), tf.int32)
@@ -64,7 +64,7 @@ def order_statistics(sample: tf.Tensor, value_ranks: tf.Tensor, magnitude_ranks:
 
 
 def sample_quantiles(
-    sample: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray, bound: int | None = None
+    sample: tf.Tensor, parts: Mapping[str, tf.Tensor], q: np.ndarray
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Value and log10-magnitude percentiles at the points ``q`` from a state's sample.
 
@@ -112,7 +112,7 @@ def sample_quantiles(
     nv, nm = 2 * len(q), len(q)
     picked_v, picked_m = order_statistics(
         sample, tf.cast(tf.concat([s_lo, s_hi], -1), tf.int32),
-        tf.cast(tf.concat([rm_lo, rm_hi], -1), tf.int32), bound)
+        tf.cast(tf.concat([rm_lo, rm_hi], -1), tf.int32))
     a, b = tf.split(tf.cast(picked_v, F64), [nv, nv], axis=-1)
     la, lb = tf.split(tf.cast(picked_m, F64), [nm, nm], axis=-1)
     v = where(s_hi > s_lo, a + (b - a) * (s - s_lo), a)

@@ -40,17 +40,15 @@ def finalize(
     view: str | None,
     *,
     quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-    sample_bound: int | None = None,
 ) -> tf.Tensor:
     """The packed statistics vector of a state, laid out as ``metadata.tensor_stats_fields``
     (``view`` None: without the view's extra slots, the part every view shares).
 
     States stacked on leading axes (one per tensor: scalars ``[n]``, counts and samples
     ``[n, width]``) give the vectors stacked the same way, ``[n, fields]``: every formula
-    is elementwise over the leading axes, so one traced graph serves any number of
-    tensors, and ``sample_bound`` (the most values a sample may hold) lets that graph take
-    samples of any size up to it. The ``epoch`` slot and the view's extra slots are NaN
-    (callers fill them).
+    is elementwise over the leading axes. The ``epoch`` slot and the view's extra slots are
+    NaN (callers fill them). A logged point finalizes on the host instead
+    (``finalize_rows``, the numpy twin's same slots).
     """
     if view is not None:
         metadata.tensor_stats_fields(view, quantiles)  # validates the view
@@ -81,7 +79,7 @@ def finalize(
         over = where(tracked, state["activity_count"], nf)
         activation = where(over > 0, active / tf.maximum(over, 1.0), NAN)
         sample = where(tf.math.is_finite(state["sample_keys"]), state["sample_values"], INF)
-        vq, lq = sample_quantiles(sample, dict(state, min=vmin, max=vmax), q, sample_bound)
+        vq, lq = sample_quantiles(sample, dict(state, min=vmin, max=vmax), q)
         nan = tf.fill(tf.shape(count), tf.constant(NAN, F64))
         base = tf.stack([
             nan,  # epoch: filled by the caller
