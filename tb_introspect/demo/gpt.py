@@ -26,11 +26,12 @@ from torch import nn
 from torch.nn import functional as F
 
 VOCAB, SEQ = 32, 32
-#: Successors each two-token context allows (the chain's branching).
+#: Successors each context allows (the chain's branching).
 BRANCHING = 3
 #: The language's own seed: every run of every seed learns the same chain.
 LANGUAGE_SEED = 1234
-#: Tokens the next one depends on.
+#: Tokens the next one depends on: 1 is learnt within a hundred steps, before the high
+#: rate's warm-up ends (an order-2 chain sits on a plateau for longer than that).
 ORDER = 1
 
 
@@ -183,11 +184,16 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) ->
     return loss
 
 
-#: Peak learning rates: the unstable one, and the low one its twin trains at.
+#: Peak learning rates: the unstable one, and the low one its twin trains at. Without
+#: QK-layernorm, at 0.03-0.05 the logits pass 1000 but the loss only creeps up (to ~0.95)
+#: within 300 steps, at 0.1 it diverges on every seed tried; at 0.01 the logits still pass
+#: 100 by step 300 (the loss intact), at 0.003 they stay below 10.
 HIGH_LR, LOW_LR = 1e-1, 3e-3
+#: The warm-up lets every run learn the chain (by step ~60) before the rate is high.
 WARMUP = 150
 STEPS = 300
 BATCH = 16
+
 
 @dataclass(frozen=True)
 class Story:
