@@ -388,4 +388,5 @@ def _train_torch(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
                     val_loss += p.l2 * float(sum((w ** 2).sum() for w in model.parameters()))
                 val_acc = float((out.argmax(1) == y_va).float().mean())
             intro.end_epoch(val_loss=val_loss, val_accuracy=val_acc)
+            intro.flush()  # the epoch's point is written beside the next steps
             read_back(epoch)
