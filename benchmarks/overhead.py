@@ -61,7 +61,7 @@ def cifar_cnn(head: str = "gap") -> keras.Model:
     x = inp = keras.Input((32, 32, 3))
     if head == "gap":
         blocks = (32, 32, "pool", 64, 64, "pool", 128, "pool")
-    else:  # the reference CNN: 3 x (conv-BN-ReLU-pool)
+    else:  # the reference CNN: 3 x (conv-BN-ReLU-pool)
         blocks = (32, "pool", 64, "pool", 128, "pool")
     for f in blocks:
         if f == "pool":
