@@ -35,7 +35,7 @@ def check_application(run, model, steps: list[int], epoch_ends: list[int], batch
     assert depth[min(depth)] == layers[0] and depth[max(depth)] == layers[-1]
     counted = set()
     for tag, series in run.items():
-        if "/metric" in tag or series.data.kind == metadata.VIEW_SUMMARY:
+        if "/metric" in tag or series.data.kind in (metadata.VIEW_SUMMARY, metadata.PROBES):
             continue
         activity = "/activity/" in tag
         assert series.steps == (epoch_ends if activity else steps), tag
