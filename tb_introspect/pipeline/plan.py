@@ -60,8 +60,8 @@ def auto_window(epochs: float | None, steps: float | None,
     """The window a trainer's run gets by default: None (a point per epoch) where it has
     ``MIN_POINTS`` to ``MAX_POINTS`` planned ``epochs`` or its planned ``steps`` are not
     known, else about ``steps / MIN_POINTS`` steps, aligned to the trainer's logging
-    interval ``log_every`` (a multiple of it, or a divisor of it when shorter), never fewer
-    than ``steps / MAX_POINTS``."""
+    interval ``log_every`` (a multiple of it, or a divisor of it when under half of it),
+    never fewer than ``steps / MAX_POINTS``."""
     if epochs is not None and MIN_POINTS <= epochs <= MAX_POINTS:
         return None
     if steps is None or not math.isfinite(steps) or steps < 1:
@@ -69,8 +69,10 @@ def auto_window(epochs: float | None, steps: float | None,
     steps = int(steps)
     window = max(steps // MIN_POINTS, 1)
     if log_every and log_every > 1:
-        if window >= log_every:
-            window -= window % log_every
+        if 2 * window >= log_every:
+            # A multiple: a window just short of the interval would otherwise fall to
+            # half of it, doubling the points (and their cost) for ~20 more.
+            window = max(window // log_every, 1) * log_every
         else:
             window = max(d for d in range(1, window + 1) if log_every % d == 0)
     return max(window, -(-steps // MAX_POINTS))

@@ -123,6 +123,8 @@ def test_the_trainers_default_window_follows_the_run():
     assert auto_window(30, 3000, 50) is None  # 20 to 300 epochs: per epoch
     assert auto_window(3, 18, 1) == 1  # a tiny run: every step, 18 points
     assert auto_window(1, 1000, 500) == 50  # shorter than the interval: one of its divisors
+    assert auto_window(2, 192, 10) == 10  # 9 steps: one interval, 19 points
+    assert auto_window(2, 290, 10) == 10  # 14 steps: 29 points, not 15 with 20-step windows
     assert auto_window(1, 10**6, 50) == 50_000  # 20 points
     assert auto_window(None, None, None) is None
     for steps, every in ((300, 10), (1000, 7), (10**5, 1), (12345, 100), (50, 1000)):
