@@ -111,11 +111,12 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
                     format_version: int = metadata.PROTO_VERSION) -> int:
     """Write the benchmark run, one event per tag and step as tf.summary does; returns points.
 
-    ``format_version`` 3 adds each view's VIEW_SUMMARY at every step, as the package's
-    writers do; 2 writes the run without them (its metadata saying version 2).
+    ``format_version`` 3 and later add each view's VIEW_SUMMARY at every step, as the
+    package's writers do; 2 writes the run without them (its metadata saying version 2).
+    The run has no probes (no attention layer, no head), so 4 differs from 3 in its version only.
     """
-    if format_version not in (2, 3):
-        raise ValueError(f"format_version {format_version}: 2 or 3")
+    if format_version not in (2, 3, 4):
+        raise ValueError(f"format_version {format_version}: 2, 3 or 4")
     os.makedirs(run_dir, exist_ok=True)
     rng = np.random.default_rng(0)
     layers = [f"layer_{i:03d}" for i in range(tensors)]
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="5m: 195 tensors x 4 views x 6,400 steps (sets --tensors/--steps)")
     parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
-    parser.add_argument("--format-version", type=int, choices=(2, 3),
+    parser.add_argument("--format-version", type=int, choices=(2, 3, 4),
                         default=metadata.PROTO_VERSION,
                         help="3: with the view summaries (default); 2: without them")
     args = parser.parse_args(argv)

@@ -51,9 +51,12 @@ def test_keras_run_in_the_tab(keras_logdir):
             f = s.open("p.introspect.run=cnn")
             ov = tb.get_json("overview?run=cnn")
             assert set(ov["views"]) == {"variable", "gradient", "output", "output_gradient"}
-            counts = f.evaluate(COLOURED_PIXELS_JS, ".chart canvas")
+            counts = f.evaluate(COLOURED_PIXELS_JS, "section:not(#sec-transformer) .chart canvas")
             # 4 views x 3 charts, the 2 implicit-learning-rate charts, the metrics.
             assert len(counts) == 14 + len(ov["metrics"]) and min(counts) > 100, counts
+            # A classifier without attention: the probes' head, ratio and kurtosis charts.
+            probes = f.evaluate(COLOURED_PIXELS_JS, "#sec-transformer .chart canvas")
+            assert len(probes) == 3 and min(probes) > 100, probes
             # Plain SGD: every layer's weights move by the learning rate times the gradient.
             ilr = readout_pairs(f.locator('.chart[data-chart="variable-ilr-bands"]'))
             assert float(ilr["median"]) == pytest.approx(0.05, rel=1e-3), ilr

@@ -157,15 +157,16 @@ def test_dataset_of_unknown_length(tmp_path):
     ds = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(8)
     assert ds.cardinality() == tf.data.UNKNOWN_CARDINALITY
     live = []
+    # stats_every=1: every step's values are counted, so an empty last step would show
+    intro = Introspect(str(tmp_path), stats_every=1)
 
     class Reader(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            if epoch == 1:  # epoch 0 is readable while training runs
+            if epoch == 1:  # epoch 0 is readable while training runs, once written
+                intro.pipeline.flush()
                 live.append(lib.read_run(str(tmp_path)))
 
-    # stats_every=1: every step's values are counted, so an empty last step would show
-    model.fit(ds, epochs=2, verbose=0,
-              callbacks=[Introspect(str(tmp_path), stats_every=1), Reader()])
+    model.fit(ds, epochs=2, verbose=0, callbacks=[intro, Reader()])
     assert live and live[0]["introspect/output/head"].steps == [5]
     run = lib.read_run(str(tmp_path))
     out = run["introspect/output/head"]

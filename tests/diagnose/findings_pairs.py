@@ -253,13 +253,15 @@ def _train_keras(p: Pair, data: Data, logdir: str, read_back: Callable[[int], No
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
 
+    intro = Introspect(logdir, every="epoch", seed=0)
+
     class ReadBack(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):  # Introspect, listed first, has flushed
+        def on_epoch_end(self, epoch, logs=None):  # Introspect, listed first, has logged
+            intro.pipeline.flush()  # the epoch's point is written beside the next steps
             read_back(epoch)
 
     model.fit(data.x_train, y_train, batch_size=p.batch, epochs=p.epochs, verbose=0,
-              validation_data=(data.x_val, y_val), shuffle=True,
-              callbacks=[Introspect(logdir, every="epoch", seed=0), ReadBack()])
+              validation_data=(data.x_val, y_val), shuffle=True, callbacks=[intro, ReadBack()])
     keras.backend.clear_session()
 
 

@@ -61,11 +61,15 @@ def _fit_with_callback(logdir: str, name: str, epochs: int):
     data = sc.data()
     live: list = []
 
+    intro = Introspect(logdir, every="epoch", seed=0)
+
     class ReadBack(keras.callbacks.Callback):
-        """After each epoch (the Introspect callback, listed first, has flushed it), the
-        logdir as a live TensorBoard reads it."""
+        """After each epoch (the Introspect callback, listed first, has logged it; its
+        point is written beside the next steps, so flushed here), the logdir as a live
+        TensorBoard reads it."""
 
         def on_epoch_end(self, epoch, logs=None):
+            intro.pipeline.flush()
             live.append({f.kind: f.severity for f in find_issues(read_one(logdir))})
 
     keras.utils.set_random_seed(0)
@@ -74,7 +78,7 @@ def _fit_with_callback(logdir: str, name: str, epochs: int):
                   metrics=["accuracy"] if sc.accuracy else [])
     model.fit(data.x_train, data.y_train, batch_size=sc.batch_size, epochs=epochs, verbose=0,
               validation_data=(data.x_val, data.y_val),
-              callbacks=[Introspect(logdir, every="epoch", seed=0), ReadBack()])
+              callbacks=[intro, ReadBack()])
     keras.backend.clear_session()
     run = read_one(logdir)
     return run, {f.kind: f for f in find_issues(run)}, live

@@ -141,12 +141,16 @@ def _child_disk(root: str, result_path: str, faults: list[str]) -> None:
             self.fault, self.run = fault, run
             self.at_step = None
             self.step = 0
+            self.intro = None  # the Introspect whose writes fail
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
 
         def trigger(self):
             self.at_step = self.step
+            # The last epoch's points are written beside the next steps: the fault comes
+            # after they are on disk, as it would after a slow epoch.
+            self.intro.pipeline.flush()
             # What the run directory holds now; the parent checks it stays readable.
             files = [f for f in os.listdir(self.run) if "tfevents" in f]
             assert len(files) == 1, files
@@ -181,9 +185,9 @@ def _child_disk(root: str, result_path: str, faults: list[str]) -> None:
         run = os.path.join(root, fault, "run")
         caught.clear()
         fault_cb = Fault(fault, run)
+        fault_cb.intro = Introspect(run, views=("variable", "gradient"), every=5, flush_secs=0.2)
         try:
-            losses, _ = fit([fault_cb, Introspect(run, views=("variable", "gradient"),
-                                                  every=5, flush_secs=0.2)])
+            losses, _ = fit([fault_cb, fault_cb.intro])
             error = None
         except Exception as e:  # training must not fail: the parent reports this
             losses, error = None, f"{type(e).__name__}: {e}"
