@@ -120,6 +120,13 @@ CHARTS: dict[str, dict[str, str]] = {
         "help": "the probes of attention layers, the output head and every layer output, per"
         " logged point; dashed lines are the reference thresholds the findings use",
     },
+    # The same section for a model without attention layers (a classifier's head and
+    # outliers): "Transformer" would mislead there.
+    "overview.probes": {
+        "title": "Output logits and outliers",
+        "help": "the probes of the output head and every layer output, per logged point;"
+        " dashed lines are the reference thresholds the findings use",
+    },
     "transformer.attn": {
         "title": "Attention logit max",
         "help": "largest |q·k/√d| before the softmax, per attention layer (max over heads, the"

@@ -148,6 +148,10 @@ export const CHARTS = {
     "title": "Transformer",
     "help": "the probes of attention layers, the output head and every layer output, per logged point; dashed lines are the reference thresholds the findings use"
   },
+  "overview.probes": {
+    "title": "Output logits and outliers",
+    "help": "the probes of the output head and every layer output, per logged point; dashed lines are the reference thresholds the findings use"
+  },
   "transformer.attn": {
     "title": "Attention logit max",
     "help": "largest |q·k/√d| before the softmax, per attention layer (max over heads, the sampled queries and every key, mask applied; max over the window); dashed: 100, Megatron-LM's QK-clip threshold"

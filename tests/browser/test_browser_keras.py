@@ -57,6 +57,8 @@ def test_keras_run_in_the_tab(keras_logdir):
             # A classifier without attention: the probes' head, ratio and kurtosis charts.
             probes = f.evaluate(COLOURED_PIXELS_JS, "#sec-transformer .chart canvas")
             assert len(probes) == 3 and min(probes) > 100, probes
+            assert f.locator("#sec-transformer h2").inner_text().startswith(
+                "Output logits and outliers")  # not "Transformer": it has no attention
             # Plain SGD: every layer's weights move by the learning rate times the gradient.
             ilr = readout_pairs(f.locator('.chart[data-chart="variable-ilr-bands"]'))
             assert float(ilr["median"]) == pytest.approx(0.05, rel=1e-3), ilr

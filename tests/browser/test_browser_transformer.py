@@ -70,6 +70,7 @@ def test_the_transformer_section_draws_the_probes_with_their_references(browser,
         f = s.open("p.introspect.run=lm")
         f.wait_for_selector("#sec-transformer[data-state=ready]", timeout=60_000)
         assert f.locator("#sec-transformer").is_visible()
+        assert f.locator("#sec-transformer h2").inner_text().startswith("Transformer")
         names = f.locator("#sec-transformer .chart").evaluate_all(
             "(cs) => cs.map((c) => c.dataset.chart)")
         assert tuple(names) == CHARTS

@@ -35,6 +35,12 @@ export async function renderTransformer(sec, ctx, opts) {
     return;
   }
   sec.hidden = false;
+  if (!doc.rows.some((r) => r.kind === "attention")) {
+    // No attention layer: the section holds a classifier's head and outliers.
+    const text = CHARTS["overview.probes"];
+    const title = sec.querySelector("h2");
+    if (title) title.replaceChildren(text.title, h("span.h-help", ` — ${text.help}`));
+  }
   const refs = doc.references || PROBE_REFERENCES;
   const x = xValues(opts.xMode, doc.steps, doc.epochs, opts.epochMap);
   const at = (field, kind) => doc.rows
