@@ -12,7 +12,13 @@ The plain step time is what the lean steps take, less the host time a front-end 
 its own instrumentation of them (the PyTorch hooks run on the host, so it can: their time is
 paid from the same budget, and a lean step that already costs the whole budget leaves only
 each window's first statistics step; Keras compiles its lean work into the step and reports
-none). First calls of each function compile and are not counted.
+none). First calls of each function compile and are not counted. What a point's host work costs
+on the front-end's worker thread (``worked``, its CPU time) is paid from the same budget.
+
+A paced window (the trainers' ``every="auto"``, ``paced_window``) is as long as the planned
+one, or the shortest multiple of it whose budget pays a window's fixed cost: its first
+statistics step's extra time and its point on both threads. Tiny models whose steps take a
+few milliseconds then get fewer points instead of doubling their step time.
 
 Deterministic given its clock, so tests inject one.
 
@@ -35,6 +41,8 @@ from collections.abc import Callable
 
 #: Recent executions the step-time estimates are medians over.
 HISTORY = 32
+#: Points timed before a paced window may grow (the first point pays one-time costs).
+PACING_POINTS = 2
 
 
 class StepMode(enum.Enum):
@@ -86,6 +94,11 @@ class Governor:
         self.compile_seconds: dict[bool, float] = {}
         self.credit = 0.0
         self.log_seconds: deque[float] = deque(maxlen=HISTORY)
+        self.window_seconds: deque[float] = deque(maxlen=HISTORY)  # a window's end, of them
+        # The worker thread's CPU seconds per job kind (appended there; a deque's append
+        # and popleft are atomic, so the training thread alone touches ``credit``).
+        self.work_seconds: dict[str, deque[float]] = {}
+        self._unpaid: deque[float] = deque()
         self.since_stats = 0
         self.window_start = True
         self.forced = False
@@ -123,6 +136,7 @@ class Governor:
         extra = self.extra_per_stats_step()
         if extra is None:  # no estimate yet: the densest cadence
             return True
+        self._pay_work()
         return self.credit >= extra
 
     def lockstep(self) -> None:
@@ -139,11 +153,32 @@ class Governor:
             return float(self.spacing)
         added = statistics.median(self.lean_added) if self.lean_added else 0.0
         log = statistics.median(self.log_seconds) if self.log_seconds else 0.0
+        log += sum(_later(s) for s in list(self.work_seconds.values()))
         steps = max(self.window_runs, 1)
         spare = self.overhead * plain - added - log / steps
         if spare <= 0:
             return float(2**31)
         return float(min(max(self.spacing, math.ceil(extra / spare)), 2**31))
+
+    def paced_window(self, planned: int) -> int | None:
+        """The steps of a paced window: ``planned``, or once ``PACING_POINTS`` points were
+        timed, the shortest multiple of it whose budget (``overhead`` times the plain step,
+        less the lean steps' instrumentation, per step) pays a window's fixed cost: a
+        statistics step's extra time and a point's, on the training thread and its worker
+        (medians, the first point left out). None: no window pays it; points at epoch
+        ends only."""
+        extra, plain = self.extra_per_stats_step(), self.plain_step()
+        if (self.overhead is None or extra is None or not plain
+                or len(self.window_seconds) < PACING_POINTS):
+            return planned
+        added = statistics.median(self.lean_added) if self.lean_added else 0.0
+        spare = self.overhead * plain - added
+        if spare <= 0:
+            return None
+        fixed = extra + _later(self.window_seconds) + sum(
+            _later(s) for s in list(self.work_seconds.values()))
+        steps = math.ceil(fixed / spare)
+        return max(planned, planned * math.ceil(steps / planned))
 
     def share(self, spacing: float) -> None:
         """The spacing rank 0 decided (``spacing_to_share``), used from the next step."""
@@ -208,12 +243,28 @@ class Governor:
         if self.overhead is not None:
             self.credit -= seconds
 
-    def timed_log(self, fn: Callable, *args):
+    def worked(self, kind: str, seconds: float) -> None:
+        """The front-end's worker thread spent ``seconds`` of CPU on a ``kind`` of a
+        window's host work (a point's finalize, its activity maps): paid from the budget
+        by the training thread (called from the worker)."""
+        self.work_seconds.setdefault(kind, deque(maxlen=HISTORY)).append(seconds)
+        if self.overhead is not None:
+            self._unpaid.append(seconds)
+
+    def _pay_work(self) -> None:
+        while self._unpaid:
+            self.credit -= self._unpaid.popleft()
+
+    def timed_log(self, fn: Callable, *args, window: bool = False):
+        """``fn(*args)``, its time paid as a logged point's (``window``: a window's end,
+        whose point and maps are what ``paced_window`` weighs)."""
         start = self.clock()
         try:
             return fn(*args)
         finally:
             self.logged(self.clock() - start)
+            if window:
+                self.window_seconds.append(self.clock() - start)
 
     # -------------------------------------------------------------- reporting
 
@@ -233,3 +284,8 @@ class Governor:
         return (f"every=1: each step's logged point takes {1e3 * log:.0f} ms on top of a"
                 f" {1e3 * step:.0f} ms instrumented step (+{share:.0f} %); every={fits} would"
                 f" keep logging within {100 * budget:.0f} %")
+
+
+def _later(seconds: deque[float]) -> float:
+    """The median of timings after the first (which pays one-time costs), if any."""
+    return statistics.median(list(seconds)[1:] or seconds) if seconds else 0.0

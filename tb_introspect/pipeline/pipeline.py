@@ -105,6 +105,7 @@ class Pipeline:
         self.worker = HostWorker()
         # on_finding="stop": a point was handed over whose findings the step waits for
         self._judge_now = False
+        self._told_window: int | None = 0  # the paced window said last (``window``)
 
     def set_sink(self, sink: EventSink | None) -> None:
         """Write to ``sink`` from now on (a new event file carries the metadata again)."""
@@ -134,6 +135,16 @@ class Pipeline:
             fn(*args)
         except Exception as e:
             self.guard(part, _reraise, e)
+
+    def _window_job(self, kind: str, fn: Callable[..., Any], *args: Any) -> None:
+        """The worker: a window's statistics ``_job``, its CPU time paid from the
+        governor's budget (``Governor.worked``)."""
+        start = time.thread_time()
+        try:
+            self._job(STATISTICS, fn, *args)
+        finally:
+            if self.governor is not None:
+                self.governor.worked(kind, time.thread_time() - start)
 
     def _writer_broken(self, error: BaseException) -> bool:
         """Whether ``error`` says the event file cannot be written (a full disk, a size
@@ -181,12 +192,28 @@ class Pipeline:
             self._timed(self.guard, METRICS, self.drain, running)
         if not self.plan.per_epoch:
             self.guard(STATISTICS, self._log_due)
-        elif window_due(self.last_log_step, self.steps_done, self.plan.window):
+        elif window_due(self.last_log_step, self.steps_done, self.window()):
             self.end_window()
             return
         if flush_due:  # on disk when the step returns, as the live view expects
             self.flush()
         self.act()
+
+    def window(self) -> int | None:
+        """The steps of the current window (``window=N``; a paced plan's grow with the
+        points' measured cost, ``Governor.paced_window``, the same on every process only
+        from step counts: several processes keep the planned one)."""
+        planned = self.plan.window
+        if not planned or not self.plan.paced or self.governor is None or self.lockstep:
+            return planned
+        window = self.governor.paced_window(planned)
+        if window != self._told_window and window != planned:
+            self._told_window = window
+            logging.getLogger("tb_introspect").info(
+                "tb_introspect: %s keep a point's cost within overhead=%g of the plain"
+                " step (window= sets it)", "points only at epoch ends" if window is None
+                else f"a point every {window} steps", self.plan.options.overhead)
+        return window
 
     def _log_due(self) -> None:
         step = self.front_end.current_step()
@@ -209,7 +236,7 @@ class Pipeline:
         copies, here), finished and written on the worker."""
         point = self.front_end.point(step)
         self.last_log_step = step
-        self.worker.submit(self._job, STATISTICS, self._finish, point, step, self.epoch,
+        self.worker.submit(self._window_job, "point", self._finish, point, step, self.epoch,
                            heavy=True)
 
     def _finish(self, point: Point | Callable[[], Point], step: int, epoch: int) -> None:
@@ -237,7 +264,10 @@ class Pipeline:
         """The end of a window (an epoch's, or ``window=N``'s every N steps): drain, the
         window's point (``every="epoch"``), activity maps and metric bands; flush. The
         next window's first step is a statistics step (``Governor.begin_window``)."""
-        self._timed(self._end_window, extra)
+        if self.governor is None:
+            self._end_window(extra)
+        else:
+            self.governor.timed_log(self._end_window, extra, window=True)
         if self.governor is not None and self.plan.per_epoch:
             self.governor.begin_window()
         if self.findings is not None and self.sink is not None:
@@ -259,7 +289,7 @@ class Pipeline:
             self.log(step)
 
     def _write_activity(self) -> None:
-        self.worker.submit(self._job, STATISTICS, self._write_maps,
+        self.worker.submit(self._window_job, "activity", self._write_maps,
                            self.front_end.output_widths(), self.front_end.current_step(),
                            self.epoch)
 

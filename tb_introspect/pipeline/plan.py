@@ -110,6 +110,9 @@ class Plan:
     variables: list[Monitored] = field(default_factory=list)
     outputs: list[Monitored] = field(default_factory=list)
     failures: Failures = field(default_factory=Failures)
+    #: The window grows with the points' measured cost (``Governor.paced_window``): the
+    #: trainers' ``every="auto"``, whose window the tool chose, not the user.
+    paced: bool = False
 
     @property
     def every(self) -> str | int:

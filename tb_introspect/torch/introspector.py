@@ -346,7 +346,9 @@ class IntrospectorArgs:
     """An ``Introspector``'s arguments, checked when given, for a trainer's callback that
     makes the ``Introspector`` when training starts (``make``). ``every="auto"`` (the
     trainers' default) is ``every="epoch"`` with the ``window`` that the run's planned
-    epochs and steps call for (``plan.auto_window``), unless ``window`` is given."""
+    epochs and steps call for (``plan.auto_window``), unless ``window`` is given; that
+    window grows where the points' measured cost would exceed ``overhead``
+    (``Governor.paced_window``)."""
 
     def __init__(self, log_dir: str | os.PathLike | None, every: str | int,
                  views: Sequence[str], options: dict[str, Any]) -> None:
@@ -360,13 +362,16 @@ class IntrospectorArgs:
              **kwargs: Any) -> Introspector:
         """The ``Introspector``, writing to ``log_dir`` or else ``default_dir``;
         ``planned``: the run's planned epochs, steps and logging interval (``auto_window``)."""
-        every, options = self.every, self.options
+        every, options, paced = self.every, self.options, False
         if every == "auto":
             every = "epoch"
             if "window" not in options:
                 options = {**options, "window": auto_window(*planned)}
-        return Introspector(self.log_dir or default_dir, model, optimizer, every,
-                            views=self.views, **kwargs, **options)
+                paced = options["window"] is not None
+        intro = Introspector(self.log_dir or default_dir, model, optimizer, every,
+                             views=self.views, **kwargs, **options)
+        intro.plan.paced = paced  # the tool chose the window: it may grow (Governor)
+        return intro
 
 
 def _device_of(model: nn.Module, params: Sequence[modules.ParamSpec]) -> torch.device:

@@ -166,3 +166,76 @@ def test_run_calls_the_chosen_function_and_accounts_it():
 
 def test_the_step_modes_are_the_front_ends_names():
     assert [m.value for m in StepMode] == ["stats", "lean", "off", "auto"]
+
+
+def _paced_run(gov: Governor, clock: FakeClock, windows: int, steps: int, *, lean: float,
+               full: float, log: float, work: float, lean_added: float = 0.0) -> list[int]:
+    """``windows`` windows of ``steps`` executions (the first of each a statistics one),
+    each ending with a timed point of ``log`` seconds and ``work`` on the worker; the
+    paced window asked for after each (planned: ``steps``)."""
+    asked = []
+    for _ in range(windows):
+        gov.begin_window()
+        for _ in range(steps):
+            stats = gov.choose()
+            start = clock()
+            clock.now += full if stats else lean
+            gov.ran(stats, clock() - start, instrumented=0.0 if stats else lean_added)
+        gov.timed_log(lambda: setattr(clock, "now", clock.now + log), window=True)
+        gov.worked("point", work)
+        asked.append(gov.paced_window(steps))
+    return asked
+
+
+def test_a_paced_window_grows_to_the_multiple_whose_budget_pays_a_point():
+    """Plain 100 ms steps, 5 %: 5 ms a step pays; a window costs its statistics step's extra
+    100 ms, a 20 ms end and 30 ms on the worker: 150 ms, 30 steps, 3 planned windows of 10.
+    Planned until two points were timed (the first pays one-time costs: left out after)."""
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    asked = _paced_run(gov, clock, 4, 10, lean=0.1, full=0.2, log=0.02, work=0.03)
+    assert asked[0] == 10
+    assert asked[-1] == 30
+
+
+def test_a_paced_window_is_the_planned_one_where_points_are_cheap():
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    asked = _paced_run(gov, clock, 4, 100, lean=0.1, full=0.11, log=0.001, work=0.001)
+    assert asked == [100] * 4
+
+
+def test_lean_steps_that_cost_the_budget_leave_points_at_epoch_ends_only():
+    """A lean step whose own instrumentation (an exact activity count) takes 6 % of a step
+    leaves nothing to pay a point with: no window closes before the epoch's end (None)."""
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    asked = _paced_run(gov, clock, 4, 10, lean=0.1, full=0.2, log=0.02, work=0.03,
+                       lean_added=0.006)
+    assert asked[-1] is None
+
+
+def test_without_a_budget_the_window_is_the_planned_one():
+    clock = FakeClock()
+    gov = Governor(None, spacing=8, clock=clock)
+    assert _paced_run(gov, clock, 4, 10, lean=0.1, full=0.2, log=0.5, work=0.5) == [10] * 4
+
+
+def test_the_workers_time_is_paid_from_the_budget():
+    """The same run with a point's worker CPU from nothing to 2 s: its statistics steps
+    become rarer, as they would for a point that cost as much on the training thread."""
+    def stats_steps(work: float) -> int:
+        clock = FakeClock()
+        gov = Governor(0.05, spacing=2, clock=clock)
+        taken = 0
+        for _ in range(6):
+            gov.begin_window()
+            for _ in range(400):
+                stats = gov.choose()
+                taken += stats
+                start = clock()
+                clock.now += 0.2 if stats else 0.1
+                gov.ran(stats, clock() - start)
+            gov.worked("point", work)
+        return taken
+    assert stats_steps(2.0) < stats_steps(0.0) / 2
