@@ -218,7 +218,7 @@ class Introspector:
                                     " views go on")
         self.pipeline.after_steps(1)
         if self._window == 0:  # a point was logged: its time is not the next step's
-            hooks.restart_timing()
+            hooks.restart_timing(now=True)
         hooks.enter(self.step_count + 1)
         self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
 

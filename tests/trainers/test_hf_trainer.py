@@ -184,9 +184,10 @@ def test_on_finding_stop_ends_the_training_through_the_trainer(tmp_path: Path, c
 
 
 def test_a_step_based_run_gets_windows_readable_while_it_trains(tmp_path: Path):
-    """``max_steps=300`` over an ``IterableDataset`` with ``logging_steps=10`` and the
-    callback's defaults (``every="auto"``): windows of 10 steps (300 / 20, aligned to the
-    logging interval), each point readable from the event file while training goes on."""
+    """``max_steps=300`` over an ``IterableDataset`` with ``logging_steps=10`` and
+    ``every="auto"`` (the default) without a budget (``overhead=None``: the planned windows,
+    not paced): windows of 10 steps (300 / 20, aligned to the logging interval), each point
+    readable from the event file while training goes on."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from tb_introspect.transformers import IntrospectCallback
@@ -212,7 +213,7 @@ def test_a_step_based_run_gets_windows_readable_while_it_trains(tmp_path: Path):
         learning_rate=hs.GPT_LR, logging_steps=10, save_strategy="no", report_to="none",
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
     Trainer(model=hs.gpt2(), args=args, train_dataset=Stream(),
-            callbacks=[IntrospectCallback(tmp_path / "tb"), ReadMidway()]).train()
+            callbacks=[IntrospectCallback(tmp_path / "tb", overhead=None), ReadMidway()]).train()
     run = ts.read_run(str(tmp_path / "tb"))
     grad = run.tensors["gradient"][0]
     assert grad.info.cadence == "window"

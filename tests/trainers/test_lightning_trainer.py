@@ -155,9 +155,10 @@ def test_on_finding_stop_ends_the_fit_through_the_trainer(tmp_path: Path, caplog
 
 
 def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
-    """``max_steps=100`` with ``log_every_n_steps=5`` and the callback's defaults
-    (``every="auto"``): about 6 epochs, so windows of 5 steps (100 / 20, aligned to the
-    logging interval) that also close at the epochs' ends, readable while it trains."""
+    """``max_steps=100`` with ``log_every_n_steps=5`` and ``every="auto"`` (the default)
+    without a budget (``overhead=None``: the planned windows, not paced): about 6 epochs,
+    so windows of 5 steps (100 / 20, aligned to the logging interval) that also close at the
+    epochs' ends, readable while it trains."""
     import lightning as L
 
     from tb_introspect.lightning import Introspect
@@ -174,7 +175,7 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
 
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(max_steps=100, accelerator="cpu", logger=False,
-                        callbacks=[Introspect(tmp_path / "tb"), ReadMidway()],
+                        callbacks=[Introspect(tmp_path / "tb", overhead=None), ReadMidway()],
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=5, limit_val_batches=0)
     train, _ = ls.loaders()
@@ -189,6 +190,32 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
     np.testing.assert_array_equal(out.field("steps"), np.diff([0, *ends]))
     # Written while it trained: the windows up to step 50 (the band at its end included).
     assert len(seen[60]) >= 10 and 50 in seen[60], seen
+
+
+def test_points_that_the_budget_cannot_pay_come_at_epoch_ends_only(tmp_path: Path, caplog):
+    """The same fit with a budget no point fits in (``overhead=1e-9``): the planned windows
+    until two points were timed, then a point at each epoch's end only (the window paced
+    past them), with one line that says why."""
+    import lightning as L
+
+    from tb_introspect.lightning import Introspect
+
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(max_steps=100, accelerator="cpu", logger=False,
+                        callbacks=[Introspect(tmp_path / "tb", overhead=1e-9)],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, log_every_n_steps=5, limit_val_batches=0)
+    train, _ = ls.loaders()
+    with caplog.at_level("INFO", logger="tb_introspect"):
+        trainer.fit(ls.digits_cnn(), train)
+    run = ts.read_run(str(tmp_path / "tb"))
+    per_epoch = ls.TRAIN // ls.BATCH
+    steps = list(run.tensors["gradient"][0].steps)
+    assert steps == [5, 10, *range(per_epoch, 100, per_epoch), 100]
+    # every window's gradients summed over each of its steps: none lost between points
+    out = next(iter(ts.by_name(run, "output").values()))
+    assert out.field("steps").sum() == 100
+    assert any("points only at epoch ends" in r.getMessage() for r in caplog.records)
 
 
 def test_a_loss_module_held_as_an_attribute_is_recorded(tmp_path: Path, lightning_runs):
