@@ -98,9 +98,11 @@ class StepHooks:
         self._last_step_end = now
         self.instrumented = 0.0
 
-    def restart_timing(self) -> None:
-        """An epoch ended: the next step is not timed from this one."""
-        self._last_step_end = None
+    def restart_timing(self, now: bool = False) -> None:
+        """An epoch ended: the next step is not timed from this one; ``now``: a window
+        ended within the epoch: the next step is timed from now, after its point (a
+        window's first step is its statistics step, which the governor weighs)."""
+        self._last_step_end = self.governor.clock() if now else None
         self.instrumented = 0.0
 
     # ------------------------------------------------------------------ the hooks
