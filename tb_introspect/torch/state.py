@@ -136,26 +136,19 @@ def _hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     return (h.to(torch.float64) + 0.5) / _MOD
 
 
-def _generator(seed: torch.Tensor) -> torch.Generator | None:
-    """On a CPU (outside ``torch.compile``) the tool's own generator, seeded with device
-    ``seed`` (reading a CPU scalar waits for nothing): one draw instead of the integer
-    hash's 17 small kernels, a sixth of a statistics fold's time. None elsewhere: the hash
-    needs no host sync."""
-    if seed.device.type != "cpu" or torch.compiler.is_compiling():
-        return None
-    gen = getattr(_work, "gen", None)
-    if gen is None:
-        gen = _work.gen = torch.Generator()
-    gen.manual_seed(int(seed))
-    return gen
-
-
 def _uniforms(arange: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
-    """``[2, k]`` uniforms in [0, 1) from device ``seed`` (``k``: ``arange``'s length)."""
-    gen = _generator(seed)
-    if gen is not None:
-        return torch.rand((2, arange.numel()), generator=gen, dtype=torch.float64)
+    """``[2, k]`` uniforms in [0, 1) from device ``seed`` (``k``: ``arange``'s length), by the
+    integer hash: no host sync (a GPU, ``torch.compile``)."""
     return _hash_uniform(arange, torch.stack([seed * 2, seed * 2 + 1])[:, None])
+
+
+def _host(buf: torch.Tensor) -> np.ndarray | None:
+    """``buf``'s memory as a numpy array where a fold may write its small parts there
+    (an eager CPU buffer): numpy's calls on a few values cost a fraction of a kernel
+    launch each. None elsewhere (a GPU, a compiled graph)."""
+    if buf.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    return buf.numpy()
 
 
 _work = threading.local()
@@ -166,21 +159,29 @@ def _scratch(like: torch.Tensor, n: int, slots: int) -> list[torch.Tensor]:
     of this thread on a CPU: there a fresh tensor of a large output costs a page fault per
     page, several times the pass that fills it (a GPU's caching allocator has none, and a
     compiled graph allocates its own). They hold twice the largest output folded, until
-    ``release_scratch``."""
+    ``release_scratch``; the views of each size are kept (slicing costs a kernel call)."""
     if like.device.type != "cpu" or torch.compiler.is_compiling():
         return [torch.empty(n, dtype=like.dtype, device=like.device) for _ in range(slots)]
+    views = getattr(_work, "views", None)
+    if views is None:
+        views = _work.views = {}
+    got = views.get((like.dtype, n, slots))
+    if got is not None:
+        return got
     cache = getattr(_work, "bufs", None)
     if cache is None:
         cache = _work.bufs = {}
     whole = cache.get(like.dtype)
     if whole is None or whole.numel() < slots * n:
         whole = cache[like.dtype] = torch.empty(slots * n, dtype=like.dtype)
-    return [whole[i * n:(i + 1) * n] for i in range(slots)]
+        views.clear()  # views of the smaller one would keep it alive
+    got = views[like.dtype, n, slots] = [whole[i * n:(i + 1) * n] for i in range(slots)]
+    return got
 
 
 def release_scratch() -> None:
-    """Free this thread's work tensors (an ``Introspector`` that closes)."""
-    _work.bufs = {}
+    """Free this thread's work tensors and draws (an ``Introspector`` that closes)."""
+    _work.bufs, _work.views, _work.draws = {}, {}, {}
 
 
 def _sum(t: torch.Tensor, big: bool) -> torch.Tensor:
@@ -189,15 +190,15 @@ def _sum(t: torch.Tensor, big: bool) -> torch.Tensor:
     return t.sum(dtype=torch.float64) if big else t.sum().to(torch.float64)
 
 
-def _finite_sum(flat: torch.Tensor, big: bool) -> torch.Tensor | None:
+def _finite_sum(flat: torch.Tensor, big: bool) -> float | None:
     """The float64 sum of ``flat`` when it is finite, on a CPU: then every value is (barring
     a sum that overflows, which takes the general path), and a fold skips the five passes
     that zero and count non-finite values. A GPU would have to wait for the device to
     know: there (and in a compiled graph) every fold takes the general path (None)."""
     if flat.device.type != "cpu" or torch.compiler.is_compiling():
         return None
-    total = _sum(flat, big)
-    return total if math.isfinite(float(total)) else None
+    total = float(_sum(flat, big))
+    return total if math.isfinite(total) else None
 
 
 def is_finite(x: torch.Tensor) -> bool:
@@ -321,8 +322,10 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     of the deviations) over ``xz``, corrected for the zeros put in (exact algebra, no
     masking pass); with NaN or Inf present and no finite zero, ``min`` / ``max`` may read 0
     for a tensor of one sign. On a CPU a tensor whose sum is finite skips the zeroing and the
-    counting by kind (``_finite_sum``): the same state, bit for bit, in about half the
-    passes."""
+    counting by kind (``_finite_sum``, ``_fold_finite``): the same state, bit for bit, in
+    about half the passes. An eager CPU fold does its small parts (the column tensor's sums,
+    the sample, the scalars) in numpy on the buffer's memory (``_host``): a fold of a small
+    output is mostly the fixed cost of its calls, several times numpy's for a torch op."""
     o, c, p = seg.offset, seg.channels, seg.positions
     xf = x.detach()
     if xf.dtype != torch.float64:
@@ -343,31 +346,24 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         buf[a - 1].add_(float(n))
         return
     xz, work = _scratch(flat, n, 2)
-    total = _finite_sum(flat, big)
-    finite = total is not None
-    if finite:  # nothing to zero: the passes below read the tensor itself
-        xz = flat
-    else:
-        torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=xz)
-        total = _sum(xz, big)
+    host = _host(buf)
+    total = _finite_sum(flat, big) if host is not None else None
+    if total is not None:
+        _fold_finite(host, seg, xf, flat, total, work, int(seed))
+        return
+    torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=xz)
+    total = _sum(xz, big)
     sign = torch.sign(xz, out=work)
     balance = _sum(sign, big)  # positives - negatives
-    cols = _columns(sign.abs_().view(xf.shape), seg)
-    nnz = cols[:c].sum()
     mn, mx = torch.aminmax(xz)
-    _merge_sample(buf, seg, xz, seed, arange)
+    if host is not None:
+        cols = torch.from_numpy(_host_columns(sign.abs_().view(xf.shape), seg))
+        _host_sample(host, seg, xz.numpy(), int(seed), host[o] == 0)
+    else:
+        cols = _columns(sign.abs_().view(xf.shape), seg)
+        _merge_sample(buf, seg, xz, seed, arange)
+    nnz = cols[:c].sum()
     mean_z = total / n
-    if finite:  # a CPU's: its scalars read as numbers, one small tensor added
-        dev = torch.sub(xz, mean_z.to(xz.dtype), out=work)
-        m2 = float(torch.dot(dev, dev))
-        tot, bal, nz, mean = float(total), float(balance), float(nnz), float(mean_z)
-        buf[o:a].add_(torch.tensor([n, 0.0, 0.0, 0.0, (nz + bal) / 2, (nz - bal) / 2, tot, m2,
-                                    n * mean * mean, n], dtype=torch.float64))
-        buf[a:a + c + p].add_(cols)
-        e = seg.extremes_at
-        ext = torch.tensor([float(mn), -float(mx)], dtype=torch.float64)
-        torch.minimum(buf[e:e + _EXTREMES_LEN], ext, out=buf[e:e + _EXTREMES_LEN])
-        return
     ext = torch.stack([mn.to(torch.float64), -mx.to(torch.float64)])
     # x - xz: 0 where x is finite, NaN, +Inf or -Inf where it is not
     kinds = torch.sub(flat, xz, out=work)
@@ -395,6 +391,32 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     buf[e:e + _EXTREMES_LEN] = torch.minimum(buf[e:e + _EXTREMES_LEN], ext)
 
 
+def _fold_finite(host: np.ndarray, seg: Segment, xf: torch.Tensor, flat: torch.Tensor,
+                 total: float, work: torch.Tensor, seed: int) -> None:
+    """``fold``'s statistics fold of a CPU tensor of finite ``total`` (so every value is
+    finite): five passes over it (its sum, its signs, their sum, its extremes, the deviations'
+    dot product) and the column counts, the rest in numpy on the buffer's memory ``host``.
+    The state is the general path's, bit for bit."""
+    o, c, p, n = seg.offset, seg.channels, seg.positions, flat.numel()
+    a = o + _ADDITIVE_LEN
+    fresh = host[o] == 0  # no statistics fold since the reset: the sample is empty
+    sign = torch.sign(flat, out=work)
+    bal = float(_sum(sign, n >= 2**24))  # positives - negatives
+    mn, mx = torch.aminmax(flat)
+    counts = _host_columns(sign.abs_().view(xf.shape), seg)
+    _host_sample(host, seg, flat.numpy(), seed, fresh)
+    mean = total / n
+    dev = torch.sub(flat, mean, out=work)
+    m2 = float(torch.dot(dev, dev))
+    nz = float(counts[:c].sum())
+    host[o:a] += (n, 0.0, 0.0, 0.0, (nz + bal) / 2, (nz - bal) / 2, total, m2,
+                  n * mean * mean, n)
+    host[a:a + c + p] += counts
+    e = seg.extremes_at
+    host[e] = min(host[e], float(mn))
+    host[e + 1] = min(host[e + 1], -float(mx))
+
+
 def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: torch.Tensor,
                   arange: torch.Tensor) -> None:
     k, n = seg.k, flat.numel()
@@ -416,14 +438,75 @@ def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: tor
 
 def _draws(arange: torch.Tensor, seed: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` smallest of ``n`` uniform keys (exponential spacings) and ``k`` uniform
-    positions in ``[0, n)`` (``k``: ``arange``'s length)."""
-    gen = _generator(seed)
-    if gen is not None:
-        k = arange.numel()
-        keys = torch.empty(k, dtype=torch.float64).exponential_(generator=gen)
-        return keys.cumsum_(0).div_(n + 1), torch.randint(n, (k,), generator=gen)
-    u_key, u_pos = _hash_uniform(arange, torch.stack([seed * 2, seed * 2 + 1])[:, None])
+    positions in ``[0, n)`` (``k``: ``arange``'s length), by the integer hash."""
+    u_key, u_pos = _uniforms(arange, seed)
     return torch.cumsum(-torch.log(u_key), 0) / (n + 1), (u_pos * n).long().clamp_(max=n - 1)
+
+
+def _host_columns(active: torch.Tensor, seg: Segment) -> np.ndarray:
+    """``_columns`` of a CPU tensor, the sums over the small column tensor in numpy."""
+    if seg.rank == 0:
+        return active.reshape(1).numpy().astype(np.float64)
+    batch = active.shape[0]
+    if batch >= 2**24:
+        cols = active.sum(0, dtype=torch.float64).numpy()
+    else:
+        ones = getattr(_work, "ones", None)
+        if ones is None or ones.numel() != batch or ones.dtype != active.dtype:
+            ones = _work.ones = torch.ones(batch, dtype=active.dtype)
+        cols = (ones @ active.reshape(batch, -1)).numpy().astype(np.float64)
+    if seg.rank <= 2:
+        return cols
+    cols = cols.reshape(active.shape[1:])
+    return np.concatenate([cols.sum(axis=seg.channel_dims).reshape(-1),
+                           cols.sum(axis=seg.position_dims).reshape(-1)])
+
+
+#: Consecutive fold seeds whose draws one block holds (``_host_draws``).
+DRAW_BLOCK = 32
+
+
+def _host_draws(seed: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fold ``seed``'s ``k`` cumulated exponential spacings and ``k`` uniforms in [0, 1):
+    a row of the block of ``DRAW_BLOCK`` consecutive seeds, drawn by numpy's generator
+    seeded with the block's number (the tool's own: the user's RNG streams stay
+    untouched) in one call each, a function of ``seed`` alone."""
+    block, row = divmod(seed, DRAW_BLOCK)
+    blocks = getattr(_work, "draws", None)
+    if blocks is None:
+        blocks = _work.draws = {}
+    got = blocks.get((block, k))
+    if got is None:
+        if len(blocks) >= 4:  # several Introspectors in turn keep theirs
+            blocks.clear()
+        rng = np.random.default_rng([block % 2**63, k])
+        got = blocks[block, k] = (np.cumsum(rng.standard_exponential((DRAW_BLOCK, k)), 1),
+                                  rng.random((DRAW_BLOCK, k)))
+    return got[0][row], got[1][row]
+
+
+def _host_sample(host: np.ndarray, seg: Segment, flat: np.ndarray, seed: int,
+                 fresh: bool) -> None:
+    """``_merge_sample`` of an eager CPU fold, in numpy on the buffer's memory ``host``
+    (``_host_draws``): a fifth of the torch kernels' time. ``fresh``: the segment's sample
+    is empty, so the draws are written, not merged."""
+    k, n = seg.k, flat.size
+    spacings, uniforms = _host_draws(seed, k)
+    if n <= k:  # every element, each with its own uniform key
+        keys, vals = uniforms[:n], flat
+    else:  # k uniform positions carrying the k smallest of n uniform keys
+        keys = spacings / (n + 1)
+        pos = np.multiply(uniforms, n).astype(np.int64)
+        vals = flat[np.minimum(pos, n - 1, out=pos)]
+    s = seg.sample_at
+    if not fresh:  # the k smallest keys of the held sample and the draws
+        held = host[s:s + 2 * k]
+        keys = np.concatenate([held[:k], keys])
+        vals = np.concatenate([held[k:], vals])
+        keep = np.argpartition(keys, k - 1)[:k]
+        keys, vals = keys[keep], vals[keep]
+    host[s:s + keys.size] = keys
+    host[s + k:s + k + vals.size] = vals
 
 
 # ---------------------------------------------------------------------- host side
