@@ -177,10 +177,12 @@ class Probes:
         # uniform positions in [0, 1) of the median's sample, without the user's RNG
         self.draws = _hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
                                    torch.zeros((), dtype=torch.int64, device=device))
+        self._picks: dict[int, torch.Tensor] = {}  # output size -> the median's positions
         self._handles: list[Any] = []
         self._stack: list[int] = []  # the attention modules running, innermost last
         self._running = 0  # the model's forward passes running (another model's calls pass)
-        self._pending: list[tuple[int, torch.Tensor, bool]] = []  # (slot, value, mean?)
+        # (slot, value, mean?): a device scalar, or a number on a CPU
+        self._pending: list[tuple[int, torch.Tensor | float, bool]] = []
         self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._head_out: torch.Tensor | None = None
         self.active = False
@@ -241,7 +243,7 @@ class Probes:
 
     # ------------------------------------------------------------------ folds
 
-    def _mean(self, i: int, col: int, value: torch.Tensor) -> None:
+    def _mean(self, i: int, col: int, value: torch.Tensor | float) -> None:
         self._pending.append((i * _WIDTH + col, value, True))
         self.seen.add(i)
 
@@ -261,7 +263,7 @@ class Probes:
             self.on = False
             self.failures.fail(PROBES, e)
 
-    def _fold(self, pending: list[tuple[int, torch.Tensor, bool]]) -> None:
+    def _fold(self, pending: list[tuple[int, torch.Tensor | float, bool]]) -> None:
         for mean in (True, False):
             chosen = [(j, v) for j, v, m in pending if m is mean]
             if not chosen:
@@ -272,7 +274,10 @@ class Probes:
                 if len(self._slots) > 64:
                     self._slots.clear()
                 at = self._slots[slots] = torch.tensor(slots, device=self.device)
-            v = torch.stack([v.reshape(()) for _, v in chosen]).double()
+            if self.device.type == "cpu":  # reading a CPU scalar waits for nothing
+                v = torch.tensor([float(v) for _, v in chosen], dtype=torch.float64)
+            else:
+                v = torch.stack([v.reshape(()) for _, v in chosen]).double()
             if mean:
                 finite = torch.isfinite(v)
                 self.sums.view(-1).index_add_(0, at, torch.where(finite, v, 0.0))
@@ -303,13 +308,30 @@ class Probes:
     def _layer(self, i: int, x: torch.Tensor) -> None:
         flat = (x if x.dtype == torch.float64 else x.float()).reshape(-1)
         n = flat.numel()
-        # The same uniform positions at every step (the batches differ): no draw to pay.
-        sample = flat if n <= len(self.draws) else flat[(self.draws * n).long()]
+        # The same uniform positions at every step (the batches differ): no draw to pay,
+        # and the positions of each size made once.
+        sample = flat
+        if n > len(self.draws):
+            pick = self._picks.get(n)
+            if pick is None:
+                if len(self._picks) > 256:
+                    self._picks.clear()
+                pick = self._picks[n] = (self.draws * n).long()
+            sample = flat.index_select(0, pick)
+        d = _scratch(flat, n, 1)[0]
+        if flat.device.type == "cpu":  # numbers on the host: a few numpy calls, not kernels
+            self._mean(i, _ABS_MEDIAN, _abs_median(sample.numpy()))
+            torch.sub(flat, float(flat.sum()) / n, out=d)
+            m2 = float(torch.dot(d, d)) / n
+            d.square_()
+            m4 = float(torch.dot(d, d)) / n
+            self._mean(i, _KURTOSIS, m4 / (m2 * m2) if m2 * m2 > 0 else math.nan)
+            return
         # the lower median, by selection (not a sort), NaN left out
         self._mean(i, _ABS_MEDIAN, sample.abs().nanmedian())
         # kurtosis: two passes from the mean, the sums of powers as dot products (fused); the
         # deviations in the CPU's reused work buffer (a fresh one costs its page faults)
-        d = torch.sub(flat, flat.mean(), out=_scratch(flat, n, 1)[0])
+        torch.sub(flat, flat.mean(), out=d)
         m2 = torch.dot(d, d) / n
         d.square_()
         self._mean(i, _KURTOSIS, torch.dot(d, d) / n / (m2 * m2))
@@ -441,6 +463,17 @@ class Probes:
         """Remove every hook and patch."""
         self._uninstall()
         self.on = False
+
+
+def _abs_median(sample: np.ndarray) -> float:
+    """The lower median of ``|sample|``, NaN left out (``torch.nanmedian``'s): numpy's
+    selection puts NaN last."""
+    a = np.abs(sample)
+    m = a.size - int(np.count_nonzero(np.isnan(a)))
+    if not m:
+        return math.nan
+    j = (m - 1) // 2
+    return float(np.partition(a, j)[j])
 
 
 class Kernels:
