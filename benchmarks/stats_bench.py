@@ -197,6 +197,38 @@ def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
                   flush=True)
     finally:
         stats_np.PARTITION, stats_np.PARTITION_FROM = chosen, threshold
+    magnitude_rows(repeats, rng)
+
+
+def magnitude_rows(repeats: int, rng: np.random.Generator) -> None:
+    """The log10|x| order statistics of a group of sorted rows of one width (a point's
+    samples): sorted again by magnitude, or found by ``_Magnitudes``' binary search; the
+    smaller groups are sorted (``stats_np.SORT_MAGNITUDES_UP_TO``)."""
+    from tb_introspect import stats_np
+
+    bound = stats_np.SORT_MAGNITUDES_UP_TO
+    p = np.asarray(Q) / 100.0
+    print(f"\n(groups of at most {bound:,} values are sorted by magnitude)")
+    print("\n| rows x width | sort ms | binary search ms |")
+    print("|---:|---:|---:|")
+    try:
+        for rows, width in ((8, 256), (12, 2048), (32, 2048), (2, 16384), (6, 16384),
+                            (2, 65536)):
+            samples = [rng.normal(size=width) for _ in range(rows)]
+            at = np.repeat(p[None, :] * (width - 1), rows, 0)
+            magnitudes = stats_np._Sorted(samples).magnitudes()
+            times: dict[str, list[float]] = {"sort": [], "search": []}
+            for _ in range(max(repeats, 3)):
+                for way in times:
+                    stats_np.SORT_MAGNITUDES_UP_TO = 2**62 if way == "sort" else 0
+                    t0 = time.perf_counter()
+                    magnitudes.select(at, np.log10)
+                    times[way].append(time.perf_counter() - t0)
+            med = {w: float(np.median(v)) * 1e3 for w, v in times.items()}
+            print(f"| {rows} x {width:,} | {med['sort']:.3f} | {med['search']:.3f} |",
+                  flush=True)
+    finally:
+        stats_np.SORT_MAGNITUDES_UP_TO = bound
 
 
 if __name__ == "__main__":

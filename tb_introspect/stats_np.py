@@ -593,9 +593,17 @@ class _Sorted:
             return np.where(hi > lo, a + (b - a) * (positions - lo), a)
 
 
+#: A group of sorted rows of at most this many values (padding included) is sorted again by
+#: magnitude: its sort costs less than ``_Magnitudes``' binary search, whose dozen rounds
+#: of a dozen numpy calls each cost 100-250 us whatever the rows' width
+#: (``benchmarks/stats_bench.py``).
+SORT_MAGNITUDES_UP_TO = 2**16
+
+
 class _Magnitudes(_Sorted):
-    """The absolute values of a ``_Sorted``'s rows of finite non-zero values, in order,
-    without a second sort (which cost a point as much as the first): a sorted row's
+    """The absolute values of a ``_Sorted``'s rows of finite non-zero values, in order.
+    A group of small rows is sorted again by magnitude (``SORT_MAGNITUDES_UP_TO``); a larger
+    one is not (a second sort cost a point as much as the first): a sorted row's
     magnitudes are two sorted runs, the negatives read backwards and the positives, so each
     wanted one is found by a binary search for how many of the smallest come from the
     negatives, for every row and rank at once (the engine's ``order_statistics``). A row
@@ -607,6 +615,8 @@ class _Magnitudes(_Sorted):
         self.large = {i: np.abs(r) for i, r in values.large.items()}
 
     def _take(self, mat: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        if mat.size <= SORT_MAGNITUDES_UP_TO:
+            return np.take_along_axis(np.sort(np.abs(mat), axis=1), ranks, axis=1)
         width, rows = mat.shape[1], np.arange(mat.shape[0])[:, np.newaxis]
 
         def at(i: np.ndarray) -> np.ndarray:  # past the ends: unspecified, masked below

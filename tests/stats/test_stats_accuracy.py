@@ -166,6 +166,25 @@ def test_order_statistics_from_one_sort_are_exact(negatives, jit):
     np.testing.assert_array_equal(mags, np.sort(np.abs(finite))[ranks])
 
 
+@pytest.mark.parametrize("negatives", [0.0, 0.3, 1.0])
+def test_numpy_magnitudes_sorted_or_searched_are_exact(monkeypatch, negatives):
+    """The numpy twin's magnitudes' order statistics, by a second sort (small groups) or
+    by the binary search over the value order (large ones), equal sorting the magnitudes:
+    rows of several widths padded in one group, ties, all-negative and all-positive rows."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for size in (3, 700, 1000, 1024, 5):
+        r = np.concatenate([rng.standard_cauchy(size) * 1e30, rng.integers(1, 4, size) * 1.0])
+        rows.append(r * np.where(rng.random(r.size) < negatives, -1.0, 1.0))
+    m = np.array([r.size for r in rows], dtype=np.float64)[:, None]
+    at = np.floor(np.array([0.0, 0.01, 0.3, 0.5, 0.99, 1.0]) * (m - 1))
+    want = np.stack([np.sort(np.abs(r))[a.astype(int)] for r, a in zip(rows, at, strict=True)])
+    for bound in (0, 2**62):  # every group searched, then every group sorted
+        monkeypatch.setattr(stats_np, "SORT_MAGNITUDES_UP_TO", bound)
+        got = stats_np._Sorted(rows).magnitudes().select(at)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_sample_visits_every_channel():
     """A sparse [rows, C] tensor whose channels differ in scale by 10x each: a sample that
     favoured some channels (a stride sharing a factor with C would) would miss whole decades."""
