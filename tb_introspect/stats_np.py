@@ -311,7 +311,11 @@ def tensor_states(
     if xf is not cat:
         xs[~finite] = 0.0
     m2_s = np.add.reduceat(xs * xs, starts)
-    min_abs = np.minimum.reduceat(np.where(active, np.abs(xf), np.inf), starts)
+    mags = np.abs(xf)
+    dense = n_active == sizes  # weights seldom hold an exact zero: every unit counts all
+    if not dense.all():
+        mags[~active] = np.inf
+    min_abs = np.minimum.reduceat(mags, starts)
     values = cat[active]
     keys = np.random.default_rng(_content_seed(float(mean_s.sum()), float(m2_s.sum()))
                                  ).random(values.size)
@@ -319,11 +323,17 @@ def tensor_states(
     for j, i in enumerate(batch):
         st = empty_state(flats[i].shape, sample_size=sample_size)
         blocks, channels, positions = _units(flats[i].shape)
-        per_unit = active[starts[j]:starts[j] + sizes[j]].reshape(blocks)
-        if channels:
-            st["channel_nnz"] = np.count_nonzero(per_unit, axis=(0, 1)).astype(np.float64)
-        if positions:
-            st["spatial_nnz"] = np.count_nonzero(per_unit, axis=(0, 2)).astype(np.float64)
+        if dense[j]:
+            if channels:
+                st["channel_nnz"] = np.full(channels, blocks[0] * blocks[1], np.float64)
+            if positions:
+                st["spatial_nnz"] = np.full(positions, blocks[0] * blocks[2], np.float64)
+        else:
+            per_unit = active[starts[j]:starts[j] + sizes[j]].reshape(blocks)
+            if channels:
+                st["channel_nnz"] = np.count_nonzero(per_unit, axis=(0, 1)).astype(np.float64)
+            if positions:
+                st["spatial_nnz"] = np.count_nonzero(per_unit, axis=(0, 2)).astype(np.float64)
         a, b = ends[j] - n_active[j], ends[j]
         st.update(
             count=np.float64(sizes[j]), finite_count=np.float64(nf[j]),
