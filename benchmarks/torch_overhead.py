@@ -24,10 +24,11 @@ GPT-style language model (4 pre-LN causal ``nn.TransformerEncoderLayer`` blocks,
 
 ``--profile`` times, on one model copy, a plain step (a second copy, no hooks), a lean step
 (the rectifier outputs' activity counts and the gradient sum), a statistics step and a
-logged point (one statistics step's window), interleaved, medians; then it lists the
-operators ``torch.profiler`` sees in a few lean and statistics steps (self CPU time, their
-total against the steps' time: the rest is Python) and the point's costliest functions
-(cProfile).
+logged point (one statistics step's window: its CPU on the training thread, and on its
+worker thread, which a trainer's cadence charges too), interleaved, medians; then it lists
+the operators ``torch.profiler`` sees in a few lean and statistics steps (self CPU time,
+their total against the steps' time: the rest is Python) and the point's costliest
+functions (cProfile).
 """
 
 from __future__ import annotations
@@ -360,6 +361,8 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
               f" ms of the statistics step's {ms['stats']:.1f}")
     print(f"  a later point on the training thread, its statistics step included:"
           f" {cost:.1f} ms" + (f" (target <= {target:.0f} ms)" if target else ""))
+    print(f"  a later point's whole CPU, training thread and worker:"
+          f" {cost + ms['worker']:.1f} ms ({cost:.1f} + {ms['worker']:.1f})")
     for ph, label in (("activity", "lean"), ("stats", "statistics")):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t = time.perf_counter()  # the profiler's clock
