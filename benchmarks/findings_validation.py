@@ -62,7 +62,7 @@ def _transformer_run(framework: str, story: str, seed: int, logdir: str):
         keras.backend.clear_session()
     else:
         lr = gpt.HF_HIGH_LR if story == "gpt_high_lr" else gpt.HF_LOW_LR
-        _, history = gpt.train_hf(logdir, lr, seed=seed, introspect={})
+        _, history = gpt.train_hf(logdir, lr, seed=seed, introspect={"overhead": None})
         logdir = str(next((Path(logdir) / "runs").iterdir()))
     (run,) = read_logdir(logdir).values()
     p = probes_of(run)

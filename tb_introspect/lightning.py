@@ -41,7 +41,8 @@ class Introspect(Callback):
     ``every="auto"`` (the default) follows the run: a point per epoch where it plans 20
     epochs or more, else per window of steps (``window``) from
     ``trainer.estimated_stepping_batches``, aligned to ``log_every_n_steps``
-    (``pipeline.plan.auto_window``).
+    (``pipeline.plan.auto_window``), longer where the points' measured cost would exceed
+    ``overhead`` (``Governor.paced_window``).
     A step is an optimizer step (``trainer.global_step``: ``accumulate_grad_batches``'
     micro-batches are one step, their layer outputs all counted, their losses summed as
     Lightning scales them); gradients are read after the optimizer step, as it applied

@@ -47,7 +47,8 @@ class IntrospectCallback(TrainerCallback):
     ``views`` and the keyword options are the ``Introspector``'s; ``every="auto"`` (the
     default) follows the run: a point per epoch where it plans 20 epochs or more, else per
     window of steps (``window``) from ``state.max_steps``, aligned to ``logging_steps``,
-    at least about 20 points and at most a few hundred (``pipeline.plan.auto_window``).
+    about 20 points and at most a few hundred (``pipeline.plan.auto_window``), fewer where
+    their measured cost would exceed ``overhead`` (``Governor.paced_window``).
     A step is an optimizer step (``state.global_step``: gradient accumulation's
     micro-batches are one step, their layer outputs all counted); the model and the
     optimizer are the trainer's; gradients are read in the optimizer's step pre-hook, after

@@ -105,7 +105,8 @@ class Pipeline:
         self.worker = HostWorker()
         # on_finding="stop": a point was handed over whose findings the step waits for
         self._judge_now = False
-        self._told_window: int | None = 0  # the paced window said last (``window``)
+        self._paced: int | None = 0  # a paced plan's window (0: the planned one)
+        self._told_pace = False
 
     def set_sink(self, sink: EventSink | None) -> None:
         """Write to ``sink`` from now on (a new event file carries the metadata again)."""
@@ -200,20 +201,26 @@ class Pipeline:
         self.act()
 
     def window(self) -> int | None:
-        """The steps of the current window (``window=N``; a paced plan's grow with the
-        points' measured cost, ``Governor.paced_window``, the same on every process only
-        from step counts: several processes keep the planned one)."""
+        """The steps of the current window: ``window=N``, or a paced plan's, decided after
+        each window's end (``_pace``)."""
+        return self._paced if self._paced != 0 else self.plan.window
+
+    def _pace(self) -> None:
+        """A window ended: a paced plan's next window grows with the points' measured cost
+        (``Governor.paced_window``); several processes keep the planned one (their
+        windows must close at the same steps, whatever their own clocks say)."""
         planned = self.plan.window
         if not planned or not self.plan.paced or self.governor is None or self.lockstep:
-            return planned
-        window = self.governor.paced_window(planned)
-        if window != self._told_window and window != planned:
-            self._told_window = window
+            return
+        self._paced = self.governor.paced_window(planned)
+        if self._paced != planned and not self._told_pace:
+            self._told_pace = True
             logging.getLogger("tb_introspect").info(
-                "tb_introspect: %s keep a point's cost within overhead=%g of the plain"
-                " step (window= sets it)", "points only at epoch ends" if window is None
-                else f"a point every {window} steps", self.plan.options.overhead)
-        return window
+                "tb_introspect: %s, to keep the points' cost within overhead=%g of the"
+                " plain step (planned: every %d steps; window= or overhead=None says"
+                " otherwise)", "points at epoch ends only" if self._paced is None
+                else f"a point every {self._paced} or more steps",
+                self.plan.options.overhead, planned)
 
     def _log_due(self) -> None:
         step = self.front_end.current_step()
@@ -270,6 +277,7 @@ class Pipeline:
             self.governor.timed_log(self._end_window, extra, window=True)
         if self.governor is not None and self.plan.per_epoch:
             self.governor.begin_window()
+            self._pace()
         if self.findings is not None and self.sink is not None:
             self._judge()
         self.act()

@@ -8,7 +8,8 @@ diverged, and ``on_finding`` must have seen one while it trained, before that; i
 (QK-layernorm at the same rate, and a 30x lower rate) none. Each story is trained once per
 module: a plain loop with the PyTorch ``Introspector`` (a point every 15 steps), Keras ``fit``
 with ``Introspect``, and the tiny GPT-2 under the Hugging Face ``Trainer`` with
-``IntrospectCallback`` at its defaults.
+``IntrospectCallback`` at its defaults but the budget (``overhead=None``: the planned
+windows of 15 steps, which this tiny model's millisecond steps would otherwise pace).
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def test_keras_twins_train_stably_without_a_transformer_warning(keras_runs, twin
 @pytest.fixture(scope="module")
 def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
     """The tiny GPT-2 under the ``Trainer`` at the high rate and 30x lower, each with
-    ``IntrospectCallback()`` at its defaults (a point per window of about 1/20 of the run)."""
+    ``IntrospectCallback(overhead=None)``: a point per planned window (1/20 of the run), not
+    paced (``Governor.paced_window``: its steps of milliseconds would make them rarer)."""
     pytest.importorskip("transformers")
     from tb_introspect.demo import gpt
     from tests.trainers.hf_support import run_dir
@@ -166,7 +168,7 @@ def hf_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
     out = {}
     for name, lr in (("high", gpt.HF_HIGH_LR), ("low", gpt.HF_LOW_LR)):
         d = tmp_path_factory.mktemp(f"hf_{name}")
-        _, history = gpt.train_hf(str(d), lr, seed=0, introspect={})
+        _, history = gpt.train_hf(str(d), lr, seed=0, introspect={"overhead": None})
         out[name] = _judge(history, run_dir(Path(d)))
     return out
 
