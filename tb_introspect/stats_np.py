@@ -316,7 +316,9 @@ def tensor_states(
     if not dense.all():
         mags[~active] = np.inf
     min_abs = np.minimum.reduceat(mags, starts)
-    values = cat[active]
+    # the values in the arrays' own float type (float32 sorts in half the time)
+    narrow = {a.dtype for a in (flats[i] for i in batch)} == {np.dtype(np.float32)}
+    values = (np.concatenate([flats[i].reshape(-1) for i in batch]) if narrow else cat)[active]
     keys = np.random.default_rng(_content_seed(float(mean_s.sum()), float(m2_s.sum()))
                                  ).random(values.size)
     ends = np.cumsum(n_active)
@@ -571,7 +573,9 @@ class _Sorted:
                 widths.setdefault(row.size, []).append(i)
         self.groups: list[tuple[list[int], np.ndarray]] = []
         for width, idx in widths.items():
-            mat = np.full((len(idx), width), np.inf)
+            # float32 rows sort as float32, twice as fast, in the same order
+            mat = np.full((len(idx), width), np.inf,
+                          dtype=np.result_type(np.float32, *(rows[i].dtype for i in idx)))
             for j, i in enumerate(idx):
                 mat[j, :rows[i].size] = rows[i]
             mat.sort(axis=1)
