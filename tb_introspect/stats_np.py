@@ -629,6 +629,8 @@ class _Magnitudes(_Sorted):
         self.large = {i: np.abs(r) for i, r in values.large.items()}
 
     def _take(self, mat: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        if (mat[:, 0] > 0).all():  # no negatives (rectifier outputs): the values' order
+            return np.take_along_axis(mat, ranks, axis=1)
         if mat.size <= SORT_MAGNITUDES_UP_TO:
             return np.take_along_axis(np.sort(np.abs(mat), axis=1), ranks, axis=1)
         width, rows = mat.shape[1], np.arange(mat.shape[0])[:, np.newaxis]
