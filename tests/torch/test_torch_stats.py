@@ -212,3 +212,60 @@ def test_finite_fold_equals_the_general_fold(monkeypatch):
     monkeypatch.undo()
     assert state._finite_sum(calls[-1].reshape(-1), False) is None
     assert state._finite_sum(x.reshape(-1), False) is not None
+
+
+def test_device_fold_equals_the_host_fold_but_its_draws(monkeypatch):
+    """A GPU's fold (device ops only, the integer hash's draws) and an eager CPU's (its
+    small parts in numpy on the buffer's memory, numpy's draws) fold the same counts,
+    moments, extremes and column counts, bit for bit, with NaN, Inf and exact zeros; their
+    samples are drawn apart but hold as many entries."""
+    from tb_introspect.torch import state
+
+    g = torch.Generator().manual_seed(1)
+    for shape, channels_first in (((6, 3, 4, 5), True), ((7, 9), False), ((5, 7, 3), False)):
+        x = torch.randn(shape, generator=g)
+        x[0] = 0.0
+        y = x.clone()
+        y.view(-1)[::5] = float("nan")
+        y.view(-1)[1] = float("inf")
+        seg = state.layout(shape, channels_first, 8)
+        arange = torch.arange(8)
+        folded = []
+        for device in (False, True):
+            if device:
+                monkeypatch.setattr(state, "_host", lambda buf: None)
+            buf = seg.empty()
+            for i, t in enumerate((x, y, x * 0.5)):
+                state.fold(buf, seg, t, torch.tensor(i + 1), True, arange)
+            folded.append(buf.numpy())
+        monkeypatch.undo()
+        s = seg.sample_at
+        np.testing.assert_array_equal(folded[0][:s], folded[1][:s])
+        assert [np.isfinite(f[s:s + 8]).sum() for f in folded] == [8, 8]
+
+
+def test_folds_sample_in_proportion_to_their_sizes():
+    """The bottom-k merge of folds larger than the sample keeps each in proportion to its
+    size (its k keys are the k smallest of as many uniform keys as it has values): a batch of
+    20,000 ones and one of 60,000 minus ones leave a quarter of ones, within six sigma, in
+    either order; beside them a fold of 100 values, which the sample holds whole, keeps
+    about 100 / 80,100 of it."""
+    from tb_introspect.torch import state
+
+    k = 1024
+    seg = state.layout((200, 100), False, k)
+    arange = torch.arange(k)
+    small, large, tiny = torch.ones(200, 100), -torch.ones(600, 100), torch.full((1, 100), 5.0)
+    shares, tiny_counts = [], []
+    for seed, order in enumerate(((small, large, tiny), (tiny, large, small)) * 4):
+        buf = seg.empty()
+        for i, t in enumerate(order):
+            state.fold(buf, seg, t, torch.tensor(3 * seed + i + 1), True, arange)
+        values = buf.numpy()[seg.sample_at + k:seg.sample_at + 2 * k]
+        assert np.count_nonzero(values) == k
+        shares.append(np.mean(values == 1.0) / np.mean(values != 5.0))
+        tiny_counts.append(np.count_nonzero(values == 5.0))
+    sigma = np.sqrt(0.25 * 0.75 / k)
+    assert all(abs(s - 0.25) < 6 * sigma for s in shares), shares
+    assert abs(np.mean(shares) - 0.25) < 6 * sigma / np.sqrt(len(shares))
+    assert np.mean(tiny_counts) < 1 + 6 * np.sqrt(k * 100 / 80_100 / len(tiny_counts))
