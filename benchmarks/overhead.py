@@ -7,8 +7,9 @@ the GPT-style model of ``torch_overhead.py`` and MobileNetV2. After a
 warm-up epoch each (tracing), rounds of one epoch per variant are interleaved
 (the order rotates every round) and each figure is the median over rounds of
 the per-round ratio to plain ``fit``. ``--jit`` adds a pair with
-``jit_compile=True``. ``--profile`` splits the instrumented epoch into logging
-time (statistics at the logged points + writing) and metric draining.
+``jit_compile=True``, ``--jit-only`` runs that pair alone. ``--profile`` splits the
+instrumented epoch into logging time (statistics at the logged points + writing) and
+metric draining.
 ``--view-rows`` shows where the per-epoch cost comes from: rows with one or two
 views, and the two output views with statistics from each epoch's first step
 only (what the lean steps between statistics steps pay: the rectifiers' exact
@@ -188,6 +189,10 @@ def param_bytes(model: keras.Model) -> int:
 
 def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
     """(label, jit, callback factory); the first is the baseline."""
+    if args.jit_only:  # the XLA pair alone: plain fit and the per-epoch callback
+        return [("plain fit, jit_compile=True", True, None),
+                ("Introspect(every='epoch'), jit_compile=True", True,
+                 lambda d: Introspect(d, every="epoch"))]
     out = [("plain fit", False, None),
            ("keras TensorBoard(histogram_freq=1)", False,
             lambda d: keras.callbacks.TensorBoard(d, histogram_freq=1))]
@@ -360,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=5, help="interleaved rounds (median over them)")
     p.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="add plain and per-epoch rows with jit_compile=True")
+    p.add_argument("--jit-only", action="store_true",
+                   help="only the jit_compile=True rows (plain and per-epoch)")
     p.add_argument("--stats-every", default="",
                    help="add per-epoch rows with these stats_every values, comma separated")
     p.add_argument("--view-rows", action="store_true",
