@@ -186,7 +186,7 @@ def create_view_summary_metadata(
 ) -> summary_pb2.SummaryMetadata:
     """SummaryMetadata for the VIEW_SUMMARY of ``view``; ``rows``: the TENSOR_STATS tag of
     each row, in order (fixed for the run: a row without a value at a point holds NaN)."""
-    _check_cadence(cadence)
+    check_cadence(cadence)
     data = plugin_data_pb2.PluginData(
         version=PROTO_VERSION,
         kind=VIEW_SUMMARY,
@@ -255,7 +255,7 @@ def create_probes_metadata(*, rows: Sequence[str],
                            cadence: str = "step") -> summary_pb2.SummaryMetadata:
     """SummaryMetadata for the PROBES summary; ``rows``: the module of each row, in order
     (fixed for the run)."""
-    _check_cadence(cadence)
+    check_cadence(cadence)
     data = plugin_data_pb2.PluginData(
         version=PROTO_VERSION, kind=PROBES, name="probes", cadence=cadence,
         fields=PROBE_FIELDS, rows=list(rows),
@@ -382,7 +382,8 @@ def metric_tag(name: str, per_epoch: bool = False) -> str:
     return f"{TAG_PREFIX}{'metric_epoch' if per_epoch else 'metric'}/{name}"
 
 
-def _check_cadence(cadence: str) -> None:
+def check_cadence(cadence: str) -> None:
+    """A ``ValueError`` for a cadence the format does not know."""
     if cadence not in CADENCES:
         raise ValueError(f"unknown cadence {cadence!r}; expected one of {', '.join(CADENCES)}")
 
@@ -404,7 +405,7 @@ def create_tensor_stats_metadata(
     quantiles: Sequence[float] = DEFAULT_QUANTILES,
 ) -> summary_pb2.SummaryMetadata:
     """SummaryMetadata for the statistics of one view of one tensor."""
-    _check_cadence(cadence)
+    check_cadence(cadence)
     data = plugin_data_pb2.PluginData(
         version=PROTO_VERSION,
         kind=TENSOR_STATS,

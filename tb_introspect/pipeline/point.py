@@ -80,7 +80,7 @@ def protos(plan: Plan, point: Point, epoch: int,
             continue
         vectors = fill(block, plan, epoch, point)
         for s, vec in zip(block.specs, vectors, strict=True):
-            out.append(summary_pb.tensor_stats_pb(
+            out.append(summaries.tensor_stats(
                 vec, view=block.view, name=s.name, layer=s.layer, depth=s.depth,
                 shape=s.shape, dtype=s.dtype, cadence=cadence, quantiles=q))
         tags = [metadata.stats_tag(block.view, s.name) for s in block.specs]

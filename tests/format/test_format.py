@@ -88,6 +88,41 @@ def test_summary_pb_checks_the_vector_against_the_layout():
         summary_pb.fill_slots(np.zeros(35), "output", update_ratio=1.0)
 
 
+def test_tensor_stats_pb_holds_what_make_tensor_proto_makes():
+    """The vector's proto is built directly; it must be TensorBoard's own, byte for byte."""
+    from tensorboard.util import tensor_util
+
+    rng = np.random.default_rng(0)
+    for view in metadata.VIEWS:
+        vec = rng.normal(size=len(metadata.tensor_stats_fields(view)))
+        vec[:3] = [np.nan, np.inf, -0.0]
+        for first in (True, False):
+            pb = summary_pb.tensor_stats_pb(vec, view=view, name="d/kernel", cadence="epoch",
+                                            with_metadata=first)
+            want = tensor_util.make_tensor_proto(vec)
+            assert pb.value[0].tensor.SerializeToString() == want.SerializeToString()
+            assert pb.value[0].HasField("metadata") == first
+    with pytest.raises(ValueError, match="unknown cadence"):
+        summary_pb.tensor_stats_pb(vec, view=view, name="x", cadence="hourly",
+                                   with_metadata=False)
+
+
+def test_view_summaries_describe_a_tag_once_per_event_file():
+    views = summary_pb.ViewSummaries()
+    vec = np.zeros(len(metadata.tensor_stats_fields("gradient")))
+    tags = {}
+    for name in ("a", "b", "a", "b"):
+        pb = views.tensor_stats(vec, view="gradient", name=name, layer="L", depth=2)
+        tags.setdefault(name, []).append(pb.value[0].HasField("metadata"))
+    assert tags == {"a": [True, False], "b": [True, False]}
+    info = metadata.parse_plugin_data(
+        views.tensor_stats(vec, view="gradient", name="c", layer="L", depth=2)
+        .value[0].metadata.plugin_data.content)
+    assert (info.name, info.layer, info.depth) == ("c", "L", 2)
+    views.restart()  # a new event file: described again
+    assert views.tensor_stats(vec, view="gradient", name="a").value[0].HasField("metadata")
+
+
 def test_tensor_stats_pb_from_array_fills_epoch_and_extras():
     x = np.arange(12, dtype=np.float32).reshape(3, 4) - 4
     s = summary_pb.tensor_stats_pb_from_array(

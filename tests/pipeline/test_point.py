@@ -111,6 +111,9 @@ def test_a_points_summaries():
     assert first[3].value[0].HasField("metadata")
     again = protos(p, point, 2, views)
     assert not again[3].value[0].HasField("metadata")
+    # So does every tensor's: TensorBoard keeps a tag's first metadata.
+    assert all(s.value[0].HasField("metadata") for s in first)
+    assert not any(s.value[0].HasField("metadata") for s in again)
     assert summary_pb.vector_of(again[0])[col("gradient", "epoch")] == 2
 
 
