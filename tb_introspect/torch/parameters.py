@@ -76,7 +76,8 @@ class ParameterViews:
             g = spec.param.grad
             if g is None:
                 continue
-            g = sharding.local(g)
+            if self.sharded:
+                g = sharding.local(g)
             if g.is_sparse:
                 g = g.to_dense()
             accs.append(acc)

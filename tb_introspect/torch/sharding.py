@@ -16,6 +16,7 @@ where an element belongs, so ``unreadable`` names them and the parameter views a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,7 @@ from tb_introspect.pipeline.params import Shard
 from tb_introspect.torch import private
 
 
+@functools.cache
 def _dtensor_type() -> type | None:
     try:
         from torch.distributed.tensor import DTensor
