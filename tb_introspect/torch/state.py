@@ -234,7 +234,8 @@ def _columns(active: torch.Tensor, seg: Segment) -> torch.Tensor:
         cols = active.sum(0, dtype=torch.float64)
     else:
         ones = torch.ones(batch, dtype=active.dtype, device=active.device)
-        cols = (ones @ active.reshape(batch, -1)).reshape(active.shape[1:])
+        # mv, not matmul: autocast leaves it in the counts' float type (exact)
+        cols = torch.mv(active.reshape(batch, -1).t(), ones).reshape(active.shape[1:])
     return _channels_and_positions(cols.to(torch.float64), seg)
 
 
@@ -454,7 +455,7 @@ def _host_columns(active: torch.Tensor, seg: Segment) -> np.ndarray:
         ones = getattr(_work, "ones", None)
         if ones is None or ones.numel() != batch or ones.dtype != active.dtype:
             ones = _work.ones = torch.ones(batch, dtype=active.dtype)
-        cols = (ones @ active.reshape(batch, -1)).numpy().astype(np.float64)
+        cols = torch.mv(active.reshape(batch, -1).t(), ones).numpy().astype(np.float64)
     if seg.rank <= 2:
         return cols
     cols = cols.reshape(active.shape[1:])
