@@ -80,7 +80,7 @@ class Params:
         n = len(plan.variables)
         self.shards = list(shards) if shards is not None else [None] * n
         self.sharded = [i for i, sh in enumerate(self.shards) if sh is not None]
-        self.w_prev = None if weights is None else [_f64(w) for w in weights]
+        self.w_prev = None if weights is None else [_exact_copy(w) for w in weights]
         self.g_prev: list[np.ndarray | None] = [None] * n
         o = plan.options
         self.k = {i: min(int(np.prod(self.shards[i].shape, dtype=np.int64)) or 1,
@@ -222,10 +222,11 @@ class Params:
                     self.g_prev[i] = gsums[i]
         if weights is not None:
             keep = [i for i, s in enumerate(specs) if plan.writes("variable", s)]
-            w64 = {i: _f64(weights[i]) for i in range(len(specs)) if whole[i]}
             if keep:
                 plain = [j for j, i in enumerate(keep) if whole[i]]
-                dw = {keep[j]: w64[keep[j]] - self.w_prev[keep[j]] for j in plain}
+                # Subtracted in float64 (exact), with no float64 copy of the weights.
+                dw = {keep[j]: np.subtract(weights[keep[j]], self.w_prev[keep[j]],
+                                           dtype=np.float64) for j in plain}
                 ratio = np.full(len(keep), np.nan)
                 if plain:
                     ratio[plain] = stats_np.update_ratios([weights[keep[j]] for j in plain],
@@ -248,8 +249,9 @@ class Params:
                 vecs = summary_pb.fill_slots(self._stats(keep, weights, "variable", merged, "w"),
                                              "variable", o.quantiles, **extras)
                 out.blocks.append(Block("variable", [specs[i] for i in keep], vecs))
-            for i, w in w64.items():
-                self.w_prev[i] = w
+            for i in range(len(specs)):
+                if whole[i]:
+                    self.w_prev[i] = _exact_copy(weights[i])
 
     def _steps(self) -> float:
         every = self.plan.options.every
@@ -273,3 +275,10 @@ class Params:
 
 def _f64(a: np.ndarray) -> np.ndarray:
     return np.array(a, dtype=np.float64)
+
+
+def _exact_copy(a: np.ndarray) -> np.ndarray:
+    """A copy of weights for the next point's change, in a type whose float64 difference
+    is exact: float32 stays float32 (half a float64 copy's memory and traffic)."""
+    a = np.asarray(a)
+    return np.array(a) if a.dtype in (np.float32, np.float64) else _f64(a)

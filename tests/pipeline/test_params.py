@@ -71,6 +71,25 @@ def test_the_slots_from_two_points(every):
         prev_w, prev_g = w, g
 
 
+def test_float32_weights_change_exactly_and_are_copied():
+    """The previous point's float32 weights are kept as float32: their change is still the
+    exact float64 difference, and the caller's arrays may change after the point."""
+    rng = np.random.default_rng(3)
+    p = plan()
+    w0 = [rng.normal(size=s).astype(np.float32) for s in SHAPES.values()]
+    params = Params(p, w0, channels_first=False)
+    w1 = [x + rng.normal(size=x.shape).astype(np.float32) for x in w0]  # not all exact in f32
+    want = [np.linalg.norm(a.astype(np.float64) - c.astype(np.float64))
+            / np.linalg.norm(a.astype(np.float64)) for a, c in zip(w1, w0, strict=True)]
+    ratio = slot(blocks(params, w1, None)["variable"], "variable", "update_ratio")
+    np.testing.assert_allclose(ratio, want, rtol=1e-12)
+    w2 = [x.copy() for x in w1]
+    for x in w1:
+        x += 1  # the caller reuses its buffers: the copy kept is unchanged
+    ratio = slot(blocks(params, w2, None)["variable"], "variable", "update_ratio")
+    assert ratio.tolist() == [0, 0, 0]
+
+
 def test_a_view_not_asked_for_and_a_tensor_switched_off():
     rng = np.random.default_rng(2)
     p = plan()
