@@ -11,10 +11,13 @@
   thread (one traced function: reads, a merge across replicas, resets), then on the
   pipeline's worker the statistics of every variable, gradient sum and output state
   (numpy) and writing; and the first point, which traces the reading function;
+  ``--profile-points N`` adds where a later point's time goes (cProfile of N points, the
+  worker's part run on the calling thread);
 * the XLA compile of a step holding N ``batch_state`` computations (each in a fresh
   process: seconds to the first result, peak RSS), why ``step.XLA_STEP_TENSORS`` exists.
 
-Medians of ``--repeats`` runs after a warm-up call (tracing).
+Medians of ``--repeats`` runs after a warm-up call (tracing); ResNet50's later points a
+third as many (at least 3).
 
     python benchmarks/engine_bench.py
 """
@@ -133,7 +136,7 @@ def xla_compile_rows(sizes: tuple[int, ...]) -> None:
         print(f"| {n} | {s} | {mib} |", flush=True)
 
 
-def log_rows(repeats: int, names: list[str]) -> None:
+def log_rows(repeats: int, names: list[str], profile: int = 0) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from overhead import make
 
@@ -142,10 +145,11 @@ def log_rows(repeats: int, names: list[str]) -> None:
     for name in names:
         model = make(name)
         with tempfile.TemporaryDirectory(prefix="tbi_engine_") as logdir:
-            _log_rows(model, Introspect(logdir, every="epoch"), repeats, name)
+            _log_rows(model, Introspect(logdir, every="epoch"),
+                      max(3, repeats // 3) if name == "resnet50" else repeats, name, profile)
 
 
-def _log_rows(model, cb, repeats: int, name: str) -> None:
+def _log_rows(model, cb, repeats: int, name: str, profile: int = 0) -> None:
     from overhead import dataset
 
     from tb_introspect.pipeline.pipeline import Pipeline
@@ -187,7 +191,27 @@ def _log_rows(model, cb, repeats: int, name: str) -> None:
     print(f"| the same, on the training thread | {fw:.0f} | {fc:.0f} |")
     print(f"| `Pipeline.log`, one later point, {label} | {w:.0f} | {cpu:.0f} |")
     print(f"| the same, on the training thread | {tw:.0f} | {tc:.0f} |", flush=True)
+    if profile:
+        profile_points(pipeline, steps, profile, name)
     cb.close()
+
+
+def profile_points(pipeline, steps, points: int, name: str, top: int = 25) -> None:
+    """The functions that take most of ``points`` later points' time (cProfile's own time;
+    the worker's part runs on this thread so that cProfile sees it)."""
+    import cProfile
+    import pstats
+
+    pipeline.worker.wait()
+    pipeline.worker.threaded = False
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(points):
+        pipeline.log(next(steps))
+    profiler.disable()
+    pipeline.worker.threaded = True
+    print(f"\n{name}: {points} later points, cProfile, by own time")
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                         " overhead.py's)")
     p.add_argument("--only-points", action="store_true",
                    help="only the logged-point rows")
+    p.add_argument("--profile-points", type=int, default=0, metavar="N",
+                   help="with the logged-point rows: cProfile of N later points per model")
     p.add_argument("--xla-compile-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.xla_compile_child:
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only_points:
         batch_state_rows(args.repeats)
         counting_rows(2 * args.repeats)
-    log_rows(max(3, args.repeats // 3), [m for m in args.log_model.split(",") if m])
+    log_rows(args.repeats, [m for m in args.log_model.split(",") if m], args.profile_points)
     if not args.only_points:
         xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
     return 0
