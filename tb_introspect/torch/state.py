@@ -463,16 +463,18 @@ def _host_columns(active: torch.Tensor, seg: Segment) -> np.ndarray:
                            cols.sum(axis=seg.position_dims).reshape(-1)])
 
 
-#: Consecutive fold seeds whose draws one block holds (``_host_draws``).
-DRAW_BLOCK = 32
+#: Draws of each kind one block holds (``_host_draws``): 32 folds' of the default sample
+#: (2048), 1 MiB in all.
+DRAW_BLOCK = 2**16
 
 
 def _host_draws(seed: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Fold ``seed``'s ``k`` cumulated exponential spacings and ``k`` uniforms in [0, 1):
-    a row of the block of ``DRAW_BLOCK`` consecutive seeds, drawn by numpy's generator
-    seeded with the block's number (the tool's own: the user's RNG streams stay
+    a row of the block of ``DRAW_BLOCK // k`` consecutive seeds, drawn by numpy's
+    generator seeded with the block's number (the tool's own: the user's RNG streams stay
     untouched) in one call each, a function of ``seed`` alone."""
-    block, row = divmod(seed, DRAW_BLOCK)
+    rows = max(1, DRAW_BLOCK // k)
+    block, row = divmod(seed, rows)
     blocks = getattr(_work, "draws", None)
     if blocks is None:
         blocks = _work.draws = {}
@@ -481,8 +483,8 @@ def _host_draws(seed: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         if len(blocks) >= 4:  # several Introspectors in turn keep theirs
             blocks.clear()
         rng = np.random.default_rng([block % 2**63, k])
-        got = blocks[block, k] = (np.cumsum(rng.standard_exponential((DRAW_BLOCK, k)), 1),
-                                  rng.random((DRAW_BLOCK, k)))
+        got = blocks[block, k] = (np.cumsum(rng.standard_exponential((rows, k)), 1),
+                                  rng.random((rows, k)))
     return got[0][row], got[1][row]
 
 
