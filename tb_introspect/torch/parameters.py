@@ -71,6 +71,13 @@ class ParameterViews:
 
     def add(self) -> None:
         """Add the parameters' gradients to the sums (one fused add)."""
+        if not self.sharded:  # the common case, checked in one pass: a small model's
+            # step is a few milliseconds, and this runs on every one of them
+            grads = [s.param.grad for s in self.specs]
+            if all(g is not None and g.dtype == torch.float32 and not g.is_sparse
+                   for g in grads):
+                private.add_all(self._slices, [g.detach() for g in grads])
+                return
         accs, grads = [], []
         for spec, acc in zip(self.specs, self._slices, strict=True):
             g = spec.param.grad
