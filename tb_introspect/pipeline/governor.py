@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 #: Recent executions the step-time estimates are medians over.
 HISTORY = 32
-#: Points timed before a paced window may grow (the first point pays one-time costs).
+#: Window ends timed before a paced window may grow (the first pays one-time costs).
 PACING_POINTS = 2
 
 
@@ -262,9 +262,10 @@ class Governor:
         try:
             return fn(*args)
         finally:
-            self.logged(self.clock() - start)
+            seconds = self.clock() - start
+            self.logged(seconds)
             if window:
-                self.window_seconds.append(self.clock() - start)
+                self.window_seconds.append(seconds)
 
     # -------------------------------------------------------------- reporting
 
