@@ -20,7 +20,9 @@ Each round trains every setup once for two epochs, from the same seed, in an ord
 rotates every round; a warm-up round is left out. The second epoch is timed (wall and this
 process's CPU; wandb's service process is not counted), from its first step to the end of
 training, which includes the epoch's logged point and closing the writers: the steady
-state, without the one-time start (model hooks, writers, wandb's run). Each figure is the
+state, without the one-time start (model hooks, writers, wandb's run); the clock starts
+once the first epoch's point, handed to the pipeline's worker at its end, is written (one
+point per timed epoch, as in every later epoch of a longer run). Each figure is the
 median over rounds of the per-round ratio to the plain setup. An Introspect row also gives
 a later point's cost on the training thread (``Pipeline.log``'s CPU time, plus a statistics
 step's over a lean step's, medians; the point's host work runs beside, on its worker) and
@@ -111,6 +113,16 @@ def time_points() -> Callable[[], None]:
     return restore
 
 
+def settle(callbacks: list) -> None:
+    """Wait for the Introspect callbacks' workers: the previous epoch's point, handed over
+    at its end, is that epoch's cost (the timed epoch then pays its own point, which the
+    close waits for, and no other)."""
+    for cb in callbacks:
+        intro = getattr(cb, "introspector", None)
+        if intro is not None:
+            intro.pipeline.worker.wait()
+
+
 def point_ms() -> float | None:
     """A later point's cost on the training thread, its statistics step's extra time over
     a lean step included (medians, ms)."""
@@ -126,8 +138,12 @@ def hf_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class Timer(TrainerCallback):  # last in the list: after the others' events
+        def __init__(self, others: list) -> None:
+            self.others = others
+
         def on_epoch_begin(self, args, state, control, **kw):
             if state.epoch >= EPOCHS - 1:
+                settle(self.others)
                 CLOCK.start()
 
         def on_train_end(self, args, state, control, **kw):
@@ -151,7 +167,7 @@ def hf_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
                 report_to=report_to, use_cpu=True, disable_tqdm=True,
                 dataloader_num_workers=0, seed=0)
             Trainer(model=hs.gpt2(), args=args, train_dataset=data,
-                    callbacks=[*(c() for c in callbacks), Timer()]).train()
+                    callbacks=[*(others := [c() for c in callbacks]), Timer(others)]).train()
             if report_to == "wandb":
                 import wandb
 
@@ -174,6 +190,7 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
     class Timer(L.Callback):  # last in the list: after the others' hooks
         def on_train_epoch_start(self, trainer, pl_module):
             if trainer.current_epoch == EPOCHS - 1:
+                settle(trainer.callbacks)
                 CLOCK.start()
 
         def on_train_end(self, trainer, pl_module):
