@@ -52,8 +52,8 @@ def test_a_points_host_arrays_hold_while_training_goes_on(tmp_path, monkeypatch)
         """The worker waits until the second epoch's steps ran and its point was taken."""
 
         def on_epoch_begin(self, epoch, logs=None):
-            if epoch == 0:
-                cb.pipeline.worker.submit(gate.wait)
+            if epoch == 0:  # bounded: a failure here fails the test, it does not hang it
+                cb.pipeline.worker.submit(gate.wait, 120)
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
@@ -61,9 +61,12 @@ def test_a_points_host_arrays_hold_while_training_goes_on(tmp_path, monkeypatch)
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(8 * STEPS, 8)), rng.integers(0, 3, 8 * STEPS)
-    cb = Introspect(str(tmp_path), every="epoch")
+    # No timed flush within the fit: it would wait for the held worker (a slow machine's
+    # first epoch, which traces the point, can outlast the default 5 s).
+    cb = Introspect(str(tmp_path), every="epoch", flush_secs=3600)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[cb, Hold()])
     cb.close()
+    assert gate.is_set()
     assert len(held) == 2 and len(checked) == 2
     # The first point's host part ran after the second epoch and its point: its arrays are
     # as they were handed over.
