@@ -22,7 +22,7 @@ def _summary(tag: str, meta: summary_pb2.SummaryMetadata, vector) -> summary_pb2
     if vec.size != expected:
         raise ValueError(f"{tag}: packed vector has {vec.size} slots, layout has {expected}")
     summary = summary_pb2.Summary()
-    summary.value.add(tag=tag, metadata=meta, tensor=tensor_util.make_tensor_proto(vec))
+    _set_vector(summary.value.add(tag=tag, metadata=meta).tensor, vec)
     return summary
 
 
