@@ -153,7 +153,7 @@ class Governor:
             return float(self.spacing)
         added = statistics.median(self.lean_added) if self.lean_added else 0.0
         log = statistics.median(self.log_seconds) if self.log_seconds else 0.0
-        log += sum(_later(s) for s in list(self.work_seconds.values()))
+        log += self._work_per_window()
         steps = max(self.window_runs, 1)
         spare = self.overhead * plain - added - log / steps
         if spare <= 0:
@@ -175,10 +175,13 @@ class Governor:
         spare = self.overhead * plain - added
         if spare <= 0:
             return None
-        fixed = extra + _later(self.window_seconds) + sum(
-            _later(s) for s in list(self.work_seconds.values()))
+        fixed = extra + _later(self.window_seconds) + self._work_per_window()
         steps = math.ceil(fixed / spare)
         return max(planned, planned * math.ceil(steps / planned))
+
+    def _work_per_window(self) -> float:
+        """A window's CPU seconds on the worker: each kind of job's median (``worked``)."""
+        return sum(_later(s) for s in list(self.work_seconds.values()))
 
     def share(self, spacing: float) -> None:
         """The spacing rank 0 decided (``spacing_to_share``), used from the next step."""
