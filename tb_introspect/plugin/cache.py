@@ -36,14 +36,15 @@ class FingerprintCache:
         ``ttl_s``: values also expire this many seconds after they were stored,
         or ``ttl_per_cost`` times as long as they took to compute when that is
         longer (a value that costs seconds is not recomputed every second).
-        ``clock``: seconds, for the stored times and the costs.
+        ``clock``: seconds, for the stored times and the costs; an attribute, so that a
+        test can step a fake one past ``ttl_s`` instead of waiting.
         """
         self._max = max_entries
         self._max_bytes = max_bytes
         self._weigh = weigh
         self.ttl_s = ttl_s
         self.ttl_per_cost = ttl_per_cost
-        self._clock = clock
+        self.clock = clock
         self._bytes = 0
         # key -> (fingerprint, value, weight, time stored, seconds valid or None)
         self._entries: collections.OrderedDict[
@@ -71,9 +72,9 @@ class FingerprintCache:
                 if self._valid(hit, fingerprint):
                     self._entries.move_to_end(key)
                     return hit[1]
-            started = self._clock()
+            started = self.clock()
             value = compute()
-            self.put(key, fingerprint, value, cost_s=self._clock() - started)
+            self.put(key, fingerprint, value, cost_s=self.clock() - started)
             return value
 
     def put(self, key: Hashable, fingerprint: Hashable, value: Any, cost_s: float = 0.0) -> None:
@@ -87,7 +88,7 @@ class FingerprintCache:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old[2]
-            self._entries[key] = (fingerprint, value, weight, self._clock(), ttl)
+            self._entries[key] = (fingerprint, value, weight, self.clock(), ttl)
             self._bytes += weight
             # The newest entry stays even when it alone exceeds the budget.
             while len(self._entries) > 1 and (
@@ -106,5 +107,5 @@ class FingerprintCache:
 
     def _valid(self, hit: tuple | None, fingerprint: Hashable) -> bool:
         return hit is not None and hit[0] == fingerprint and (
-            hit[4] is None or self._clock() - hit[3] < hit[4]
+            hit[4] is None or self.clock() - hit[3] < hit[4]
         )

@@ -151,15 +151,22 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
     plugin_name = PLUGIN_NAME
 
-    def __init__(self, context: base_plugin.TBContext) -> None:
-        """Keeps the data provider; nothing is read until a route is called."""
+    def __init__(
+        self, context: base_plugin.TBContext, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """Keeps the data provider; nothing is read until a route is called.
+
+        ``clock``: seconds, for the age and cost of tag listings (see ``clock``).
+        """
         self._provider = context.data_provider
         # Only the Python loader hands it out; samples are read from it (bounded.py).
         self._multiplexer = getattr(context, "multiplexer", None)
         # Tag listings ("run", eid, run) and ("all", eid), reused for a second, or
         # twice as long as they took (the Python loader scans every point to list:
         # ~6 s at 5M points); one refresh per key at a time, as for every entry.
-        self._listings = FingerprintCache(1024, ttl_s=LISTING_TTL_S, ttl_per_cost=2.0)
+        self._listings = FingerprintCache(
+            1024, ttl_s=LISTING_TTL_S, ttl_per_cost=2.0, clock=clock
+        )
         # Rendered documents per run, valid while the run's fingerprint holds.
         mib = 2**20
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
@@ -183,6 +190,16 @@ class IntrospectPlugin(base_plugin.TBPlugin):
     @listing_ttl_s.setter
     def listing_ttl_s(self, value: float) -> None:
         self._listings.ttl_s = value
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds that tag listings age by: settable, so that a test can step a fake clock
+        past ``listing_ttl_s`` rather than wait on the real one."""
+        return self._listings.clock
+
+    @clock.setter
+    def clock(self, value: Callable[[], float]) -> None:
+        self._listings.clock = value
 
     def is_active(self) -> bool:
         """Always ``False``: TensorBoard activates the tab from ``data_plugin_names``."""
@@ -241,11 +258,11 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def refresh():
-            started = time.monotonic()
+            started = self.clock()
             infos, bad = reader.list_tags(
                 self._provider, eid, ctx=plugin_util.context(request.environ)
             )
-            took = time.monotonic() - started
+            took = self.clock() - started
             for run in set(infos) | set(bad):
                 self._listings.put(
                     ("run", eid, run), None, _listing(infos.get(run, {}), bad.get(run, [])),

@@ -7,8 +7,6 @@ written, rounded as documented (docs/http_api.md).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from tensorboard.compat.proto import summary_pb2
@@ -90,6 +88,16 @@ def app(tmp_path_factory):
     write_maps_run(root / "maps", broken=True)
     write_stats_only_run(root / "plain")
     return App(str(root))
+
+
+class FakeClock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def tag(name: str) -> str:
@@ -189,6 +197,8 @@ def test_bad_requests_get_a_clear_4xx(app, route, status, message) -> None:
 def test_gzip_and_new_epochs(tmp_path) -> None:
     write_maps_run(tmp_path / "live", epochs=range(2))
     app = App(str(tmp_path))
+    clock = FakeClock()
+    app.plugin.clock = clock
     route = f"activity?run=live&tag={tag('conv')}"
     zipped = app.client.get("/data/plugin/introspect/" + route,
                             headers={"Accept-Encoding": "gzip"})
@@ -196,7 +206,8 @@ def test_gzip_and_new_epochs(tmp_path) -> None:
     assert app.get(route)["epochs"] == [0, 1]
     write_maps_run(tmp_path / "live", epochs=range(2, 3))
     app.mux.Reload()
-    time.sleep(app.plugin.listing_ttl_s + 0.05)  # the run's listing is reused for a moment
+    assert app.get(route)["epochs"] == [0, 1]  # the run's listing is reused for listing_ttl_s
+    clock.now += app.plugin.listing_ttl_s
     doc = app.get(route)
     assert doc["epochs"] == [0, 1, 2]
     np.testing.assert_allclose(doc["channel_rates"][2], known_map("conv", OUTPUTS[1][3], 2)[0],

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import math
 import os
-import time
 
 import numpy as np
 import pytest
@@ -272,8 +271,22 @@ def test_overview_matches_reference(env) -> None:
     assert strided["steps"][-1] == 39 and len(strided["stack"][0]) == 10
 
 
+class FakeClock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_overview_follows_new_points(env) -> None:
-    root, _, app = env
+    root, _, _ = env
+    # An app of its own: every listing it holds was stored on the fake clock.
+    app = App(root)
+    clock = FakeClock()
+    app.plugin.clock = clock
     run_dir = os.path.join(root, "exp", "b", "deep")
     before = app.get("overview?run=exp/b/deep")["views"]["output"]["steps"]
     assert before == list(range(5))
@@ -281,8 +294,11 @@ def test_overview_follows_new_points(env) -> None:
               views={"output": [("only", "only", 0)]})
     assert app.get("overview?run=exp/b/deep")["views"]["output"]["steps"] == before  # not reloaded
     app.mux.Reload()
-    # The run's tag listing is reused for a moment (it spares a provider round trip).
-    time.sleep(app.plugin.listing_ttl_s + 0.05)
+    # The run's tag listing is reused for listing_ttl_s (it spares a provider round trip)...
+    clock.now += app.plugin.listing_ttl_s / 2
+    assert app.get("overview?run=exp/b/deep")["views"]["output"]["steps"] == before
+    # ...and listed again once that has passed.
+    clock.now += app.plugin.listing_ttl_s
     assert app.get("overview?run=exp/b/deep")["views"]["output"]["steps"] == list(range(8))
     assert app.get("run?run=exp/b/deep")["views"]["output"][0]["num_points"] == 8
 
