@@ -265,13 +265,11 @@ def test_demo_serve_port_in_use_fails_before_training(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        start = time.monotonic()
         r = cli("demo", "--serve", "--host", "127.0.0.1", "--port", str(port),
                 "--logdir", str(tmp_path / "logs"), timeout=120)
     assert r.returncode == 2
     assert f"port {port} is already in use" in r.stderr and "--port" in r.stderr
     assert not (tmp_path / "logs").exists()  # it did not train first
-    assert time.monotonic() - start < 60
 
 
 def test_demo_serve_starts_tensorboard(served_demo) -> None:
