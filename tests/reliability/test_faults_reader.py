@@ -219,7 +219,7 @@ def test_damaged_files_serve_what_is_intact_and_never_500(logdir, load_fast):
                 if time.monotonic() > deadline:
                     break  # the comparison below shows what is missing
                 time.sleep(0.5)
-        time.sleep(2.5)
+        _whole_reloads(tb, root, f"zz_reloads_{load_fast}_read", 2)
         listed = {r["run"] for r in rl.get(tb, "runs")[1]["runs"]}
         statuses = {}
         for run, points in expected.items():
@@ -266,10 +266,12 @@ def test_damaged_files_serve_what_is_intact_and_never_500(logdir, load_fast):
         # A run directory deleted while TensorBoard serves it.
         shutil.rmtree(root / "deleted")
         try:
-            for _ in range(6):  # across several reloads (--reload_interval 1)
+            def ask_for_the_deleted_run():
                 for route, status in _all_statuses(tb, "deleted").items():
                     statuses[("deleted-after-rm", route)] = status
-                time.sleep(0.5)
+
+            _whole_reloads(tb, root, f"zz_reloads_{load_fast}_rm", 2,
+                           between=ask_for_the_deleted_run)
             assert rl.served_points(tb, "good")["introspect/metric/loss"].keys() == \
                 expected["good"]["introspect/metric/loss"].keys()
         finally:
@@ -329,6 +331,27 @@ def test_record_claiming_an_impossible_length(tmp_path, load_fast):
             assert time.monotonic() < deadline, "loading stopped: " + tb.log_path.read_text(
                 errors="replace")[-1500:]
             time.sleep(0.5)
+
+
+def _whole_reloads(tb, root: Path, marker: str, reloads: int,
+                   between=lambda: None, timeout: float = 120.0) -> None:
+    """Returns once the loader has read the whole logdir ``reloads`` more times, calling
+    ``between`` while it waits.
+
+    Marker run ``k`` is written once marker ``k - 1`` is served. The reload that served
+    ``k - 1`` had listed the logdir before that, so a later reload finds ``k``; and reloads
+    run one after another: once ``k`` is served, the reload that found ``k - 1`` has read
+    every run. Reloads counted so, not seconds waited, hold on a machine of any speed.
+    """
+    deadline = time.monotonic() + timeout
+    for k in range(reloads + 1):
+        write_good(root / f"{marker}_{k}", steps=3)
+        while True:
+            between()
+            if _loaded(tb, f"{marker}_{k}", 3):
+                break
+            assert time.monotonic() < deadline, f"marker run {k} of {marker} not loaded"
+            time.sleep(0.2)
 
 
 def _has_points(tb, run: str, points: dict) -> bool:
