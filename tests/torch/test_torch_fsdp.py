@@ -265,11 +265,12 @@ def test_a_rank_that_never_arrives_costs_one_timeout(tmp_path_factory):
     np.testing.assert_allclose(ranks[0]["losses"], ranks[1]["losses"], rtol=0.5)  # one model
     said = ranks[0]["warnings"]
     assert len(said) == 1 and "off on every rank" in said[0], said
-    with open(os.path.join(log_dir, "seconds0.json")) as f:
-        seconds = json.load(f)
-    # the first epoch's point waited one timeout; the second epoch made no collective
-    assert seconds[0] >= worker.ABSENT_TIMEOUT_S - 0.5, seconds
-    assert seconds[1] < worker.ABSENT_TIMEOUT_S, seconds
+    with open(os.path.join(log_dir, "collectives0.json")) as f:
+        ended = json.load(f)
+    # One collective waited for rank 1 until the timeout, and the tool made none after it:
+    # counted, not timed, so that a slow machine's epochs cannot pass for a second wait.
+    assert ended and "timed out" in ended[-1].lower(), ended
+    assert ended[:-1] == ["ok"] * (len(ended) - 1), ended
 
 
 def test_points_written_before_the_writer_is_killed_stay_readable(tmp_path_factory):

@@ -138,12 +138,33 @@ def _train(rank: int, world: int, log_dir: str, mode: str) -> list[float]:
                      sleep=0.02 if mode == "slow" and rank == 1 else 0.0)
 
 
+def _record_tool_collectives(intro) -> list[str]:
+    """How each collective of the tool on this rank ends, in order: "ok" or the error."""
+    ended = []
+    all_gather = dist.all_gather
+
+    def recorded(tensors, tensor, group=None, **kwargs):
+        if group is None or group is not intro.ranks.group:
+            return all_gather(tensors, tensor, group=group, **kwargs)
+        try:
+            out = all_gather(tensors, tensor, group=group, **kwargs)
+        except Exception as e:
+            ended.append(f"{type(e).__name__}: {e}")
+            raise
+        ended.append("ok")
+        return out
+
+    dist.all_gather = recorded
+    return ended
+
+
 def _train_unreliable(rank, model, opt, data, intro, mode: str) -> list[float]:
     """``absent``: rank 1 leaves the tool after 3 steps; ``killed``: rank 0 dies in epoch 3.
-    Each rank's losses and, per epoch, the seconds it took go to ``rank<r>.json``."""
-    losses, seconds, step = [], [], 0
+    Each rank's losses go to ``rank<r>.json``, how its tool's collectives ended to
+    ``collectives<r>.json``."""
+    losses, step = [], 0
+    ended = _record_tool_collectives(intro)
     for epoch in range(3 if mode == "killed" else EPOCHS):
-        start = time.perf_counter()
         for x, y in data:
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
@@ -157,9 +178,8 @@ def _train_unreliable(rank, model, opt, data, intro, mode: str) -> list[float]:
             losses.append(float(loss.detach()))
         if not (mode == "absent" and rank == 1):
             intro.end_epoch()
-        seconds.append(time.perf_counter() - start)
-    with open(os.path.join(intro.log_dir, f"seconds{rank}.json"), "w") as f:
-        json.dump(seconds, f)
     if not (mode == "absent" and rank == 1):
         intro.close()
+    with open(os.path.join(intro.log_dir, f"collectives{rank}.json"), "w") as f:
+        json.dump(ended, f)
     return losses
