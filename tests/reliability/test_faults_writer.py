@@ -65,7 +65,8 @@ def _child_data():
 
 
 def _child_kill(logdir: str, progress: str) -> None:
-    """Train slowly for a long time, reporting each epoch end; the parent kills us."""
+    """Train slowly, reporting each epoch end and mid-epoch, then wait in the middle of the
+    third epoch for the parent to kill us."""
     import keras
 
     from tb_introspect.keras import Introspect
@@ -74,6 +75,7 @@ def _child_kill(logdir: str, progress: str) -> None:
         def __init__(self):
             super().__init__()
             self.step = 0
+            self.epochs = 0
 
         def _say(self, line: str) -> None:
             with open(progress, "a") as f:
@@ -83,13 +85,23 @@ def _child_kill(logdir: str, progress: str) -> None:
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
-            time.sleep(0.05)  # an epoch lasts long enough to be killed in its middle
+            # Time passes in every batch: flush_secs' periodic flushes come due mid-epoch
+            # (each one is on disk when its step returns).
+            time.sleep(0.05)
             if batch == STEPS_PER_EPOCH // 2:
                 self._say(f"mid {self.step}")
+                if self.epochs == 2:
+                    # Held here until the kill: however slow the parent is to see this line,
+                    # the child is still mid-epoch when it dies.
+                    deadline = time.monotonic() + 600
+                    while time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    raise SystemExit("the parent never killed this training")
 
         def on_epoch_end(self, epoch, logs=None):
             # Runs after Introspect's on_epoch_end (callbacks run in list order),
             # which flushes: everything up to this step is in the file now.
+            self.epochs += 1
             self._say(f"epoch {epoch} {self.step}")
 
     x, y = _child_data()
