@@ -2,8 +2,9 @@
 
 The slow part runs ``tb-introspect demo --quick`` once (four real models, the real
 ``Introspect`` callback, real event files) and checks that every run tells its story in the
-findings (``Scenario.story``) and shows its situation in the logged statistics, with margins
-measured over several seeds and thread counts.
+findings (``Scenario.story``) and shows its situation in the logged statistics with a margin
+(``evidence.margin_problems``); ``tests/test_demo_robustness.py`` does the same on other
+seeds, thread counts and kernel paths.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ import pytest
 
 from tb_introspect.demo import models
 from tb_introspect.demo.data import load_digits
-from tb_introspect.demo.evidence import Evidence, collect, serious_kinds, story_problems
+from tb_introspect.demo.evidence import (
+    Evidence,
+    collect,
+    margin_problems,
+    scenario_of,
+    serious_kinds,
+    story_problems,
+)
 from tb_introspect.demo.run import prepare_logdir, run_names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,53 +131,35 @@ def test_demo_draws_progress_bars_and_writes_all_views(quick_demo) -> None:
 
 
 @pytest.mark.slow
-def test_healthy_cnn(quick_demo) -> None:
+def test_every_run_tells_its_story_with_margin(quick_demo) -> None:
+    evidence, kinds = quick_demo[2], quick_demo[3]
+    problems = {name: story_problems(name, kinds[name])
+                + margin_problems(scenario_of(name), evidence[name]) for name in RUNS}
+    assert not any(problems.values()), (problems, kinds,
+                                        {n: e.summary() for n, e in evidence.items()})
+
+
+@pytest.mark.slow
+def test_healthy_cnn_gets_better_every_epoch(quick_demo) -> None:
     e = quick_demo[2]["1_healthy_cnn"]
-    med = e.loss_median
-    assert np.all(np.diff(med) < 0), med  # every epoch better than the last
-    assert med[-1] < 0.15, med
-    # Gradient scale comparable from the first to the last layer (no vanishing).
-    assert np.all((e.grad_first_last > 0.3) & (e.grad_first_last < 5)), e.grad_first_last
-    assert e.worst_dead()[1] < 0.5, e.worst_dead()
-    assert e.first_layer_grad_active[-1] > 0.99
+    assert np.all(np.diff(e.loss_median) < 0), e.loss_median
 
 
 @pytest.mark.slow
-def test_every_run_tells_its_story(quick_demo) -> None:
-    kinds = quick_demo[3]
-    problems = {name: story_problems(name, k) for name, k in kinds.items()
-                if story_problems(name, k)}
-    assert not problems, (problems, kinds)
-
-
-@pytest.mark.slow
-def test_lr_too_high_cnn_learns_but_never_gets_where_the_healthy_run_does(quick_demo) -> None:
+def test_lr_too_high_cnn_loses_what_it_learned_at_the_jump(quick_demo) -> None:
     e = quick_demo[2]["2_lr_too_high_cnn"]
-    healthy = quick_demo[2]["1_healthy_cnn"]
-    best = np.nanmin(e.loss_median)
-    # It learns during the warm-up (chance is ln 10 = 2.30; 0.42-0.88 over five seeds)...
-    assert best < 0.5 * np.log(10), e.loss_median
-    # ...but in three times the healthy run's epochs never gets near its loss (healthy
-    # 0.02-0.09 after 4 epochs): the steps are too large to settle into the valley.
-    assert best > 2 * healthy.loss_median[-1], (e.loss_median, healthy.loss_median)
+    epochs_before = models.JUMP_STEP // 45
+    # Better every epoch at the healthy rate; after the jump never near that again.
+    before = e.loss_median[:epochs_before]
+    assert np.all(np.diff(before) < 0), e.loss_median
+    assert np.all(e.loss_median[epochs_before + 1:] > 2 * before[-1]), e.loss_median
 
 
 @pytest.mark.slow
-def test_dying_relu_mlp(quick_demo) -> None:
+def test_dying_relu_mlp_is_dead_from_the_first_epoch(quick_demo) -> None:
     e = quick_demo[2]["3_dying_relu_mlp"]
-    first = max(float(e.dead_rate[k][0]) for k in ("dense1", "dense2", "dense3", "dense4"))
-    layer, last = e.worst_dead()
-    assert first < 0.2 and last >= 0.7, (first, layer, last)  # dead rate rising
-    # Gradients collapse: most first-layer gradient entries are exactly zero at the end.
-    active = e.first_layer_grad_active
-    assert active[-1] < 0.25 * active[0], active
+    # The first layer: at least half of its units dead for every sample, never fewer.
+    first = e.dead_rate["dense1"]
+    assert np.all(first >= 0.5) and np.all(np.diff(first) >= 0), first
     med = e.loss_median
-    assert med[-1] > 2 * np.nanmin(med), med  # and the loss climbs back
-
-
-@pytest.mark.slow
-def test_vanishing_sigmoid_mlp(quick_demo) -> None:
-    e = quick_demo[2]["4_vanishing_sigmoid_mlp"]
-    assert e.hidden_layers[0] == "dense1" and e.hidden_layers[-1] == "classifier"
-    assert np.all(e.grad_first_last < 1e-3), e.grad_first_last  # orders of magnitude
-    assert np.all(e.loss_median > 2.2), e.loss_median  # chance is ln 10 = 2.30
+    assert np.all(med > 0.9 * np.log(10)), med  # nothing learns through dead units

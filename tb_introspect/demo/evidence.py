@@ -137,3 +137,48 @@ def collect(run: RunSeries) -> Evidence:
         first_layer_grad_active=np.nanmin(active, axis=0) if len(active) else np.full(epochs, 1.0),
         dead_rate=dead, hidden_layers=layers,
     )
+
+
+def margin_problems(scenario: str, e: Evidence) -> list[str]:
+    """Why run evidence ``e`` of ``scenario`` does not show its situation with a margin over
+    what its findings need; empty when it does. Every run: a finite loss at every step."""
+    problems = []
+    if not np.isfinite(e.loss_max).all():
+        problems.append(f"a non-finite loss: epoch maxima {e.loss_max}")
+    med = e.loss_median
+    chance = math.log(10)
+    if scenario == "healthy_cnn":
+        # Healthy: 0.02-0.09 after 4 epochs; gradient scales within a few x of each other.
+        if not med[-1] < 0.2:
+            problems.append(f"loss {med[-1]:.3f} after {e.epochs} epochs (healthy: < 0.2)")
+        ratio = e.grad_first_last
+        if not np.all((ratio > 0.2) & (ratio < 5)):
+            problems.append(f"gradient RMS first/last {ratio} outside 0.2-5")
+        # A dead_units warning needs 50%; healthy runs have 8-23% in the dense layer.
+        if not e.worst_dead()[1] < 0.4:
+            problems.append(f"dead units {e.worst_dead()} (healthy: < 40%)")
+    elif scenario == "lr_too_high_cnn":
+        # It learns at the healthy rate first; after the jump the loss never comes back
+        # near its best (loss_rising needs 1.5x the best; 3x is the margin).
+        best = float(np.nanmin(med))
+        if not best < 0.5 * chance:
+            problems.append(f"never learned: best epoch median {best:.3f}")
+        if not np.nanmin(med[-3:]) > 3 * best:
+            problems.append(f"the last epochs' medians {med[-3:]} come back near the best"
+                            f" {best:.3f}")
+    elif scenario == "dying_relu_mlp":
+        # Dead from the first epoch (a dead_units warning needs 50%), never recovering.
+        hidden = [k for k in e.hidden_layers[:-1] if k in e.dead_rate]
+        dead = np.array([e.dead_rate[k] for k in hidden])
+        if not len(hidden) or not np.all(np.nanmax(dead, axis=0) >= 0.9):
+            rates = dict(zip(hidden, dead.tolist(), strict=True))
+            problems.append(f"dead rates {rates}: no layer >= 90% at every epoch")
+        if not np.all(e.first_layer_grad_active < 0.5):
+            problems.append(f"first-layer gradients non-zero {e.first_layer_grad_active}")
+    elif scenario == "vanishing_sigmoid_mlp":
+        # The finding needs 1e-2; eight sigmoid derivatives (<= 0.25 each) give ~1e-4.
+        if not np.all(e.grad_first_last < 1e-3):
+            problems.append(f"gradient RMS first/last {e.grad_first_last} (not all < 1e-3)")
+        if not np.all(med > 0.9 * chance):
+            problems.append(f"loss medians {med} moved away from chance ({chance:.2f})")
+    return problems

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from tb_introspect.demo.models import (
+    CLIP_NORM,
+    DEAD_BIAS,
     HEALTHY_LR,
+    JUMP_STEP,
     MOMENTUM,
     TOO_HIGH_LR,
-    WARMUP_START,
-    WARMUP_STEPS,
 )
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -29,18 +30,18 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _keras_init(module: nn.Module) -> None:
+def _keras_init(module: nn.Module, bias: float = 0.0) -> None:
     nn.init.xavier_uniform_(module.weight)
-    nn.init.zeros_(module.bias)
+    nn.init.constant_(module.bias, bias)
 
 
 class Dense(nn.Linear):
     """``keras.layers.Dense``: a Linear layer and its activation, one module."""
 
-    def __init__(self, fan_in: int, units: int, activation: str = "linear"):
+    def __init__(self, fan_in: int, units: int, activation: str = "linear", bias: float = 0.0):
         super().__init__(fan_in, units)
         self.activation = activation  # "relu" makes it a rectifier for the Introspector
-        _keras_init(self)
+        _keras_init(self, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ACTIVATIONS[self.activation](super().forward(x))
@@ -69,11 +70,11 @@ def cnn() -> nn.Sequential:
     ]))
 
 
-def mlp(width: int, depth: int, activation: str) -> nn.Sequential:
+def mlp(width: int, depth: int, activation: str, bias: float = 0.0) -> nn.Sequential:
     layers: list[tuple[str, nn.Module]] = [("flatten", nn.Flatten())]
     fan_in = 64
     for i in range(depth):
-        layers.append((f"dense{i + 1}", Dense(fan_in, width, activation)))
+        layers.append((f"dense{i + 1}", Dense(fan_in, width, activation, bias)))
         fan_in = width
     layers.append(("classifier", Dense(fan_in, 10)))
     return nn.Sequential(OrderedDict(layers))
@@ -83,28 +84,31 @@ def _sgd(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
 
 
-def build(name: str, total_steps: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """(model, optimizer, per-step learning-rate scheduler or None) of scenario ``name``."""
+class Setup(NamedTuple):
+    """What the training loop of one scenario needs."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None  # stepped after every optimizer step
+    clip_norm: float | None = None  # global gradient-norm clip before every step
+
+
+def build(name: str) -> Setup:
+    """The model, optimizer, scheduler and clip of scenario ``name``."""
     if name == "healthy_cnn":
         model = cnn()
-        return model, _sgd(model, HEALTHY_LR), None
+        return Setup(model, _sgd(model, HEALTHY_LR))
     if name == "lr_too_high_cnn":
         model = cnn()
-        opt = _sgd(model, WARMUP_START)
-        # Keras's one-epoch linear warm-up to the too-high rate, then constant.
-        peak = TOO_HIGH_LR / WARMUP_START
+        opt = _sgd(model, HEALTHY_LR)
+        # Keras's piecewise-constant rate: two epochs at the healthy rate, then too high.
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: 1.0 + (peak - 1.0) * min(step, WARMUP_STEPS) / WARMUP_STEPS)
-        return model, opt, sched
+            opt, lambda step: 1.0 if step < JUMP_STEP else TOO_HIGH_LR / HEALTHY_LR)
+        return Setup(model, opt, sched, CLIP_NORM)
     if name == "dying_relu_mlp":
-        model = mlp(64, 4, "relu")
-        opt = _sgd(model, 0.01)
-        # Keras's linear warm-up from 0.01 to 0.3 over the run, stepped every batch.
-        ramp = max(1, total_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: 1.0 + (30.0 - 1.0) * min(step, ramp) / ramp)
-        return model, opt, sched
+        model = mlp(64, 4, "relu", bias=DEAD_BIAS)
+        return Setup(model, _sgd(model, HEALTHY_LR))
     if name == "vanishing_sigmoid_mlp":
         model = mlp(32, 8, "sigmoid")
-        return model, _sgd(model, 0.05), None
+        return Setup(model, _sgd(model, 0.05))
     raise KeyError(f"unknown scenario {name!r}")

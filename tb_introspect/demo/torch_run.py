@@ -37,7 +37,7 @@ def train_scenarios(
     for i, (scenario, path) in enumerate(zip(chosen, paths, strict=True), start=1):
         n_epochs = epochs or (scenario.quick_epochs if quick else EPOCHS)
         torch.manual_seed(seed)
-        model, opt, sched = torch_models.build(scenario.name, n_epochs * steps_per_epoch)
+        model, opt, sched, clip_norm = torch_models.build(scenario.name)
         order = torch.Generator().manual_seed(seed)
         bar = None
         if progress:
@@ -61,6 +61,8 @@ def train_scenarios(
                     loss = F.cross_entropy(logits, y_train[idx])
                     opt.zero_grad()
                     loss.backward()
+                    if clip_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
                     opt.step()
                     if sched is not None:
                         sched.step()

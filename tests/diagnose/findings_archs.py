@@ -323,7 +323,7 @@ def _demo(name: str) -> Callable[[int], tuple[Any, Any]]:
     def build(total_steps: int):
         from tb_introspect.demo.models import get_scenario
 
-        return get_scenario(name).build(total_steps)
+        return get_scenario(name).build()
 
     return build
 
@@ -415,13 +415,14 @@ SCENARIOS: dict[str, Scenario] = {
     # test_findings_training.py there; here by the benchmark only)
     "dying_relu_mlp": Scenario(_demo("dying_relu_mlp"), digits, 8,
                                {"dead_units": ("warning", lambda r: _dead_onset(r, 0.5))},
-                               note="demo: warm-up to a too-high rate", in_tests=False),
+                               note="demo: biases start at -1", in_tests=False),
     "vanishing_sigmoid_mlp": Scenario(_demo("vanishing_sigmoid_mlp"), digits, 4,
                                       {"vanishing_gradients": ("warning", 0)},
                                       note="demo: 8 sigmoid layers", in_tests=False),
     "lr_too_high_cnn": Scenario(_demo("lr_too_high_cnn"), digits, 8,
-                                {"gradient_oscillation": ("warning", _anti_aligned_onset)},
-                                note="demo: warm-up to 5x the healthy rate", in_tests=False),
+                                {"loss_rising": ("warning", 2)},
+                                note="demo: 33x the healthy rate from epoch 2, clipped",
+                                in_tests=False),
     "saturated_tanh_mlp": Scenario(_saturated, digits, 4, {"saturated_units": ("warning", 0)},
                                    note="tanh, N(0, 1) kernels", in_tests=False),
     "lstm_lr_too_high": Scenario(build_lstm_lr_too_high, digit_rows, 6,
