@@ -10,7 +10,9 @@ one unit, for the whole run. Two exact signals, read from the first point:
   zero either, and from the logged statistics alone (never negative) it looks rectified;
 * **a constant kernel or bias**: a kernel (or the bias of a layer with a kernel) whose
   entries are all one non-zero value (min = max) after training steps: its inputs and its
-  output gradients are the same for every unit.
+  output gradients are the same for every unit. A tensor whose gradient was exactly zero at
+  every point logged is left out: it stayed constant because no error signal reached it
+  (dead units, ``dead_units``'s business), not because its units are alike.
 
 A deliberately narrow model has units that differ from the first step (random init), so
 it stays clean.
@@ -62,10 +64,13 @@ def _constant_kernels(rv: RunView) -> dict[str, tuple[float, object]]:
     out: dict[str, tuple[float, object]] = {}
     series = rv.run.tensors.get("variable", [])
     with_kernel = {s.info.layer for s in series if len(s.info.shape) >= 2}
+    never_reached = {g.info.name for g in rv.run.tensors.get("gradient", [])
+                     if len(g) and g.has("zero_fraction")
+                     and np.all(g.field("zero_fraction") == 1)}
     for s in series:
         shape = s.info.shape
         # kernels, and the biases of layers with a kernel (a norm's scale starts at 1)
-        if not shape or min(shape) < 2 or not len(s) or (
+        if not shape or min(shape) < 2 or not len(s) or s.info.name in never_reached or (
                 len(shape) < 2 and s.info.layer not in with_kernel):
             continue
         lo, hi = s.field("min"), s.field("max")
