@@ -89,7 +89,7 @@ def test_a_url_rolls_one_new_object_per_upload_in_name_order(tmp_path):
         for step in (1, 2, 3):
             sink.write(step, [summary_pb.metric_pb("loss", 1.0 / step)])
             sink.flush()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while len(list((tmp_path / "run").iterdir())) < step + 1:  # the thread put it
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
@@ -101,12 +101,14 @@ def test_a_url_rolls_one_new_object_per_upload_in_name_order(tmp_path):
 
 
 def test_a_url_uploads_at_most_once_per_interval_and_close_puts_the_rest(tmp_path):
-    with EventSink(f"file://{tmp_path}/run", upload_secs=60) as sink:
+    with EventSink(f"file://{tmp_path}/run", upload_secs=3600) as sink:
         sink.write(1, [summary_pb.metric_pb("loss", 1.0)])
         sink.flush()  # the first upload since the header: waits out the interval
         for step in range(2, 30):
             sink.write(step, [summary_pb.metric_pb("loss", 1.0 / step)])
             sink.flush()
+        # A chance for a wrong early upload to show; no machine is slow enough for the hour
+        # to pass and make a right one.
         time.sleep(0.2)
         assert len(list((tmp_path / "run").iterdir())) == 1  # the header alone
     names, events = _url_events(tmp_path / "run")
