@@ -176,9 +176,9 @@ def margin_problems(scenario: str, e: Evidence) -> list[str]:
         if not np.all(e.first_layer_grad_active < 0.5):
             problems.append(f"first-layer gradients non-zero {e.first_layer_grad_active}")
     elif scenario == "vanishing_sigmoid_mlp":
-        # The finding needs 1e-2; eight sigmoid derivatives (<= 0.25 each) give ~1e-4.
-        if not np.all(e.grad_first_last < 1e-3):
-            problems.append(f"gradient RMS first/last {e.grad_first_last} (not all < 1e-3)")
+        # The finding needs 1e-2; eight sigmoid derivatives (<= 0.25 each) give 3e-5..5e-4.
+        if not np.all(e.grad_first_last < 3e-3):
+            problems.append(f"gradient RMS first/last {e.grad_first_last} (not all < 3e-3)")
         if not np.all(med > 0.9 * chance):
             problems.append(f"loss medians {med} moved away from chance ({chance:.2f})")
     return problems

@@ -63,7 +63,7 @@ SERIOUS = ("warning", "critical")
 #: gradients or updates blowing up. Dead units are a consequence, not a sign of it: the
 #: dying-ReLU run shows them at a sane rate too.
 LR_TOO_HIGH_KINDS = frozenset({
-    "gradient_oscillation", "loss_rising", "loss_spikes", "exploding_gradients", "nonfinite",
+    "gradient_oscillation", "loss_rising", "loss_spike", "exploding_gradients",
     "early_instability", "update_ratio_high",
 })
 #: Units that stopped firing: the dying-ReLU story.
@@ -94,6 +94,8 @@ class Scenario:
         if not self.story:
             return [f"a healthy run shows {sorted(kinds)}"] if kinds else []
         problems = []
+        if "nonfinite" in kinds:
+            problems.append("a non-finite value: none of the demo's stories is one of NaN")
         if not kinds & self.story:
             problems.append(f"none of {sorted(self.story)} among {sorted(kinds)}")
         if kinds & self.contradicts:
