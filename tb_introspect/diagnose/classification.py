@@ -21,7 +21,15 @@ import math
 import numpy as np
 
 from tb_introspect.diagnose import loss as loss_rules
-from tb_introspect.diagnose.core import Finding, RunView, fmt_num, pct, rule, trailing_run
+from tb_introspect.diagnose.core import (
+    Finding,
+    RunView,
+    fmt_num,
+    fmt_times,
+    pct,
+    rule,
+    trailing_run,
+)
 from tb_introspect.diagnose.task import (
     Task,
     at_chance,
@@ -136,7 +144,7 @@ def early_instability(rv: RunView) -> list[Finding]:
         kind="early_instability",
         severity="info" if settled else "warning",
         title=(f"Unstable from the start: the loss jumped to {fmt_num(v0[peak])}"
-               f" ({jump:.1f}x its start) in {rv.when(st[first][peak], e0)}, whose mean"
+               f" ({fmt_times(jump, 1)} its start) in {rv.when(st[first][peak], e0)}, whose mean"
                f" {fmt_num(mean0)}"
                f" is above chance (ln {max(task.classes, 2)} = {chance:.3f})"
                + (", and has fallen steadily since" if settled else "")),
@@ -385,7 +393,7 @@ def loss_without_learning(rv: RunView) -> list[Finding]:
     return [Finding(
         kind="loss_without_learning",
         severity="warning",
-        title=(f"Loss falls, nothing is learned: the loss median fell {med[j] / med[-1]:.0f}x"
+        title=(f"Loss falls, nothing is learned: the loss median fell {fmt_times(med[j] / med[-1])}"
                f" ({fmt_num(med[j])} -> {fmt_num(med[-1])}) while the training accuracy"
                f" stayed at chance ({pct(float(acc[-1]))}, 1/{max(task.classes, 2)} ="
                f" {pct(task.chance_accuracy)})"),

@@ -136,6 +136,9 @@ class Thresholds:
     loss_min_decrease: float = 0.05
     loss_rise_progress: float = 0.5
     loss_rise_factor: float = 1.5
+    # loss spike, its second criterion (the first: the spike score below): a per-step loss
+    # loss_spike_factor times the median of its previous loss_spike_window values and at
+    # least half the median of the first loss_spike_window (the starting loss)
     loss_spike_factor: float = 10.0
     loss_spike_window: int = 20
     # chance level (classification): loss median within this share of ln K, accuracy
@@ -190,9 +193,10 @@ class Thresholds:
     update_spike_factor: float = 10.0
     update_spike_window: int = 8
     update_spike_lead_points: int = 3
-    # loss spike score (OLMo-core): a per-step loss loss_spike_sigmas standard deviations
-    # above the mean of its previous loss_spike_history values (at least
-    # loss_spike_min_history); the deviation at least loss_spike_min_rel of that mean
+    # loss spike score (OLMo-core), the loss spike's first criterion and the one
+    # update_spike reads: a per-step loss loss_spike_sigmas standard deviations above the
+    # mean of its previous loss_spike_history values (at least loss_spike_min_history); the
+    # deviation at least loss_spike_min_rel of that mean
     loss_spike_sigmas: float = 6.0
     loss_spike_history: int = 128
     loss_spike_min_history: int = 16
@@ -366,6 +370,33 @@ def fmt_num(x: float) -> str:
     if 1e-3 <= abs(x) < 1e4:
         return f"{x:.3g}"
     return f"{x:.2e}"
+
+
+#: Ratios from the first of these on are said in words: a diverging run's ratio printed
+#: digit by digit ("253651458529045610496x") reads as noise, and its size is all it says.
+_TIMES_WORDS = ((1e12, "a trillion"), (1e9, "a billion"), (1e6, "a million"))
+#: Z-scores above this are said in words: against a near-zero spread (a flat stretch of the
+#: series) a score measures the spread's smallness, not the jump.
+SIGMA_WORDS_ABOVE = 1e3
+
+
+def fmt_times(x: float, digits: int = 0) -> str:
+    """A ratio for titles: "12x", or past a million "more than a million times" (billion,
+    trillion); an infinite ratio is "more than a trillion times"."""
+    if math.isnan(x):
+        return "an unknown number of times"
+    for bound, words in _TIMES_WORDS:
+        if x >= bound:
+            return f"more than {words} times"
+    return f"{x:.{digits}f}x"
+
+
+def fmt_sigmas(z: float, threshold: float) -> str:
+    """A z-score for titles: "25 sigma", or "far beyond 6 sigma" (``threshold``) when it is
+    past ``SIGMA_WORDS_ABOVE`` or not finite (a zero or overflowed spread)."""
+    if not math.isfinite(z) or z > SIGMA_WORDS_ABOVE:
+        return f"far beyond {threshold:g} sigma"
+    return f"{z:.0f} sigma"
 
 
 def pct(x: float) -> str:

@@ -3,14 +3,24 @@
 Trends compare per-epoch medians (the logged per-epoch band, or the per-step
 values grouped by epoch); a run with fewer than three epochs but many
 per-step values is cut into ten equal segments instead. Medians, not means:
-one bad batch must not decide a trend.
+one bad batch must not decide a trend. Spikes are per-step: a loss far above
+its trailing mean (in standard deviations) or its recent median.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect.diagnose.core import Finding, RunView, first_sustained, fmt_num, pow10, rule
+from tb_introspect.diagnose.core import (
+    Finding,
+    RunView,
+    first_sustained,
+    fmt_num,
+    fmt_sigmas,
+    fmt_times,
+    pow10,
+    rule,
+)
 from tb_introspect.diagnose.task import at_chance, infer_task
 
 _SEGMENTS = 10
@@ -81,7 +91,7 @@ def loss_trend(rv: RunView) -> list[Finding]:
             kind="loss_rising",
             severity="warning",
             title=(f"Loss rising: median {fmt_num(med[-1])} at the end,"
-                   f" {med[-1] / med[best_j]:.1f}x its best ({fmt_num(med[best_j])})"),
+                   f" {fmt_times(med[-1] / med[best_j], 1)} its best ({fmt_num(med[best_j])})"),
             first_step=int(steps[j]), first_epoch=_epoch_of(epochs[j]),
             metric=name,
             evidence={
@@ -151,72 +161,180 @@ def loss_trend(rv: RunView) -> list[Finding]:
     )]
 
 
-@rule("loss_spikes", needs=("loss",))
-def loss_spikes(rv: RunView) -> list[Finding]:
-    """Per-step losses 10x above the recent median and above half the starting loss."""
+# ---------------------------------------------------------------- loss spikes
+
+# Rows of trailing windows scored at once: bounds the memory of a long run's windows.
+_CHUNK = 4096
+
+
+def _trailing_mean_std(v: np.ndarray, history: int, min_history: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of the previous ``history`` values at each index, NaN
+    with fewer than ``min_history``. Window by window rather than from running sums: a sum
+    that once held a 1e10 spike has lost the digits of every loss after it, their variance
+    comes out 0, and each later step would score as a spike."""
+    n = v.size
+    mean, std = np.full(n, np.nan), np.full(n, np.nan)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(min_history, min(history, n)):
+            mean[i], std[i] = np.mean(v[:i]), np.std(v[:i])
+        if n > history >= min_history:
+            win = np.lib.stride_tricks.sliding_window_view(v[:-1], history)
+            for a in range(0, len(win), _CHUNK):
+                w = win[a:a + _CHUNK]
+                mean[history + a:history + a + len(w)] = w.mean(axis=1)
+                std[history + a:history + a + len(w)] = w.std(axis=1)
+    return mean, std
+
+
+def loss_spike_scores(rv: RunView) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                             np.ndarray, np.ndarray] | None:
+    """(steps, epochs, losses, trailing mean, trailing std) of the finite per-step losses;
+    the trailing values are over the previous ``loss_spike_history`` losses (NaN where
+    fewer than ``loss_spike_min_history``). None without a per-step loss. Read once per
+    ``RunView`` (``update_spike`` reads them too)."""
+    if "loss_spike_scores" in rv.memo:
+        return rv.memo["loss_spike_scores"]
     t = rv.t
     name = rv.loss_name()
     s = rv.run.metrics.get(name) if name else None
-    if s is None:
-        return []
-    v = s.field("value")
-    keep = np.isfinite(v)
-    v, steps, epochs = v[keep], s.steps[keep], s.epochs[keep]
+    out = None
+    if s is not None and len(s):
+        v = s.field("value")
+        keep = np.isfinite(v)
+        v, steps, epochs = v[keep], s.steps[keep], s.epochs[keep]
+        mean, std = _trailing_mean_std(v, t.loss_spike_history, t.loss_spike_min_history)
+        out = steps, epochs, v, mean, std
+    rv.memo["loss_spike_scores"] = out
+    return out
+
+
+def loss_spike_mask(rv: RunView, v: np.ndarray, mean: np.ndarray, std: np.ndarray
+                    ) -> np.ndarray:
+    """Losses ``loss_spike_sigmas`` standard deviations above their trailing mean, and at
+    least ``loss_spike_min_rel`` of it above (a flat loss's tiny noise is no spike)."""
+    t = rv.t
+    with np.errstate(invalid="ignore"):
+        return (v > mean + t.loss_spike_sigmas * std) & (
+            v - mean >= t.loss_spike_min_rel * np.abs(mean))
+
+
+def _recent_median_log(rv: RunView, v: np.ndarray) -> np.ndarray:
+    """log10 of the median of the previous ``loss_spike_window`` losses at each index; NaN
+    before that many, and everywhere unless every loss is positive (a ratio needs a scale
+    that starts at zero)."""
+    t = rv.t
     w = t.loss_spike_window
+    out = np.full(v.size, np.nan)
     if v.size < w + t.min_points or not np.all(v > 0):
+        return out
+    windows = np.lib.stride_tricks.sliding_window_view(np.log10(v[:-1]), w)
+    out[w:] = np.median(windows, axis=1)
+    return out
+
+
+@rule("loss_spike", needs=("loss",))
+def loss_spike(rv: RunView) -> list[Finding]:
+    """Per-step losses far above their recent level: more than 6 sigma above the trailing
+    128-step mean, or 10x the median of the previous 20 steps and above half the starting
+    loss. Warning when one went above the starting loss, or when there were >= 3 and the run
+    did not recover; else info."""
+    t = rv.t
+    scored = loss_spike_scores(rv)
+    if scored is None or not scored[2].size:
         return []
-    logs = np.log10(v)
-    # Median of the previous w values, for every point from w on.
-    windows = np.lib.stride_tricks.sliding_window_view(logs[:-1], w)
-    ref = np.median(windows, axis=1)
-    cur = logs[w:]
-    floor = np.log10(0.5 * np.median(v[:w]))
-    spikes = np.flatnonzero((cur - ref >= np.log10(t.loss_spike_factor)) & (cur >= floor)) + w
-    if spikes.size == 0:
-        return []
-    spike_epochs = {int(e) for e in epochs[spikes] if np.isfinite(e)}
-    j = int(spikes[0])
-    ratio = pow10(np.max(logs[spikes] - ref[spikes - w]))
-    # A ratio to a median near zero says little: a hard batch late in a run is many times
-    # the median and harmless. Repeated spikes are a warning when one went above the
-    # loss's starting level, or when the run is worse for them (not recovered).
+    steps, epochs, v, mean, std = scored
+    # The score misses a jump where its trailing std is wide (a steep decay, an earlier
+    # spike in the window); the ratio one below 10x (an LM's 3 -> 4) and any loss that is
+    # not positive. A step either flags is a spike.
+    by_score = loss_spike_mask(rv, v, mean, std)
+    ref = _recent_median_log(rv, v)
+    w = t.loss_spike_window
     start = float(np.median(v[:w]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio_log = np.log10(v) - ref
+        by_ratio = (ratio_log >= np.log10(t.loss_spike_factor)) & (v >= 0.5 * start)
+        z = (v - mean) / std
+    spikes = np.flatnonzero(by_score | by_ratio)
+    if not spikes.size:
+        return []
+    name = rv.loss_name()
+    j = int(spikes[0])
+    # NaN: a spread that overflowed (losses past 1e154), so the largest of all.
+    zs = np.where(np.isnan(z[spikes]), np.inf, z[spikes])
+    worst = int(spikes[np.argmax(zs)])
+    ratios = ratio_log[spikes]
+    ratio = pow10(float(np.nanmax(ratios))) if np.isfinite(ratios).any() else None
+    # A ratio to a median near zero says little: a hard batch late in a run is many times
+    # the median and harmless. A spike above the starting loss lost the run's progress;
+    # repeated ones are a warning too when the run is worse for them (not recovered).
     above_start = bool(np.max(v[spikes]) >= start)
     recovery = _recovered(rv, name, epochs[j])
-    severity = ("warning" if spikes.size >= 3
-                and (above_start or recovery["recovered"] is False) else "info")
+    severity = ("warning" if above_start
+                or (spikes.size >= 3 and recovery["recovered"] is False) else "info")
+    raw = rv.run.metrics[name]
+    bad = np.flatnonzero(~np.isfinite(raw.field("value")) & (raw.steps >= steps[j]))
+    nonfinite_step = int(raw.steps[bad[0]]) if bad.size else None
+    spike_epochs = {int(e) for e in epochs[spikes] if np.isfinite(e)}
+    # The title names only the criteria that flagged a step: "1x the recent median" or
+    # "3 sigma" would read as the reason for the finding.
+    title = f"Loss spike: {spikes.size} step(s) far above the recent loss"
+    if by_score.any():
+        title += (f", the largest {fmt_sigmas(float(z[worst]), t.loss_spike_sigmas)} above"
+                  f" the trailing mean at step {int(steps[worst])}")
+    if by_ratio.any() and ratio is not None:
+        title += f", up to {fmt_times(ratio)} the recent median"
+    if nonfinite_step is not None:
+        title += f" (the loss went non-finite at step {nonfinite_step})"
     return [Finding(
-        kind="loss_spikes",
+        kind="loss_spike",
         severity=severity,
-        title=(f"Loss spikes: {spikes.size} step(s) with the loss up to {ratio:.0f}x its"
-               " recent median"),
+        title=title,
         first_step=int(steps[j]), first_epoch=_epoch_of(epochs[j]),
         metric=name,
         evidence={
             "spikes": int(spikes.size),
+            "spikes_by_score": int(by_score[spikes].sum()),
+            "spikes_by_ratio": int(by_ratio[spikes].sum()),
             "epochs_with_spikes": len(spike_epochs),
+            "first_spike_step": int(steps[j]),
+            "first_spike_loss": float(v[j]),
+            "trailing_mean_before_first": float(mean[j]),
+            "trailing_std_before_first": float(std[j]),
+            "recent_median_before_first": pow10(float(ref[j])),
+            "largest_score_sigmas": float(z[worst]),
+            "largest_spike_step": int(steps[worst]),
             "largest_ratio_to_recent_median": ratio,
-            "first_spike_value": float(v[j]),
-            "recent_median_before_first": pow10(ref[j - w]),
-            "starting_median": start,
-            "largest_spike_above_start": above_start,
+            "starting_loss": start,
+            "above_starting_loss": above_start,
+            "nonfinite_loss_step": nonfinite_step,
             **recovery,
+            "threshold_sigmas": t.loss_spike_sigmas,
+            "score_window_steps": t.loss_spike_history,
             "threshold_factor": t.loss_spike_factor,
-            "window_steps": w,
+            "ratio_window_steps": w,
         },
         explanation=(
-            "Single steps where the loss jumps an order of magnitude above its recent level mean"
-            " an update threw the model off (a step too large for the local curvature, an"
-            " outlier batch, or a numerical near-overflow). A few isolated spikes that recover"
-            " are harmless; repeated spikes are an early sign of a too-high learning rate."
+            "Steps where the loss jumps far above its recent level: more than"
+            f" {t.loss_spike_sigmas:g} standard deviations above the mean of the previous"
+            f" {t.loss_spike_history} steps (OLMo-core's spike score), or"
+            f" {t.loss_spike_factor:g}x the median of the previous {w} steps. An update threw"
+            " the model off: a step too large for the local curvature (in transformers"
+            " usually a sudden large update, see update_spike, or growing attention or"
+            " output logits), an outlier batch, or a numerical near-overflow. A few isolated"
+            " spikes that recover are harmless; repeated spikes are an early sign of a"
+            " too-high learning rate, and a spike above the starting loss lost the run's"
+            " progress."
             + (" Here the run recovered: the loss's epoch median (and the validation loss,"
                " where logged) went on improving after them, and no spike went above the"
                " starting loss, so they are hard batches rather than damage."
                if severity == "info" and recovery["recovered"] else "")
         ),
         suggestion=(
-            "Lower the learning rate or add gradient clipping; check the batches at the spike"
-            " steps for corrupt or extreme inputs."
+            "Lower the learning rate or lengthen warm-up, clip gradients; look at the"
+            " update_spike and attention-logit findings for the cause (QK-norm or z-loss"
+            " tame growing logits); check the batches at the spike steps for corrupt or"
+            " extreme inputs."
         ),
         jump=_jump(name),
     )]

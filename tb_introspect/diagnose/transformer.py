@@ -1,9 +1,10 @@
-"""Transformer signals: attention logit growth, output logit drift, massive activations, an
-update spike before a loss spike, and the loss spike score.
+"""Transformer signals: attention logit growth, output logit drift, massive activations, and
+an update spike before a loss spike.
 
 The first three read the run's probes (format 4, ``rundata.probes_of``: per layer output,
-attention layer and output head, one value per logged point); the last two the per-step
-loss and the variable view's ``update_ratio``, so they apply to any run with those.
+attention layer and output head, one value per logged point); the last the per-step loss
+and the variable view's ``update_ratio``, so it applies to any run with those. The loss
+spike itself is a loss rule (``loss.loss_spike``), whose spike score this one reads.
 Thresholds: ``Thresholds`` (``attn_logit_*``, ``logit_*``, ``massive_*``, ``update_spike_*``,
 ``loss_spike_*``); why each: docs/findings.md, "Transformer signals".
 """
@@ -17,10 +18,12 @@ from tb_introspect.diagnose.core import (
     RunView,
     first_sustained,
     fmt_num,
+    fmt_times,
     nanmax,
     nanmedian,
     rule,
 )
+from tb_introspect.diagnose.loss import loss_spike_mask, loss_spike_scores
 from tb_introspect.rundata import Probes, probes_of
 
 #: Where the tab draws each probe: the Overview's Transformer section (frontend
@@ -165,8 +168,9 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
             title = (f"Output logits drifting: the logsumexp of '{name}' moved"
                      f" {float(last[-1]):+.1f} nats to {fmt_num(lse_end)}")
         else:
+            top = float(nanmax(lmax[i]))
             title = (f"Output logits growing: the largest logit of '{name}' grew"
-                     f" {float(nanmax(lmax[i])) / m0:.0f}x to {fmt_num(float(nanmax(lmax[i])))}")
+                     f" {fmt_times(top / m0)} to {fmt_num(top)}")
         out.append(Finding(
             kind="output_logit_drift",
             severity="warning" if j_lse is not None else "info",
@@ -282,104 +286,6 @@ def massive_activations(rv: RunView) -> list[Finding]:
     )]
 
 
-# ---------------------------------------------------------------- loss spike score
-
-
-def loss_spike_scores(rv: RunView) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                             np.ndarray, np.ndarray] | None:
-    """(steps, epochs, losses, trailing mean, trailing std) of the finite per-step losses;
-    the trailing values are over the previous ``loss_spike_history`` losses (NaN where
-    fewer than ``loss_spike_min_history``). None without a per-step loss."""
-    t = rv.t
-    name = rv.loss_name()
-    s = rv.run.metrics.get(name) if name else None
-    if s is None or not len(s):
-        return None
-    v = s.field("value")
-    keep = np.isfinite(v)
-    v, steps, epochs = v[keep], s.steps[keep], s.epochs[keep]
-    n = v.size
-    c1 = np.concatenate([[0.0], np.cumsum(v)])
-    c2 = np.concatenate([[0.0], np.cumsum(v * v)])
-    idx = np.arange(n)
-    lo = np.maximum(0, idx - t.loss_spike_history)
-    cnt = (idx - lo).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (c1[idx] - c1[lo]) / cnt
-        var = (c2[idx] - c2[lo]) / cnt - mean * mean
-    std = np.sqrt(np.maximum(var, 0.0))
-    short = cnt < t.loss_spike_min_history
-    mean[short], std[short] = np.nan, np.nan
-    return steps, epochs, v, mean, std
-
-
-def loss_spike_mask(rv: RunView, v: np.ndarray, mean: np.ndarray, std: np.ndarray
-                    ) -> np.ndarray:
-    """Losses ``loss_spike_sigmas`` standard deviations above their trailing mean, and at
-    least ``loss_spike_min_rel`` of it above (a flat loss's tiny noise is no spike)."""
-    t = rv.t
-    with np.errstate(invalid="ignore"):
-        return (v > mean + t.loss_spike_sigmas * std) & (
-            v - mean >= t.loss_spike_min_rel * np.abs(mean))
-
-
-@rule("loss_spike", needs=("loss",))
-def loss_spike(rv: RunView) -> list[Finding]:
-    """Per-step losses more than 6 sigma above their trailing 128-step mean (info; warning
-    when one goes above the run's starting loss)."""
-    t = rv.t
-    scored = loss_spike_scores(rv)
-    if scored is None:
-        return []
-    steps, epochs, v, mean, std = scored
-    spikes = np.flatnonzero(loss_spike_mask(rv, v, mean, std))
-    if not spikes.size:
-        return []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = (v - mean) / std
-    j = int(spikes[0])
-    worst = int(spikes[np.argmax(np.where(np.isfinite(z[spikes]), z[spikes], np.inf))])
-    start = float(np.median(v[:t.loss_spike_min_history]))
-    above_start = bool(np.max(v[spikes]) >= start)
-    name = rv.loss_name()
-    return [Finding(
-        kind="loss_spike",
-        severity="warning" if above_start else "info",
-        title=(f"Loss spike: {spikes.size} step(s) more than {t.loss_spike_sigmas:g} sigma above"
-               f" the trailing mean, the largest {z[worst]:.0f} sigma at step {int(steps[worst])}"),
-        first_step=int(steps[j]),
-        first_epoch=int(epochs[j]) if np.isfinite(epochs[j]) else None,
-        metric=name,
-        evidence={
-            "spikes": int(spikes.size),
-            "first_spike_step": int(steps[j]),
-            "first_spike_loss": float(v[j]),
-            "trailing_mean_before_first": float(mean[j]),
-            "trailing_std_before_first": float(std[j]),
-            "largest_score_sigmas": float(z[worst]),
-            "largest_spike_step": int(steps[worst]),
-            "starting_loss": start,
-            "above_starting_loss": above_start,
-            "threshold_sigmas": t.loss_spike_sigmas,
-            "window_steps": t.loss_spike_history,
-        },
-        explanation=(
-            "The loss jumped far outside its own recent noise: more than"
-            f" {t.loss_spike_sigmas:g} standard deviations above the mean of the previous"
-            f" {t.loss_spike_history} steps (OLMo-core's spike score). In transformer"
-            " training such spikes usually follow a sudden large update (see update_spike),"
-            " growing attention or output logits, or a bad batch; a run that goes back"
-            " above its starting loss lost its progress."
-        ),
-        suggestion=(
-            "Look at the update_spike and attention-logit findings for the cause; lower the"
-            " learning rate or lengthen warm-up, clip gradients, add QK-norm or z-loss;"
-            " check the batch at the spike step."
-        ),
-        jump={"tab": "overview", "metric": name, "chart": "metric"},
-    )]
-
-
 # ---------------------------------------------------------------- update spike
 
 
@@ -395,8 +301,8 @@ def update_spike(rv: RunView) -> list[Finding]:
     if a is None or scored is None or a.n_points < t.min_points:
         return []
     lsteps, _, v, mean, std = scored
-    loss_spikes = np.flatnonzero(loss_spike_mask(rv, v, mean, std))
-    if not loss_spikes.size:
+    scored_spikes = np.flatnonzero(loss_spike_mask(rv, v, mean, std))
+    if not scored_spikes.size:
         return []
     rows = [i for i, s in enumerate(a.series) if len(s.info.shape) >= 2 and s.has("update_ratio")]
     if not rows:
@@ -415,7 +321,7 @@ def update_spike(rv: RunView) -> list[Finding]:
     with np.errstate(invalid="ignore"):
         spiked = (factor >= t.update_spike_factor) & (raw >= t.update_ratio_target)
     steps = a.steps
-    for ls in loss_spikes:
+    for ls in scored_spikes:
         s = int(lsteps[ls])
         # The point whose window holds the loss spike, and the points before it.
         js = int(np.searchsorted(steps, s))
@@ -439,7 +345,7 @@ def update_spike(rv: RunView) -> list[Finding]:
             kind="update_spike",
             severity="warning",
             title=(f"Update spike before a loss spike: '{first.layer}' moved first, its update"
-                   f" {factor[i, j]:.0f}x its recent median, {when}"),
+                   f" {fmt_times(float(factor[i, j]))} its recent median, {when}"),
             first_step=step, first_epoch=epoch,
             layers=layers,
             tags=[first.tag],

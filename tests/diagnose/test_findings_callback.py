@@ -41,8 +41,8 @@ def test_dying_relu_logged_by_the_callback_is_flagged(tmp_path) -> None:
     assert dead.severity in ("warning", "critical") and dead.view == "output"
     assert dead.first_step == dead_onset(run, dead)
     # The loss climbs back (0.65 -> 14.5 over the last two epochs with Keras 3.15.1): a
-    # sustained rise reads as loss_rising, one as short as this as loss_spikes.
-    assert {"loss_rising", "loss_spikes"} & found.keys(), sorted(found)
+    # sustained rise reads as loss_rising, one as short as this as loss_spike.
+    assert {"loss_rising", "loss_spike"} & found.keys(), sorted(found)
     assert "nonfinite" not in found
     # What the overview serves is plain JSON.
     docs = [f.to_json() for f in findings]

@@ -160,7 +160,7 @@ def test_overfitting_names_the_best_epoch_and_warns_when_training_keeps_memorisi
     assert kinds(find_issues(r))["overfitting"] == "info"
 
 
-def test_loss_spikes_on_a_recovering_run_are_info() -> None:
+def test_loss_spike_on_a_recovering_run_is_info() -> None:
     rng = np.random.default_rng(1)
     n = 480
     steps = np.arange(1, n + 1)
@@ -171,20 +171,20 @@ def test_loss_spikes_on_a_recovering_run_are_info() -> None:
     val = np.exp(np.linspace(np.log(1.3), np.log(0.14), 12))
     r = run(metric("loss", steps, hard, epochs),
             metric("val_loss", epochs_steps(12, 40), val, epochs=range(12)))
-    f = next(f for f in find_issues(r) if f.kind == "loss_spikes")
+    f = next(f for f in find_issues(r) if f.kind == "loss_spike")
     assert f.evidence["spikes"] == 3 and f.evidence["recovered"] is True
     assert f.severity == "info"
     # Read live at the end of the spikes' epoch: its median already says the run goes on.
     live = run(metric("loss", steps[:440], hard[:440], epochs[:440]),
                metric("val_loss", epochs_steps(11, 40), val[:11], epochs=range(11)))
-    f = next(f for f in find_issues(live) if f.kind == "loss_spikes")
+    f = next(f for f in find_issues(live) if f.kind == "loss_spike")
     assert f.evidence["spikes"] == 3 and f.severity == "info"
     # The same spikes while the validation loss gets worse: the run is worse for them.
     worse = val.copy()
     worse[7:] = worse[5] * 1.5
     r = run(metric("loss", steps, hard, epochs),
             metric("val_loss", epochs_steps(12, 40), worse, epochs=range(12)))
-    assert kinds(find_issues(r))["loss_spikes"] == "warning"
+    assert kinds(find_issues(r))["loss_spike"] == "warning"
 
 
 def test_overfitting_grows_to_a_warning_while_the_rise_goes_on() -> None:

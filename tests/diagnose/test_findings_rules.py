@@ -4,6 +4,8 @@ too-few-points and partial runs (no TensorFlow here)."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from tb_introspect.diagnose import (
     format_findings,
 )
 from tb_introspect.diagnose.activity import quantile_cdf
-from tb_introspect.diagnose.core import first_sustained, point_spans
+from tb_introspect.diagnose.core import first_sustained, fmt_sigmas, fmt_times, point_spans
 from tests.diagnose.findings_synth import epochs_steps, kinds, metric, metric_epoch, run, tensor
 
 N = 8
@@ -329,25 +331,113 @@ def test_loss_trend_from_per_step_values_grouped_by_epoch() -> None:
     assert "loss_not_decreasing" in kinds(find_issues(r))
 
 
-def test_loss_spikes() -> None:
-    rng = np.random.default_rng(1)
-    n = 200
+def _decaying_loss(n=200, seed=1):
+    """A loss from 2 down to 0.05 with 10% noise, 40 steps per epoch."""
+    rng = np.random.default_rng(seed)
     values = np.exp(np.linspace(np.log(2.0), np.log(0.05), n)) * np.exp(rng.normal(0, 0.1, n))
     steps = np.arange(1, n + 1)
-    epochs = steps // 40
-    assert "loss_spikes" not in kinds(find_issues(run(metric("loss", steps, values, epochs))))
+    return steps, values, steps // 40
+
+
+def _spike(steps, values, epochs):
+    found = [f for f in find_issues(run(metric("loss", steps, values, epochs)))
+             if f.kind == "loss_spike"]
+    assert len(found) <= 1, [f.title for f in found]
+    return found[0] if found else None
+
+
+def test_loss_spike_by_ratio_to_the_recent_median() -> None:
+    steps, values, epochs = _decaying_loss()
+    assert _spike(steps, values, epochs) is None
     spiky = values.copy()
     spiky[[120, 150, 180]] = 5.0
-    f = next(f for f in find_issues(run(metric("loss", steps, spiky, epochs)))
-             if f.kind == "loss_spikes")
+    f = _spike(steps, spiky, epochs)
     assert f.severity == "warning" and f.first_step == 121 and f.evidence["spikes"] == 3
+    assert f.evidence["spikes_by_ratio"] == 3 and f.evidence["above_starting_loss"] is True
+    assert f.evidence["largest_ratio_to_recent_median"] > 10
+    # One spike above the starting loss (2) is a warning: the run lost its progress.
     one = values.copy()
     one[150] = 5.0
-    assert kinds(find_issues(run(metric("loss", steps, one, epochs))))["loss_spikes"] == "info"
-    # A batch 10x above a tiny converged loss stays below half the starting loss: no spike.
-    tiny = values.copy()
-    tiny[150] = values[149] * 12
-    assert "loss_spikes" not in kinds(find_issues(run(metric("loss", steps, tiny, epochs))))
+    assert _spike(steps, one, epochs).severity == "warning"
+    # One below it (10x the recent median, above half the start) is info. The steep decay
+    # widens the trailing standard deviation: the score alone would miss it.
+    low = values.copy()
+    low[150] = 1.5
+    f = _spike(steps, low, epochs)
+    assert f.severity == "info" and f.evidence["spikes"] == 1
+    assert f.evidence["spikes_by_score"] == 0 and f.evidence["largest_score_sigmas"] < 6
+    assert "x the recent median" in f.title
+
+
+def test_loss_spike_by_ratio_where_a_wide_trailing_spread_hides_it_from_the_score() -> None:
+    """A second spike 40x the recent median within 128 steps of a 50.0 one: the first
+    inflates the trailing standard deviation past what the second reaches, so only the
+    ratio criterion sees the second."""
+    steps, values, epochs = _decaying_loss()
+    two = values.copy()
+    two[[100, 150]] = [50.0, 5.0]
+    f = _spike(steps, two, epochs)
+    assert f.evidence["spikes"] == 2 and f.first_step == 101
+    assert f.evidence["spikes_by_ratio"] == 2 and f.evidence["spikes_by_score"] == 1
+
+
+def test_loss_spike_by_score_below_the_ratio_criterion() -> None:
+    """A batch 6x above a converged loss, below half the starting loss, is no spike by
+    ratio (a ratio to a median near zero says little) and one by its score: info."""
+    steps = np.arange(1, 401)
+    noise = np.exp(np.random.default_rng(2).normal(0, 0.02, 400))
+    v = (0.05 + 2 * np.exp(-steps / 20)) * noise
+    assert _spike(steps, v, steps // 40) is None
+    v[300] = 0.3
+    f = _spike(steps, v, steps // 40)
+    assert f.severity == "info" and f.first_step == 301
+    assert f.evidence["spikes_by_ratio"] == 0 and f.evidence["spikes_by_score"] == 1
+    assert f.evidence["largest_score_sigmas"] > 6
+
+
+def test_a_diverging_loss_is_one_loss_spike_with_a_readable_title() -> None:
+    """A loss that trains, then grows 1.6x a step to past 1e40 and goes NaN: one finding,
+    its numbers in words, not 20 digits; the same for a spike 400 decades high."""
+    steps, values, epochs = _decaying_loss(n=400)
+    div = values.copy()
+    div[250:] *= np.exp(0.5 * np.arange(150))
+    div[380:] = np.nan
+    f = _spike(steps, div, epochs)
+    assert f.severity == "warning" and f.first_step <= 256
+    assert "(the loss went non-finite at step 381)" in f.title
+    assert f.evidence["nonfinite_loss_step"] == 381
+    assert not re.search(r"\d{10,}", f.title), f.title
+    # A jump from a flat loss: the trailing spread is 0, the score infinite.
+    flat = np.full(200, 2.0)
+    flat[150] = 1e12
+    f = _spike(np.arange(1, 201), flat, np.arange(1, 201) // 40)
+    assert f.evidence["spikes"] == 1
+    assert "far beyond 6 sigma" in f.title and "more than a billion times" in f.title
+    assert "non-finite" not in f.title and not re.search(r"\d{10,}", f.title), f.title
+
+
+def test_loss_spike_scores_survive_an_earlier_huge_spike() -> None:
+    """After a 1e10 spike the steps that follow are scored against their own window, not a
+    running sum that lost their digits (which scored a later ordinary step at inf sigma)."""
+    steps = np.arange(1, 401)
+    v = 2.0 + 3.0 * np.exp(-steps / 80) + 0.02 * np.random.default_rng(0).standard_normal(400)
+    v[200] = 1e10
+    f = _spike(steps, v, steps // 40)
+    assert f.evidence["spikes"] == 1 and f.evidence["largest_spike_step"] == 201
+
+
+def test_humane_ratios_and_scores_in_titles() -> None:
+    assert fmt_times(12.4) == "12x" and fmt_times(1.46, 1) == "1.5x"
+    assert fmt_times(999_999) == "999999x"
+    assert fmt_times(2.5e20) == "more than a trillion times"
+    assert fmt_times(3e9) == "more than a billion times"
+    assert fmt_times(1e6) == "more than a million times"
+    assert fmt_times(math.inf) == "more than a trillion times"
+    assert fmt_times(math.nan) == "an unknown number of times"
+    assert fmt_sigmas(25.3, 6) == "25 sigma" and fmt_sigmas(1000, 6) == "1000 sigma"
+    assert fmt_sigmas(2.5e20, 6) == "far beyond 6 sigma"
+    assert fmt_sigmas(math.inf, 6.5) == "far beyond 6.5 sigma"
+    assert fmt_sigmas(math.nan, 6) == "far beyond 6 sigma"
 
 
 # ---------------------------------------------------------------- bad input, partial runs
@@ -464,6 +554,6 @@ def test_magnitudes_past_the_float_range_give_inf_evidence_not_an_error() -> Non
     steps = np.arange(1, 201)
     loss = np.full(200, 1e-200)
     loss[[120, 150, 180]] = 1e200
-    f = next(f for f in find_issues(run(metric("loss", steps, loss, steps // 40)))
-             if f.kind == "loss_spikes")
+    f = _spike(steps, loss, steps // 40)
     assert json.loads(json.dumps(findings_json([f])))
+    assert "far beyond 6 sigma" in f.title and not re.search(r"\d{10,}", f.title), f.title

@@ -1,5 +1,6 @@
-"""The transformer-signal rules (diagnose/transformer.py) on synthetic series: each rule's
-trigger, the step it names, and a healthy twin that must stay silent (no TensorFlow here).
+"""The transformer-signal rules (diagnose/transformer.py, and the loss spike score of
+diagnose/loss.py they read) on synthetic series: each rule's trigger, the step it names,
+and a healthy twin that must stay silent (no TensorFlow here).
 
 The probes are built as the pipeline writes them (``metadata.probes_matrix``, float32) and
 read back through ``rundata.probes_of``, the reader's one path to them.
@@ -150,7 +151,7 @@ def test_outputs_of_healthy_twins_are_no_finding(max_abs, med, kurt) -> None:
     assert found(r, "massive_activations") == []
 
 
-# ---------------------------------------------------------------- loss spikes
+# ---------------------------------------------------------------- loss spikes (the score)
 
 
 def loss_curve(n=400, spike_at=None, height=1.0, seed=0):
@@ -167,6 +168,8 @@ def test_loss_spike_six_sigma_above_the_trailing_mean() -> None:
     (f,) = found(run(metric("loss", steps, v)), "loss_spike")
     assert f.first_step == 300 and f.evidence["spikes"] == 1
     assert f.evidence["largest_score_sigmas"] > 6
+    # 1.4x its recent median: the score alone sees it.
+    assert f.evidence["spikes_by_ratio"] == 0 and "recent median" not in f.title
     assert f.severity == "info"  # 3.1 after a start near 5: the run kept its progress
 
 
