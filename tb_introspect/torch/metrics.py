@@ -1,5 +1,5 @@
 """The per-step metric values (loss and the others ``step`` is given), held until the
-pipeline drains them: a step keeps a reference to each value (tensors stay on the device,
+pipeline drains them: a step keeps a device copy of each value (tensors stay on the device,
 unread), and a drain stacks them into one device tensor, copied to the host once."""
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ class MetricRing:
                 if value.numel() != 1:
                     raise ValueError(f"metric {name!r} is a tensor of shape"
                                      f" {tuple(value.shape)}; a metric is one number")
-                cells[m] = value.detach()
+                # A copy, not the tensor: code after step() may change it in place (an
+                # all-reduce of the loss, a mul_, an optimizer reusing a buffer), and the
+                # value logged must be the one given. On the device: no host sync.
+                cells[m] = value.detach().clone()
             else:
                 cells[m] = float(value)
             self.counts[row, m] = 1

@@ -137,6 +137,29 @@ def test_nonfinite_gradient_is_counted(tmp_path):
     assert out["nan_count"] > 0
 
 
+def test_a_metric_is_the_value_given_to_step_not_one_changed_after(tmp_path):
+    torch.manual_seed(0)
+    model = ts.small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    given = []
+    with Introspector(str(tmp_path), model, opt, every=2) as intro:
+        for x, y in ts.batches(6):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            accuracy = (model(x).argmax(1) == y).float().mean()
+            given.append((float(loss), float(accuracy)))
+            intro.step(loss=loss, accuracy=accuracy)
+            # What a loop does after logging: average over ranks in place, reuse a buffer.
+            loss.detach().mul_(2.0)
+            accuracy.fill_(-1.0)
+        intro.end_epoch()
+    run = ts.read_run(str(tmp_path))
+    logged = [run.metrics[m].field("value").tolist() for m in ("loss", "accuracy")]
+    assert np.allclose(list(zip(*logged, strict=True)), given, rtol=1e-6)
+
+
 def test_nonfinite_rectifier_output_on_a_lean_step(tmp_path):
     """The non-finite rule (``StepMode``), PyTorch's half: a lean step's rectifier output
     holding NaN is folded whole, so its NaN count is in the written statistics, and the
