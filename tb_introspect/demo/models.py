@@ -79,7 +79,9 @@ class Scenario:
     name: str  # run name stem, e.g. "healthy_cnn"
     title: str  # one line for progress bars and listings
     look_for: str  # what the Introspect tab shows for this run
-    build: Callable[[], tuple[Any, Any]]  # () -> (model, optimizer)
+    #: total_steps -> (model, optimizer); the builders of the tests' own models take the
+    #: run's length too (a schedule may need it), the demo's ignore it
+    build: Callable[[int], tuple[Any, Any]]
     quick_epochs: int  # epochs of the fast variant (tests): still enough to show the situation
     #: Serious finding kinds that mean this situation: at least one must show. Empty for a
     #: healthy run, which must show no warning or critical finding at all.
@@ -150,12 +152,12 @@ def _sgd(learning_rate: Any, **clip: float) -> Any:
     return keras.optimizers.SGD(learning_rate=learning_rate, momentum=MOMENTUM, **clip)
 
 
-def build_healthy_cnn() -> tuple[Any, Any]:
+def build_healthy_cnn(total_steps: int) -> tuple[Any, Any]:
     """The reference CNN at a learning rate it trains well with."""
     return _cnn("healthy_cnn"), _sgd(HEALTHY_LR)
 
 
-def build_lr_too_high_cnn() -> tuple[Any, Any]:
+def build_lr_too_high_cnn(total_steps: int) -> tuple[Any, Any]:
     """The same CNN: two epochs at the healthy rate, then ``TOO_HIGH_LR``, clipped."""
     import keras
 
@@ -166,13 +168,13 @@ def build_lr_too_high_cnn() -> tuple[Any, Any]:
     return _cnn("lr_too_high_cnn"), _sgd(schedule, global_clipnorm=CLIP_NORM)
 
 
-def build_dying_relu_mlp() -> tuple[Any, Any]:
+def build_dying_relu_mlp(total_steps: int) -> tuple[Any, Any]:
     """Four ReLU layers whose biases start at ``DEAD_BIAS``, at the healthy rate."""
     model = _mlp("dying_relu_mlp", width=64, depth=4, activation="relu", bias=DEAD_BIAS)
     return model, _sgd(HEALTHY_LR)
 
 
-def build_vanishing_sigmoid_mlp() -> tuple[Any, Any]:
+def build_vanishing_sigmoid_mlp(total_steps: int) -> tuple[Any, Any]:
     """Eight sigmoid layers: each multiplies the backward signal by at most 0.25."""
     return _mlp("vanishing_sigmoid_mlp", width=32, depth=8, activation="sigmoid"), _sgd(0.05)
 

@@ -162,7 +162,7 @@ def run_demo(
     for i, (scenario, path) in enumerate(zip(chosen, paths, strict=True), start=1):
         n_epochs = epochs or (scenario.quick_epochs if quick else EPOCHS)
         keras.utils.set_random_seed(seed)
-        model, optimizer = scenario.build()
+        model, optimizer = scenario.build(n_epochs * steps_per_epoch)
         model.compile(
             optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"]
         )

@@ -323,7 +323,7 @@ def _demo(name: str) -> Callable[[int], tuple[Any, Any]]:
     def build(total_steps: int):
         from tb_introspect.demo.models import get_scenario
 
-        return get_scenario(name).build()
+        return get_scenario(name).build(total_steps)
 
     return build
 

@@ -132,7 +132,7 @@ SCENARIOS = {
     # name: (build, epochs, training data)
     "stop_gradient": (build_stop_gradient_mlp, 4, None),
     "starved": (build_starved_mlp, 4, None),
-    "dying_relu": (get_scenario("dying_relu_mlp").build, 8, None),
+    "lr_too_high": (get_scenario("lr_too_high_cnn").build, 6, None),
     "shallow_sigmoid": (build_shallow_sigmoid_mlp, 4, None),
     "overfitting": (build_overfitting_mlp, 30, "noisy"),
     "deep_batchnorm": (build_deep_batchnorm, 6, None),
@@ -210,8 +210,8 @@ def test_zero_gradients_are_explained_by_dead_inputs_and_unused_outputs(trained)
     assert f.evidence["tensors_flagged"] == 2
 
 
-def test_gradient_activation_rate_drop_on_dying_relus(trained) -> None:
-    run, findings = trained("dying_relu")
+def test_gradient_activation_rate_drop_when_a_too_high_rate_kills_the_units(trained) -> None:
+    run, findings = trained("lr_too_high")
     f = by_kind(findings)["gradient_activity"]
     assert f.severity == "warning", titles(findings)
     rate = _field(run, "gradient", f.tags[0].split("/", 2)[2], "activation_rate")

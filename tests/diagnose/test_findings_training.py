@@ -88,10 +88,18 @@ def test_dying_relu_is_flagged_with_its_onset(trained) -> None:
     found = by_kind(findings)
     f = found["dead_units"]
     assert f.severity in ("warning", "critical") and f.view == "output"
-    # The onset is where a flagged layer's logged dead rate first stays above threshold.
-    assert f.first_step == dead_onset(run, f)
-    assert "loss_rising" in found
-    assert found["loss_rising"].first_step >= found["dead_units"].first_step - 2 * 45
+    # The onset is where a flagged layer's logged dead rate first stays above threshold:
+    # the first epoch, the biases having started at -1.
+    assert f.first_step == dead_onset(run, f) and f.first_epoch == 0
+    assert "loss_not_decreasing" in found and "identical_units" not in found
+
+
+def test_too_high_learning_rate_gives_back_what_it_learned(trained) -> None:
+    _, run, findings = trained("lr_too_high_cnn")
+    rising = by_kind(findings)["loss_rising"]
+    assert rising.severity == "warning"
+    # Flagged at most two epochs after the jump (epoch 2), not before it.
+    assert 2 <= rising.first_epoch <= 4, rising.first_epoch
 
 
 def test_vanishing_sigmoid_mlp(trained) -> None:
@@ -133,7 +141,8 @@ def test_partial_views_use_what_was_logged(trained) -> None:
     assert f.view == "gradient" and f.severity in ("warning", "critical")
     loss_only = RunSeries(run="l", metrics=run.metrics, metric_epochs=run.metric_epochs)
     assert {f.kind for f in find_issues(loss_only)} <= {"loss_rising", "loss_spike",
-                                                        "loss_not_decreasing"}
+                                                        "loss_not_decreasing",
+                                                        "loss_at_chance"}
 
 
 def test_the_first_two_epochs_are_too_few_to_judge(trained) -> None:
