@@ -3,6 +3,7 @@ for every seed, thread count and emulated kernel path, and judge every run.
 
     python benchmarks/demo_robustness.py                       # the whole matrix
     python benchmarks/demo_robustness.py --frameworks torch --seeds 0 1 --jobs 2
+    python benchmarks/demo_robustness.py --cells torch/aten-avx2/seed1/2t keras/onednn-off/seed3/1t
 
 A cell is one ``tb-introspect demo --quick`` (all four scenarios) in a fresh process;
 ``--jobs`` cells run at a time (each with its own thread count). A scenario's entry in the
@@ -20,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tb_introspect.demo.models import scenario_names
-from tb_introspect.demo.robustness import PATHS, SEEDS, THREADS, Outcome, matrix, run_cell
+from tb_introspect.demo.robustness import PATHS, SEEDS, THREADS, Cell, Outcome, matrix, run_cell
 
 
 def _table(outcomes: list[Outcome]) -> str:
@@ -49,11 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", nargs="+", default=list(PATHS), choices=list(PATHS))
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     ap.add_argument("--threads", nargs="+", type=int, default=list(THREADS))
+    ap.add_argument("--cells", nargs="+", metavar="LABEL",
+                    help="only these cells (framework/path/seedN/Nt), instead of the matrix")
     ap.add_argument("--jobs", type=int, default=2, help="cells run at a time (default 2)")
     ap.add_argument("--json", help="also write every cell's outcome to this file")
     args = ap.parse_args(argv)
 
-    cells = matrix(args.frameworks, args.seeds, args.threads)
+    try:
+        cells = ([Cell.parse(label) for label in args.cells] if args.cells
+                 else matrix(args.frameworks, args.seeds, args.threads))
+    except ValueError as e:
+        ap.error(str(e))
     print(f"{len(cells)} cells, {args.jobs} at a time", flush=True)
     start = time.perf_counter()
     outcomes: list[Outcome] = []

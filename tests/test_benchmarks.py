@@ -45,6 +45,10 @@ SMALL = [
     ("format_bytes.py", ["--steps", "8", "--bench-tensors", "20", "--bench-steps", "3",
                          "--keras-model", "flatten"], 5),
     ("bucket_bench.py", ["--quick"], 5),
+    # The demo's stories on other CPUs: a slice of the matrix, each cell another seed, thread
+    # count and kernel path than the suite's own demos (seed 0, one thread, this CPU's).
+    ("demo_robustness.py", ["--jobs", "1", "--cells", "torch/aten-avx2/seed1/2t",
+                            "torch/aten-default/seed2/1t", "keras/onednn-off/seed3/2t"], 10),
 ]
 
 

@@ -3,7 +3,7 @@
 The slow part runs ``tb-introspect demo --quick`` once (four real models, the real
 ``Introspect`` callback, real event files) and checks that every run tells its story in the
 findings (``Scenario.story``) and shows its situation in the logged statistics with a margin
-(``evidence.margin_problems``); ``tests/test_demo_robustness.py`` does the same on other
+(``evidence.margin_problems``); ``benchmarks/demo_robustness.py`` does the same on other
 seeds, thread counts and kernel paths.
 """
 

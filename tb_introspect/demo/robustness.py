@@ -8,8 +8,8 @@ is judged twice: its findings must tell its scenario's story (``Scenario.story_p
 and its logged numbers must show the situation with a margin over what the findings need
 (``evidence.margin_problems``); no run may log a non-finite loss.
 
-``benchmarks/demo_robustness.py`` runs the whole matrix; ``tests/test_demo_robustness.py``
-a slice of it.
+``benchmarks/demo_robustness.py`` runs the whole matrix, or the cells it is given (the
+test suite runs a slice through it).
 """
 
 from __future__ import annotations
@@ -52,6 +52,20 @@ class Cell:
     @property
     def label(self) -> str:
         return f"{self.framework}/{self.path}/seed{self.seed}/{self.threads}t"
+
+    @classmethod
+    def parse(cls, label: str) -> Cell:
+        """The cell of ``label`` (``torch/aten-avx2/seed1/2t``); ValueError if it is none."""
+        try:
+            framework, path, seed, threads = label.split("/")
+            cell = cls(framework, int(seed.removeprefix("seed")),
+                       int(threads.removesuffix("t")), path)
+        except ValueError:
+            raise ValueError(f"{label!r} is not a cell: framework/path/seedN/Nt") from None
+        if path not in PATHS.get(framework, {}):
+            raise ValueError(f"{label!r}: no kernel path {path!r} for {framework!r}; one of"
+                             f" {sorted((f, p) for f in PATHS for p in PATHS[f])}")
+        return cell
 
     def environment(self) -> dict[str, str]:
         """The process environment of this cell's demo."""

@@ -2,7 +2,7 @@
 read back like the Keras demo's runs: the same stories in the findings (``Scenario.story``)
 and in the numbers (``evidence.margin_problems``), ``tb-introspect diagnose`` and every view
 of the tab in headless Chromium. Other seeds, threads and kernel paths:
-``tests/test_demo_robustness.py``."""
+``benchmarks/demo_robustness.py`` (a slice of it in ``tests/test_benchmarks.py``)."""
 
 from __future__ import annotations
 
