@@ -45,7 +45,8 @@ function axisStyle(t) {
  * spec: {
  *   title, subtitle, controls: Node[], height, width,
  *   x: number[], xLabel,
- *   series: [{label, values, color, width, dash, scale, spanGaps, fill, points}],
+ *   series: [{label, values, color, width, dash, scale, spanGaps, fill, points, reference}],
+ *     (reference: a guide line, not data: left out of the note on exact zeros)
  *   bands: [{upper, lower, fill}]        (indices into spec.series)
  *   y: {log, range:[min,max], label, format},
  *   y2: {range, format, label}           (second axis on the right, scale "y2")
@@ -56,6 +57,14 @@ function axisStyle(t) {
  *   name: file name for the PNG export
  * }
  */
+/** A line under chart element ``el`` naming the points it cannot draw because their values
+ * are exactly 0; nothing when there are none. */
+export function zeroNote(el, zeroPoints, points, why) {
+  if (!el || !zeroPoints) return;
+  const where = zeroPoints === points ? "At every point" : `At ${zeroPoints} of ${points} points`;
+  el.append(h("p.zero-note", `${where} ${why}.`));
+}
+
 export function chart(parent, spec) {
   const t = theme();
   const el = h("div.chart", { dataset: { chart: spec.name || spec.title || "chart" } });
@@ -201,6 +210,16 @@ export function chart(parent, spec) {
   // Double-click restores the full x range after a drag-zoom (uPlot default),
   // we only make sure the readout follows.
   showReadout(lastPoint(u));
+
+  if (yLog) {
+    // Points where every value is exactly 0 (a dead layer's update, a gradient that never
+    // arrives): no place on a log axis, so the chart says they are there.
+    const ys = spec.series.filter((s) => (s.scale || "y") === "y" && !s.reference)
+      .map((s) => s.values);
+    const zeros = spec.x.filter((_, i) => ys.some((v) => v[i] === 0)
+      && ys.every((v) => !(v[i] > 0) || !Number.isFinite(v[i]))).length;
+    zeroNote(el, zeros, spec.x.length, "every value is exactly 0, which has no place on a log axis");
+  }
 
   const handle = {
     el,

@@ -43,12 +43,14 @@ export const MODES = [
   {
     id: "update",
     ...text("update"),
-    slot: { field: "update_ratio", view: "variable", ref: 1e-3, refLabel: "1e-3", log: true },
+    slot: { field: "update_ratio", view: "variable", ref: 1e-3, refLabel: "1e-3", log: true,
+      none: "there is no update ratio: it needs two logged points of a non-zero weight" },
   },
   {
     id: "cos",
     ...text("cos"),
-    slot: { field: "cos_prev", view: "gradient", ref: 0, refLabel: "0", range: [-1, 1] },
+    slot: { field: "cos_prev", view: "gradient", ref: 0, refLabel: "0", range: [-1, 1],
+      none: "there is no cosine: it needs this window's and the previous one's gradient sums, both non-zero" },
   },
   {
     id: "ilr",

@@ -269,7 +269,12 @@ class Probe:
         names = self.f.evaluate(
             "() => [...document.querySelectorAll('.chart')].map((c) => c.dataset.chart)")
         assert counts and len(counts) == len(names), f"{label}: {len(counts)} canvases"
-        blank = [n for n, c in zip(names, counts, strict=True) if c < MIN_PIXELS and n not in skip]
+        # A chart that says its values are exactly 0 (no place on a log axis) is not blank.
+        zero = set(self.f.evaluate("() => [...document.querySelectorAll('.chart')]"
+                                   ".filter((c) => c.querySelector('.zero-note'))"
+                                   ".map((c) => c.dataset.chart)"))
+        blank = [n for n, c in zip(names, counts, strict=True)
+                 if c < MIN_PIXELS and n not in skip and n not in zero]
         assert not blank, f"{label}: charts without data pixels: {blank}"
         budget = long_task_budget_ms()
         assert max(long, default=0) <= budget, f"{label}: long tasks {long} ms > {budget:.0f}"

@@ -5,7 +5,7 @@
 // cosine), or the weights' implicit-learning-rate percentiles (log axis).
 
 import { exportURL } from "../api.js";
-import { afterPaint, chart, percentileBands, readoutLine } from "../charts.js";
+import { afterPaint, chart, percentileBands, readoutLine, zeroNote } from "../charts.js";
 import { VIEW_LABELS, compileFilter, emptyNote, pointLabel, sampleBudget, sampleNote, shapeText, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { pct } from "../format.js";
@@ -271,11 +271,13 @@ function drawPanel(L, p, s) {
       title,
       series: [
         { label: info.label, values: v, color, width: 1.5 },
-        { label: slot.refLabel, values: ref, color: t.muted, width: 1, dash: [4, 4] },
+        { label: slot.refLabel, values: ref, color: t.muted, width: 1, dash: [4, 4], reference: true },
       ],
       y: slot.range ? { range: slot.range } : { log: !!slot.log },
       readout: (idx) => idx == null ? "" : readoutLine(head(idx), [[info.readout, v[idx]]], nonfiniteText(s, idx)),
     });
+    // The first point has no previous one: only a series with no value at all is explained.
+    if (v && v.every((y) => y == null)) zeroNote(p.chart.el, x.length, x.length, slot.none);
     return;
   }
   if (mode === "rms") {
@@ -328,6 +330,8 @@ function drawPanel(L, p, s) {
       return readoutLine(head(idx), pairs, nonfiniteText(s, idx));
     },
   });
+  zeroNote(p.chart.el, zf ? zf.filter((z) => z >= 1).length : 0, x.length, "every entry is"
+    + " exactly 0 (the dashed zero share at 100%), which has no place on a log axis");
 }
 
 /**

@@ -4,7 +4,7 @@
 // the weights the implicit learning rate (./ilr.js); under the loss, for a run with
 // probes, the Transformer section (./transformer.js).
 
-import { chart, depthColors, percentileBands, readoutLine, stackDrawer } from "../charts.js";
+import { chart, depthColors, percentileBands, readoutLine, stackDrawer, zeroNote } from "../charts.js";
 import { VIEW_HELP, VIEW_LABELS, VIEWS, emptyNote, joinParts, percentileStep, pointLabel, xValues } from "../common.js";
 import { h } from "../dom.js";
 import { fmt, pct } from "../format.js";
@@ -77,8 +77,14 @@ export async function renderOverview(ctx) {
     const x = xValues(xMode, v.steps, v.epochs, epochMap);
     const cells = [h("div.cell"), h("div.cell"), h("div.cell")];
     row.append(...cells);
-    rmsBandsChart(cells[0], view, v, x, xLabel, state.y === "log");
-    stackChart(cells[1], view, v, x, xLabel, ctx);
+    const bandsHandle = rmsBandsChart(cells[0], view, v, x, xLabel, state.y === "log");
+    const stackHandle = stackChart(cells[1], view, v, x, xLabel, ctx);
+    // Exact zeros have no place on a log axis or in a log-RMS stack: say so where they would be.
+    zeroNote(bandsHandle?.el, zeroMedianPoints(v), v.steps.length, "the median tensor's RMS is"
+      + " exactly 0 (no signal reached half of them or more); the Layers view lists each tensor");
+    zeroNote(stackHandle?.el, (v.stack || []).length
+      ? v.steps.filter((_, i) => v.stack.every((row) => !(row[i] > 0))).length : 0,
+    v.steps.length, "no layer has a non-zero RMS: nothing to stack");
     activityChart(cells[2], view, v, x, xLabel);
   }
 
@@ -189,6 +195,12 @@ function rmsBandsChart(cell, view, v, x, xLabel, log) {
       ], nonfinite ? `non-finite values: ${nonfinite}` : null);
     },
   });
+}
+
+/** Points whose median band (over tensors) is exactly 0. */
+function zeroMedianPoints(v) {
+  const mid = v.rms_quantiles.indexOf(50);
+  return mid < 0 ? 0 : v.rms_bands[mid].filter((r) => r === 0).length;
 }
 
 /** "12.5% steps" for the server's evenly spaced percentile points (overview.RMS_QUANTILES). */
