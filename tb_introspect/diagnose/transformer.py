@@ -23,7 +23,7 @@ from tb_introspect.diagnose.core import (
     nanmedian,
     rule,
 )
-from tb_introspect.diagnose.loss import loss_spike_mask, loss_spike_scores
+from tb_introspect.diagnose.loss import loss_segments, loss_spike_mask, loss_spike_scores
 from tb_introspect.rundata import Probes, probes_of
 
 #: Where the tab draws each probe: the Overview's Transformer section (frontend
@@ -131,10 +131,24 @@ def _steady(x: np.ndarray, sign: float, share: float) -> bool:
     return bool(d.size and np.mean(np.sign(d) == sign) >= share)
 
 
+def _loss_fell_since(rv: RunView, step: int) -> bool:
+    """Whether the loss's latest epoch (or segment) median is ``loss_min_decrease`` below its
+    median at ``step``: the model still learning. False without a loss."""
+    name = rv.loss_name()
+    seg = loss_segments(rv, name) if name else None
+    if seg is None:
+        return False
+    steps, _, med = seg
+    at = int(np.searchsorted(steps, step))
+    if at >= med.size - 1:
+        return False
+    return bool(med[-1] < med[at] * (1 - rv.t.loss_min_decrease))
+
+
 @rule("output_logit_drift", needs=("probes",))
 def output_logit_drift(rv: RunView) -> list[Finding]:
-    """The head's logsumexp drifting 10 nats from its start (warning), or its largest logit
-    growing steadily 3x to above 30 (info)."""
+    """The head's logsumexp drifting 10 nats from its start (warning; info while the loss
+    still falls), or its largest logit growing steadily 3x to above 30 (info)."""
     t = rv.t
     p = run_probes(rv)
     if p is None:
@@ -164,6 +178,10 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
         step, epoch = _when(rv, p, j)
         name = p.rows[i]
         lse_end = float(last[-1]) + _first_finite(lse[i]) if last.size else np.nan
+        # A classifier growing confident raises log Z with its top logit while its loss
+        # falls: that is learning. The drift that precedes divergence comes with a loss
+        # that stopped improving.
+        learning = j_lse is not None and _loss_fell_since(rv, step)
         if j_lse is not None:
             title = (f"Output logits drifting: the logsumexp of '{name}' moved"
                      f" {float(last[-1]):+.1f} nats to {fmt_num(lse_end)}")
@@ -173,12 +191,13 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
                      f" {fmt_times(top / m0)} to {fmt_num(top)}")
         out.append(Finding(
             kind="output_logit_drift",
-            severity="warning" if j_lse is not None else "info",
+            severity="warning" if j_lse is not None and not learning else "info",
             title=title,
             first_step=step, first_epoch=epoch,
             layers=[name],
             evidence={
                 "head": name,
+                "loss_fell_since": learning,
                 "logit_lse_first": _first_finite(lse[i]),
                 "logit_lse_last": lse_end,
                 "logit_lse_drift": float(last[-1]) if last.size else None,
@@ -196,6 +215,8 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
                 " PaLM and OLMo 2 add a z-loss against this drift, which preceded loss spikes"
                 " and divergence. A classifier trained to ever more confident outputs shows"
                 " the same growth of its largest logit."
+                + (" Here the loss went on falling after the drift began: most likely that"
+                   " confidence, worth watching rather than fixing." if learning else "")
             ),
             suggestion=(
                 "Add a z-loss (1e-4 x (log Z)^2, as PaLM), or cap the logits (soft-capping,"

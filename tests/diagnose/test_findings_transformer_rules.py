@@ -94,6 +94,28 @@ def test_output_logit_drift_of_the_logsumexp_is_a_warning() -> None:
     assert f.layers == ["lm_head"] and f.jump["chart"] == "probes-head"
 
 
+def test_a_drift_while_the_loss_still_falls_is_info_and_one_with_a_stalled_loss_a_warning(
+) -> None:
+    # A classifier growing confident: log Z rises with the top logit.
+    rows = {"head": {"logit_lse": [2.3, 4, 6, 8, 10, 12, 14, 16],
+                     "logit_max": [1, 3, 5, 7, 9, 11, 13, 15]}}
+    steps = np.arange(1, STEPS[-1] + 1)
+    head = tensor("output", "head", 0, STEPS, name="head", shape=(-1, 10), cadence="window",
+                  min=-1.0, max=1.0)
+
+    def drift_with_loss(loss: np.ndarray):
+        r = run(head, metric("loss", steps, loss))
+        r.probes = probes(rows)
+        (f,) = found(r, "output_logit_drift")
+        return f
+
+    f = drift_with_loss(2.3 * np.exp(-steps / 150))  # the loss keeps falling: learning
+    assert f.severity == "info" and f.evidence["loss_fell_since"] is True
+    assert "went on falling" in f.explanation
+    f = drift_with_loss(np.maximum(2.3 * np.exp(-steps / 50), 0.9))  # stalled from ~step 50
+    assert f.severity == "warning" and f.evidence["loss_fell_since"] is False
+
+
 def test_a_steadily_growing_largest_logit_is_info() -> None:
     r = with_probes({"lm_head": {"logit_lse": [10.8, 10.5, 10.9, 10.6, 10.8, 10.7, 10.9, 10.8],
                                  "logit_max": [8, 12, 18, 25, 32, 40, 48, 55]}})
