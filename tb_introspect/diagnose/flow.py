@@ -90,6 +90,7 @@ def no_gradient(rv: RunView) -> list[Finding]:
     more = f" and {others} more layer{'s' if others > 1 else ''}" if others else ""
     step, epoch = rv.step_epoch(a, 0)
     rows = [i for la in zero for i in _layer_rows(a)[la]]
+    dead = _dead_throughout(rv, lower)
     return [Finding(
         kind="no_gradient",
         severity="warning",
@@ -105,17 +106,27 @@ def no_gradient(rv: RunView) -> list[Finding]:
             "boundary_above": upper,
             "boundaries": "; ".join(f"{lo} | {up or '-'}" for lo, up in boundaries),
             "points_all_zero": int(a.n_points),
+            "cause": "dead units" if dead else "cut between the layers",
         },
         explanation=(
             "The gradient of these layers' weights is exactly zero at every logged point,"
             " from the first: no error signal reaches them, so they never learn and keep"
-            " their initial weights. A gradient that is exactly zero everywhere (not just"
-            " small) is cut by the graph, not weakened by it: a stop_gradient (or"
-            " .detach()), a non-differentiable op (argmax, round, casting to an integer,"
-            " a comparison) or a branch whose output does not reach the loss, between the"
-            " two layers named."
+            " their initial weights. "
+            + (f"Here every unit of '{lower}' is dead at every logged point (its output is"
+               " zero for every sample): a rectifier below zero passes no gradient, so"
+               " nothing reaches its weights or any layer below it (see dead_units)."
+               if dead else
+               "A gradient that is exactly zero everywhere (not just small) is cut by the"
+               " graph, not weakened by it: a stop_gradient (or .detach()), a"
+               " non-differentiable op (argmax, round, casting to an integer, a comparison)"
+               " or a branch whose output does not reach the loss, between the two layers"
+               " named.")
         ),
         suggestion=(
+            "Bring the units back to life: an initialisation that centres the"
+            " pre-activations (zero biases, He/Glorot weights), a lower learning rate, or a"
+            " leaky activation (LeakyReLU, GELU)."
+            if dead else
             "Look at what the model computes between the two layers named: remove the"
             " stop_gradient or replace the non-differentiable op with a differentiable"
             " surrogate (softmax for argmax, a straight-through estimator for rounding);"
@@ -125,6 +136,17 @@ def no_gradient(rv: RunView) -> list[Finding]:
         jump={"tab": "layers", "view": "gradient", "tag": a.series[rows[-1]].info.tag,
               "chart": "rms"},
     )]
+
+
+def _dead_throughout(rv: RunView, layer: str) -> bool:
+    """Whether every unit of ``layer``'s output is dead (zero for every sample) at every
+    logged point."""
+    out = rv.view("output")
+    if out is None:
+        return False
+    rates = [s.field("dead_rate") for s in out.series
+             if s.info.layer == layer and s.has("dead_rate") and len(s)]
+    return bool(rates) and all(np.all(r >= 1.0) for r in rates)
 
 
 def _layers_between(rv: RunView, lo: int, hi: int | None) -> list[str]:

@@ -1,7 +1,7 @@
 """Gradient-flow, graded-vanishing and overfitting findings on real training runs.
 
 Every rule is validated twice: on small trainings built to show the pathology (a
-``stop_gradient``, dead inputs and unused outputs, a warm-up that kills ReLUs, three
+``stop_gradient``, dead inputs and unused outputs, a too-high rate that kills ReLUs, three
 sigmoid layers, a big MLP on 96 samples) and on healthy trainings of other shapes (deep
 with BatchNorm, dropout, GELU with AdamW), where no rule may warn. Runs are trained with
 the numpy-logged custom loop of ``findings_testlib`` and read back from disk; the
@@ -182,6 +182,7 @@ def test_stop_gradient_names_the_boundary(trained) -> None:
     assert (f.evidence["boundary_below"], f.evidence["boundary_above"]) == ("dense1", "dense2")
     assert "between 'dense1' and 'dense2' (through 'stop')" in f.title
     assert f.first_epoch == 0
+    assert f.evidence["cause"] == "cut between the layers" and "stop_gradient" in f.suggestion
     # The logged gradient of dense1 is exactly zero at every point; dense2's is not.
     assert np.all(_field(run, "gradient", "dense1", "rms") == 0)
     assert np.all(_field(run, "gradient", "dense2", "rms") > 0)

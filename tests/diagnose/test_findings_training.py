@@ -92,6 +92,9 @@ def test_dying_relu_is_flagged_with_its_onset(trained) -> None:
     # the first epoch, the biases having started at -1.
     assert f.first_step == dead_onset(run, f) and f.first_epoch == 0
     assert "loss_not_decreasing" in found and "identical_units" not in found
+    # The gradient stops at dead units, not at a cut in the graph: the advice says so.
+    cut = found["no_gradient"]
+    assert cut.evidence["cause"] == "dead units" and "stop_gradient" not in cut.suggestion
 
 
 def test_too_high_learning_rate_gives_back_what_it_learned(trained) -> None:

@@ -22,13 +22,17 @@ export const ILR_TEXT = CHARTS["overview.ilr"];
 
 /**
  * Draws the row into `sec` (already in the page: charts measure their cells).
- * `v`: the variable view's overview entry (undefined when not logged).
+ * `v`: the variable view's overview entry (undefined when not logged); `gradients`: whether the
+ * gradient view was logged.
  */
-export function renderIlrRow(sec, v, ctx, { xMode, xLabel, epochMap }) {
+export function renderIlrRow(sec, v, ctx, { xMode, xLabel, epochMap, gradients }) {
   const ilr = v && v.ilr;
   if (!ilr) {
-    sec.append(emptyNote("No implicit learning rate in this run: it needs the weight and the gradient"
-      + " views, written in format version 2 or later."));
+    sec.append(emptyNote(v && gradients
+      ? "No implicit learning rate in this run: no weight got a non-zero gradient sum between two"
+        + " logged points (see the gradient findings)."
+      : "No implicit learning rate in this run: it needs the weight and the gradient views,"
+        + " written in format version 2 or later."));
     return;
   }
   const row = h("div.row");

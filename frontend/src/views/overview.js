@@ -92,7 +92,8 @@ export async function renderOverview(ctx) {
   const ilrSec = h("section.ilr-row", { id: "sec-ilr" },
     h("h2", ILR_TEXT.title, h("span.h-help", ` — ${ILR_TEXT.help}`)));
   root.querySelector("#sec-variable").after(ilrSec);
-  renderIlrRow(ilrSec, ov.views && ov.views.variable, ctx, { xMode, xLabel, epochMap });
+  const gradients = !!(ov.views && ov.views.gradient && ov.views.gradient.steps?.length);
+  renderIlrRow(ilrSec, ov.views && ov.views.variable, ctx, { xMode, xLabel, epochMap, gradients });
 }
 
 function metricOrder(a, b) {
