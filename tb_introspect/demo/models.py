@@ -8,7 +8,7 @@ tell another one:
 
 * ``healthy_cnn``: a small CNN with SGD + momentum at a comfortable learning rate;
 * ``lr_too_high_cnn``: the same CNN learns for two epochs at the healthy rate, then the rate
-  jumps to 1.0, where one step can move the weights by more than their own size: the loss
+  jumps to 1.0, where one step can move the weights as far as their own norm: the loss
   gives its progress back and stays there. A global gradient-norm clip keeps every number
   finite, so the run tells "the steps are too large" rather than "NaN";
 * ``dying_relu_mlp``: a ReLU MLP whose biases start at -1: on these inputs (pixels in
