@@ -1,11 +1,19 @@
 """Keras integration: ``Introspect``, a callback for an unmodified ``model.fit``.
 
+On a Keras backend other than TensorFlow the callback warns once and logs nothing; the
+training goes on.
+
 Example:
     >>> from tb_introspect.keras import Introspect
     >>> callback = Introspect("logs/run1", every="epoch")  # doctest: +SKIP
     >>> model.fit(x, y, epochs=10, callbacks=[callback])  # doctest: +SKIP
 """
 
-from tb_introspect.collect.keras_callback import Introspect
+import keras
+
+if keras.config.backend() == "tensorflow":
+    from tb_introspect.collect.keras_callback import Introspect
+else:  # TensorFlow need not even be installed
+    from tb_introspect.collect.other_backends import Introspect
 
 __all__ = ["Introspect"]
