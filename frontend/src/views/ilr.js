@@ -29,8 +29,8 @@ export function renderIlrRow(sec, v, ctx, { xMode, xLabel, epochMap, gradients }
   const ilr = v && v.ilr;
   if (!ilr) {
     sec.append(emptyNote(v && gradients
-      ? "No implicit learning rate in this run: no weight got a non-zero gradient sum between two"
-        + " logged points (see the gradient findings)."
+      ? "No implicit learning rate in this run: no layer's weight tensor got a non-zero gradient"
+        + " sum between two logged points (see the gradient findings)."
       : "No implicit learning rate in this run: it needs the weight and the gradient views,"
         + " written in format version 2 or later."));
     return;
