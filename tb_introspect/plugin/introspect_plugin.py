@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -151,22 +150,15 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
     plugin_name = PLUGIN_NAME
 
-    def __init__(
-        self, context: base_plugin.TBContext, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        """Keeps the data provider; nothing is read until a route is called.
-
-        ``clock``: seconds, for the age and cost of tag listings (see ``clock``).
-        """
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        """Keeps the data provider; nothing is read until a route is called."""
         self._provider = context.data_provider
         # Only the Python loader hands it out; samples are read from it (bounded.py).
         self._multiplexer = getattr(context, "multiplexer", None)
         # Tag listings ("run", eid, run) and ("all", eid), reused for a second, or
         # twice as long as they took (the Python loader scans every point to list:
         # ~6 s at 5M points); one refresh per key at a time, as for every entry.
-        self._listings = FingerprintCache(
-            1024, ttl_s=LISTING_TTL_S, ttl_per_cost=2.0, clock=clock
-        )
+        self._listings = FingerprintCache(1024, ttl_s=LISTING_TTL_S, ttl_per_cost=2.0)
         # Rendered documents per run, valid while the run's fingerprint holds.
         mib = 2**20
         self._documents = FingerprintCache(16, 256 * mib, lambda d: len(d.run) + len(d.overview))
