@@ -111,7 +111,7 @@ def _cli() -> str:
             or shutil.which("tb-introspect") or "tb-introspect")
 
 
-def run_cell(cell: Cell, scenarios: Iterable[str] = (), timeout: float = 1800) -> Outcome:
+def run_cell(cell: Cell, timeout: float = 1800) -> Outcome:
     """Train the quick demo of ``cell`` into a temporary logdir and judge every run."""
     from tb_introspect.demo.evidence import collect, margin_problems, scenario_of, serious_kinds
     from tb_introspect.demo.models import get_scenario
@@ -120,8 +120,6 @@ def run_cell(cell: Cell, scenarios: Iterable[str] = (), timeout: float = 1800) -
     with tempfile.TemporaryDirectory(prefix="demo_cell_") as tmp:
         cmd = [_cli(), "demo", "--framework", cell.framework, "--quick", "--no-progress",
                "--seed", str(cell.seed), "--logdir", tmp]
-        for name in scenarios:
-            cmd += ["--scenario", name]
         start = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                            env=cell.environment())
