@@ -20,6 +20,7 @@ from tb_introspect.pipeline.plan import Plan, is_sampled
 from tb_introspect.torch import modules
 from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.parameters import ParameterViews
+from tb_introspect.torch.passes import ForwardPasses
 
 
 class StepHooks:
@@ -43,6 +44,7 @@ class StepHooks:
         self.compile_skipped = False  # output gradients left out under torch.compile
         self.uncaptured: set[str] = set()  # leaves whose output is no float tensor
         self._last_step_end: float | None = None
+        self.passes = ForwardPasses()  # a checkpoint's recompute is not read twice
         self._forward = [self._forward_hook(spec) for spec in outputs.specs]
         self._hooked: dict[int, Any] = {}  # output index -> its forward hook's handle
         self.listeners: list[Callable[[StepMode], None]] = []  # told each new phase (probes)
@@ -54,6 +56,7 @@ class StepHooks:
 
     def enter(self, step: int) -> None:
         """Make the phase of ``step`` (1-based) the current one."""
+        self.passes.new_step()
         if self.plan.every == "epoch":
             self.set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN)
         else:
@@ -110,10 +113,11 @@ class StepHooks:
     def _forward_hook(self, spec: modules.OutputSpec) -> Callable:
         model, outputs, failures = self.model, self.outputs, self.plan.failures
         gradient_hook = outputs.gradient_hook(spec) if outputs.folds_gradients else None
+        reads = self.passes.reads
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             # Training forward passes only: evaluation (``no_grad``, ``eval()``) is not.
-            if not (torch.is_grad_enabled() and model.training):
+            if not (model.training and reads(module)):
                 return
             # Under torch.compile the hook is traced into the graph: no host time to take.
             start = None if torch.compiler.is_compiling() else time.perf_counter()

@@ -160,8 +160,9 @@ class Introspector:
         self.hooks = StepHooks(self.plan, self.model, self.governor, self.output_states,
                                self.parameter_views, optimizer)
         # The transformer probes, hooked on statistics steps only (docs/format.md).
-        self.probes = Probes(self.model, self.outputs, self.plan, device, regression=(
-            metadata.parse_loss(criterion_info(criterion)) or {}).get("task") == "regression")
+        regression = (metadata.parse_loss(criterion_info(criterion)) or {}).get("task")
+        self.probes = Probes(self.model, self.outputs, self.plan, device, self.hooks.passes,
+                             regression=regression == "regression")
         self.hooks.listeners.append(self.probes.follow)
         self.metric_ring = MetricRing(device)
         self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)

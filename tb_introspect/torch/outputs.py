@@ -46,8 +46,12 @@ class OutputStates:
         self._counted: dict[str, torch.Size] = {}
         self.folds_output = "output" in self.buffers
         self.folds_gradients = "output_gradient" in self.buffers
-        # the draws' seed: a statistics fold advances it, a lean one leaves it alone
-        self.salt = torch.zeros((), dtype=torch.int64, device=device)
+        # Each (view, output) has its own draws' seed, advanced by each statistics fold:
+        # seeds by call, not by order, so that a reentrant checkpoint's recompute, folded in
+        # backward, draws what the plain pass would. Seeds in a step run consecutively
+        # (``state._host_draws`` makes them in blocks of consecutive seeds).
+        self._salt_stride = max(1, len(self.views) * len(self.specs))
+        self.salts: dict[tuple[str, str], torch.Tensor] = {}
         self.arange = torch.arange(plan.options.step_sample_size, device=device)
         # The non-finite rule (``StepMode``) is read on a CPU only: one sum tells there,
         # where a GPU would make each lean step wait for the device.
@@ -75,8 +79,9 @@ class OutputStates:
                 finite = state.is_finite(x)
                 if not finite:
                     full = self.nonfinite_seen = True
+            salt = self.salts["output", spec.name]
             state.fold(self.buffers["output"], spec.segments["output"], x,
-                       self.salt.add_(1) if full else self.salt, full, self.arange,
+                       salt.add_(self._salt_stride) if full else salt, full, self.arange,
                        self.tallies.get(spec.name), finite=finite)
             if (finite and spec.name in self.tallies and x.dtype == torch.float32
                     and self.tallies[spec.name].accepts(x, spec.segments["output"])):
@@ -114,7 +119,8 @@ class OutputStates:
                 if self.gradient_scale != 1.0:
                     grad = grad * self.gradient_scale
                 state.fold(self.buffers["output_gradient"], spec.segments["output_gradient"],
-                           grad, self.salt.add_(1), True, self.arange)
+                           grad, self.salts["output_gradient", spec.name].add_(
+                               self._salt_stride), True, self.arange)
             except Exception as e:  # never break training
                 self.failures.fail(Part("output_gradient", spec.name), e)
         return hook
@@ -131,6 +137,8 @@ class OutputStates:
             self.buffers[view] = torch.cat([self.buffers[view], empty])
             self.empty[view] = torch.cat([self.empty[view], empty])
             spec.segments[view] = seg
+            first = self.views.index(view) * len(self.specs) + self.specs.index(spec)
+            self.salts[view, spec.name] = torch.tensor(first, device=self.device)
         if spec.exact and "output" in spec.segments:
             self.tallies[spec.name] = state.ActivityTally()
 

@@ -36,6 +36,7 @@ from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.torch import modules
 from tb_introspect.torch.modules import OutputSpec
+from tb_introspect.torch.passes import ForwardPasses
 from tb_introspect.torch.ranks import host
 from tb_introspect.torch.state import _hash_uniform, _scratch
 
@@ -151,8 +152,10 @@ class Probes:
     gives a point's ``Point.probes`` and starts the window again."""
 
     def __init__(self, model: nn.Module, outputs: Sequence[OutputSpec], plan: Plan,
-                 device: torch.device, *, regression: bool = False) -> None:
+                 device: torch.device, passes: ForwardPasses, *,
+                 regression: bool = False) -> None:
         self.model = model
+        self.passes = passes
         self.failures = plan.failures
         self.device = device
         head = None if regression else find_head(model)
@@ -301,7 +304,8 @@ class Probes:
     def _output_hook(self, i: int) -> Callable:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             x = modules.first_tensor(output)
-            if (x is not None and x.is_floating_point() and x.numel() and self._training()):
+            if (x is not None and x.is_floating_point() and x.numel() and self._training()
+                    and self.passes.reads(module)):
                 self._guarded(self._layer, i, x.detach())
         return hook
 
@@ -338,7 +342,8 @@ class Probes:
 
     def _head_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
         x = modules.first_tensor(output)
-        if x is None or not x.is_floating_point() or not x.numel() or not self._training():
+        if (x is None or not x.is_floating_point() or not x.numel() or not self._training()
+                or not self.passes.reads(module)):
             return
         if not self._head_certain:
             self._head_out = x
@@ -386,7 +391,8 @@ class Probes:
 
     def _enter_hook(self, i: int) -> Callable:
         def hook(module: nn.Module, inputs: Any) -> None:
-            self._stack.append(i)
+            # a call not read (a checkpoint's recompute): its kernel calls pass (-1)
+            self._stack.append(i if self.passes.reads(module) else -1)
         return hook
 
     def _leave_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -401,7 +407,7 @@ class Probes:
 
     def _attention_row(self) -> int | None:
         if self._stack:
-            return self._stack[-1]
+            return self._stack[-1] if self._stack[-1] >= 0 else None
         if self._running and self._training():
             self.failures.warn_once("probes sdpa", "probes: an attention call outside any"
                                     " module recognised as attention (nn.MultiheadAttention,"
