@@ -211,7 +211,9 @@ def test_flush_secs_drains_and_flushes_on_the_clock_unless_in_lockstep(tmp_path)
     fe, pipeline = make(tmp_path / "alone", every=100, metric_rows=50, flush_secs=0)
     for step in range(1, 6):
         train(fe, pipeline, 1)
-        # On disk at once, while the sink is open: each step drained and flushed.
+        # On disk once the worker ran the clock's flush, while the sink is open: each step
+        # drained and flushed (the step itself does not wait for it).
+        assert pipeline.worker.wait(20)
         assert written_steps(tmp_path / "alone") == list(range(1, step + 1))
     pipeline.close()
     # Several processes read the ring together: never on one process's clock, only when the

@@ -8,6 +8,7 @@ import threading
 from tb_introspect import metadata
 from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.pipeline.worker import HostWorker
+from tests.pipeline.pipeline_testlib import events as events_of
 from tests.pipeline.pipeline_testlib import make, read, tensor, train
 
 POINT_TAG = metadata.stats_tag("variable", "dense/kernel")
@@ -99,3 +100,58 @@ def test_a_failing_job_is_reported_and_the_worker_goes_on():
     worker.close()
     worker.submit(ran.append, 2)  # a closed worker starts again
     assert worker.wait(20) and ran == [1, 2]
+
+
+def test_the_clock_flush_hands_its_work_over_and_never_waits_for_a_point(tmp_path):
+    """flush_secs=0: every step's flush comes due. A point whose host work is held (a heavy
+    point's numpy work, a slow disk) must not hold the steps after it: the clock's flush is
+    a job behind the point's, and what it covers is on disk once the worker gets there."""
+    fe, pipeline = make(tmp_path, every=2, flush_secs=0)
+    release, started = threading.Event(), threading.Event()
+    events: list[str] = []
+    point = fe.point
+
+    def held_point(step):
+        done = point(step)
+
+        def host():  # the point's host part, run by the worker
+            events.append(f"host {step} started")
+            started.set()
+            release.wait(20)
+            events.append(f"host {step} done")
+            return done
+
+        return host
+
+    fe.point = held_point
+
+    def steps(n):
+        for _ in range(n):
+            fe.step()
+            pipeline.after_steps(1)
+            events.append(f"step {fe.step_count} returned")
+
+    steps(2)  # the point of step 2 goes to the worker, whose host part waits
+    # Steps 3 to 5, each with a flush due; step 4's point waits behind step 2's. The join's
+    # timeout only keeps a regression from hanging the suite: a flush that waited for the
+    # worker would hold step 3 until the release below.
+    trainer = threading.Thread(target=steps, args=(3,))
+    trainer.start()
+    trainer.join(20)
+    assert not trainer.is_alive()
+    assert [e for e in events if e.startswith("step")] == [f"step {s} returned"
+                                                          for s in range(1, 6)]
+    assert started.wait(20) and "host 2 done" not in events
+    # What the clock flushed before the point is on disk; the steps after it wait their turn.
+    assert written_steps(tmp_path) == [1]
+    release.set()
+    assert pipeline.worker.wait(20)  # no flush() from the user: the clock's flush ran
+    assert events.index("host 2 done") > events.index("step 5 returned")
+    assert written_steps(tmp_path) == [1, 2, 3, 4, 5]
+    run = read(tmp_path)
+    assert tensor(run, "variable", "dense/kernel").steps.tolist() == [2, 4]
+    pipeline.close()
+
+
+def written_steps(log_dir, tag="introspect/metric/loss"):
+    return [e.step for e in events_of(log_dir) for v in e.summary.value if v.tag == tag]
