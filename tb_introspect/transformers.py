@@ -12,9 +12,12 @@ Example:
 from __future__ import annotations
 
 import glob
+import logging
 import math
+import numbers
 import os
 import socket
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +26,7 @@ import torch
 from transformers import TrainerCallback
 
 from tb_introspect import metadata
+from tb_introspect.pipeline.failures import Failures
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs
 from tb_introspect.torch.introspector import Introspector, IntrospectorArgs
@@ -38,6 +42,8 @@ _NOT_CURVES = ("epoch", "step", "total_flos", "train_loss", "num_input_tokens_se
                "num_tokens")
 _NOT_CURVE_SUFFIXES = ("_runtime", "_per_second")
 
+logger = logging.getLogger("tb_introspect")
+
 
 class IntrospectCallback(TrainerCallback):
     """The four views of a ``transformers.Trainer``'s model, in the Introspect tab.
@@ -52,9 +58,13 @@ class IntrospectCallback(TrainerCallback):
     A step is an optimizer step (``state.global_step``: gradient accumulation's
     micro-batches are one step, their layer outputs all counted); the model and the
     optimizer are the trainer's; gradients are read in the optimizer's step pre-hook, after
-    clipping (``max_grad_norm``); ``loss``, ``learning_rate`` and ``grad_norm`` (the norm
-    before clipping) are the trainer's logs (every ``logging_steps``); ``on_evaluate``'s
-    ``eval_*`` metrics are written as ``val_*``. Only the main process writes.
+    clipping (``max_grad_norm``); ``loss`` is each optimizer step's: what the trainer's
+    ``training_step`` returned, summed over the step's micro-batches as the trainer sums
+    them for its logged loss, so a ``compute_loss`` or ``training_step`` override's loss
+    (where the trainer is not found, the logged loss, said once); ``learning_rate`` and
+    ``grad_norm`` (the norm before clipping) are the trainer's logs (every
+    ``logging_steps``); ``on_evaluate``'s ``eval_*`` metrics are written as ``val_*``.
+    Only the main process writes.
     ``on_finding="stop"`` ends the training through the trainer
     (``control.should_training_stop``) after the step that showed the finding.
 
@@ -74,13 +84,16 @@ class IntrospectCallback(TrainerCallback):
     ):
         self.args = IntrospectorArgs(log_dir, every, views, options)
         self.introspector: Introspector | None = None
+        self._trainer: Any = None  # the Trainer whose training_step is followed
+        self._failures = Failures()
         self._reset()
 
     def _reset(self) -> None:
         self._step_done = False  # an optimizer step whose metrics may still come
-        self._metrics: dict[str, float] = {}
+        self._metrics: dict[str, Any] = {}
         self._epoch_done = False  # an epoch whose evaluation may still come
         self._val: dict[str, float] = {}
+        self._step_loss: Any = None  # the micro-batches' training_step losses so far
 
     # ------------------------------------------------------------------ trainer events
 
@@ -89,10 +102,12 @@ class IntrospectCallback(TrainerCallback):
         if model is None:
             raise ValueError("IntrospectCallback: the Trainer passed no model")
         self._reset()
+        trainer = _calling_trainer(self)
         self.introspector = self.args.make(
             tensorboard_dir(args, state), model, _torch_optimizer(optimizer),
             initial_step=int(state.global_step), initial_epoch=int(state.epoch or 0),
-            planned=_planned(args, state), criterion=model_loss(model, args))
+            planned=_planned(args, state), criterion=model_loss(model, args, trainer))
+        self._follow(trainer)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._settle(control)
@@ -104,6 +119,10 @@ class IntrospectCallback(TrainerCallback):
         # The step's logs and evaluation come after this event: the step is told to the
         # Introspector at the next step's beginning (before its forward passes).
         self._step_done = True
+        if self._trainer is not None:
+            loss, self._step_loss = self._step_loss, None
+            if loss is not None:
+                self._metrics["loss"] = loss
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._epoch_done = True  # an eval_strategy="epoch" evaluation follows this event
@@ -111,6 +130,8 @@ class IntrospectCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> None:
         for name, value in (logs or {}).items():
+            if name == "loss" and self._trainer is not None:
+                continue  # the step's own loss is kept, not the mean since the last log
             if _is_curve(name, value) and not name.startswith("eval_"):
                 self._metrics[name] = float(value)
 
@@ -127,8 +148,76 @@ class IntrospectCallback(TrainerCallback):
         if self.introspector is None:
             return
         self._settle(None)
+        self._unfollow()
         self.introspector.close()
         self.introspector = None
+
+    # ------------------------------------------------------------------ the step's loss
+
+    def _follow(self, trainer: Any) -> None:
+        """Wrap ``trainer.training_step`` (this instance's, for this training) to add up
+        the losses it returns: the value the trainer adds to its logged loss, after its
+        gradient accumulation scaling, so an optimizer step's sum is its loss once."""
+        if trainer is None:
+            self._failures.warn_once("loss trainer", "IntrospectCallback: the Trainer running"
+                                     " it was not found; the loss recorded is the trainer's"
+                                     " logged 'loss' (every logging_steps, the mean since the"
+                                     " previous log)")
+            return
+        self._trainer = trainer
+        current = trainer.__dict__.get("training_step")
+        if getattr(current, "_tb_introspect", None) is self:
+            return  # wrapped by an earlier train() of this trainer that did not end
+        original = trainer.training_step
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            loss = original(*args, **kwargs)
+            if self._trainer is trainer:  # not after on_train_end, nor for another trainer
+                self._add_loss(loss)
+            return loss
+
+        training_step._tb_introspect = self  # type: ignore[attr-defined]
+        training_step._tb_original = current  # type: ignore[attr-defined]
+        trainer.training_step = training_step
+        for method in ("compute_loss", "training_step"):
+            if _overrides(trainer, method):
+                logger.info("IntrospectCallback: the loss recorded is %s.%s's, each optimizer"
+                            " step's micro-batches summed as the Trainer sums them",
+                            type(trainer).__name__, method)
+                break
+
+    def _add_loss(self, loss: Any) -> None:
+        """Add one micro-batch's loss; what cannot be one number falls back, once, to the
+        trainer's logged loss (training goes on)."""
+        try:
+            if isinstance(loss, torch.Tensor):
+                if loss.numel() != 1:
+                    raise ValueError(f"training_step returned shape {tuple(loss.shape)}")
+                loss = loss.detach()
+                if loss.dtype in (torch.float16, torch.bfloat16) or not loss.is_floating_point():
+                    loss = loss.float()  # added up in float32, as the trainer's own total
+            elif not isinstance(loss, numbers.Real):
+                raise TypeError(f"training_step returned a {type(loss).__name__}")
+            self._step_loss = loss if self._step_loss is None else self._step_loss + loss
+        except Exception as e:
+            self._unfollow()
+            self._failures.warn_once("loss read", f"IntrospectCallback: the step's loss cannot be"
+                                     f" read ({type(e).__name__}: {e}); the loss recorded is"
+                                     " the trainer's logged 'loss' from now on (every"
+                                     " logging_steps, the mean since the previous log)")
+
+    def _unfollow(self) -> None:
+        """Give the trainer its ``training_step`` back (where it is still ours; else ours
+        passes every call through)."""
+        trainer, self._trainer, self._step_loss = self._trainer, None, None
+        if trainer is None:
+            return
+        current = trainer.__dict__.get("training_step")
+        if getattr(current, "_tb_introspect", None) is self:
+            if current._tb_original is None:
+                del trainer.training_step
+            else:
+                trainer.training_step = current._tb_original
 
     # ------------------------------------------------------------------
 
@@ -204,17 +293,23 @@ def _is_curve(name: str, value: Any) -> bool:
             and name not in _NOT_CURVES and not name.endswith(_NOT_CURVE_SUFFIXES))
 
 
-def model_loss(model: Any, args: Any) -> torch.nn.Module | None:
+def model_loss(model: Any, args: Any, trainer: Any = None) -> torch.nn.Module | None:
     """The loss the ``Trainer`` computes, where it is certain: label smoothing
     (``label_smoothing_factor``: the Trainer's cross-entropy on the logits), else the
     model's own loss from ``labels`` for a class transformers registers for its config
     (``MODEL_FOR_CAUSAL_LM_MAPPING``: cross-entropy over the logits;
     ``MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING``: by ``config.problem_type``, one label
     being a regression), its ``forward`` not overridden. None otherwise (a subclass, an
-    unset ``problem_type`` with several labels, which the labels' dtype decides later)."""
+    unset ``problem_type`` with several labels, which the labels' dtype decides later, a
+    ``trainer`` that overrides ``compute_loss`` or ``training_step`` or has a
+    ``compute_loss_func``)."""
     from torch import nn
     from transformers.models.auto import modeling_auto as auto
 
+    if trainer is not None and (getattr(trainer, "compute_loss_func", None) is not None
+                                or _overrides(trainer, "compute_loss")
+                                or _overrides(trainer, "training_step")):
+        return None
     smoothing = float(getattr(args, "label_smoothing_factor", 0.0) or 0.0)
     if smoothing:
         return nn.CrossEntropyLoss(label_smoothing=smoothing)
@@ -239,6 +334,33 @@ def model_loss(model: Any, args: Any) -> torch.nn.Module | None:
                 "multi_label_classification": nn.BCEWithLogitsLoss,
                 "regression": nn.MSELoss}.get(problem, lambda: None)()
     return None
+
+
+def _calling_trainer(callback: TrainerCallback) -> Any:
+    """The ``Trainer`` whose callbacks hold ``callback``, from the frames calling it (a
+    callback's events are given the model and optimizer, not the trainer); None if none."""
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    try:
+        for _ in range(32):
+            if frame is None:
+                break
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, Trainer) and any(
+                    cb is callback for cb in owner.callback_handler.callbacks):
+                return owner
+            frame = frame.f_back
+    finally:
+        del frame  # a frame held here would keep the whole stack's locals alive
+    return None
+
+
+def _overrides(trainer: Any, method: str) -> bool:
+    """Whether ``trainer``'s class replaces ``transformers.Trainer``'s ``method``."""
+    from transformers import Trainer
+
+    return getattr(type(trainer), method, None) is not getattr(Trainer, method)
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:

@@ -75,11 +75,11 @@ def _class_accuracy(pred) -> dict[str, float]:
 def _args(out: Path, lr: float, **kw) -> TrainingArguments:
     from transformers import TrainingArguments
 
-    return TrainingArguments(
-        str(out), num_train_epochs=EPOCHS, per_device_train_batch_size=BATCH,
-        per_device_eval_batch_size=EVAL, learning_rate=lr, logging_steps=1,
-        eval_strategy="epoch", save_strategy="no", report_to="tensorboard", use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0, seed=0, **kw)
+    return TrainingArguments(str(out), **{
+        "num_train_epochs": EPOCHS, "per_device_train_batch_size": BATCH,
+        "per_device_eval_batch_size": EVAL, "learning_rate": lr, "logging_steps": 1,
+        "eval_strategy": "epoch", "save_strategy": "no", "report_to": "tensorboard",
+        "use_cpu": True, "disable_tqdm": True, "dataloader_num_workers": 0, "seed": 0, **kw})
 
 
 def gpt2() -> GPT2LMHeadModel:
@@ -105,6 +105,21 @@ def train_gpt2(out: Path, lr: float = GPT_LR, **options) -> Trainer:
                       callbacks=[IntrospectCallback(**{"every": "epoch", **options})])
     trainer.train()
     return trainer
+
+
+def gpt2_trainer(out: Path, trainer: type[Trainer] | None = None, callbacks=(),
+                 **args) -> Trainer:
+    """``train_gpt2``'s training (gradient accumulation 2, clipping at norm 1), not yet
+    run, by ``trainer`` (a ``Trainer`` subclass) with ``callbacks``; ``args`` replace the
+    ``TrainingArguments``' (the trainer writes no TensorBoard run unless asked)."""
+    from transformers import Trainer
+
+    torch.manual_seed(0)
+    args = _args(out, args.pop("learning_rate", GPT_LR), **{
+        "gradient_accumulation_steps": ACCUMULATE, "max_grad_norm": 1.0, "report_to": "none",
+        **args})
+    return (trainer or Trainer)(model=gpt2(), args=args, train_dataset=lm_data(GPT_TRAIN, 0),
+                                eval_dataset=lm_data(EVAL, 1), callbacks=list(callbacks))
 
 
 def train_bert(out: Path, lr: float = BERT_LR, **options) -> Trainer:
