@@ -140,6 +140,35 @@ def test_a_resumed_training_continues_the_run(tmp_path: Path):
     for s in run.tensors["gradient"]:
         assert list(s.steps) == [hs.GPT_STEPS, stop, 2 * hs.GPT_STEPS, TOTAL], s.info.tag
         assert list(s.epochs) == [0, 1, 1, 2], s.info.tag
+        # The previous point's gradient sum is not in the checkpoint: no cosine at the
+        # first point of each training.
+        cos = s.field("cos_prev")
+        assert np.isnan(cos[[0, 2]]).all() and np.isfinite(cos[[1, 3]]).all(), s.info.tag
+    for s in run.tensors["variable"]:  # the update since the weights it resumed from
+        assert np.isfinite(s.field("update_ratio")).all(), s.info.tag
+
+
+def test_a_fused_optimizer_is_read_before_its_step(tmp_path: Path):
+    """``optim="adamw_torch_fused"`` (one fused kernel for the whole update): the gradients
+    are read in the optimizer's step pre-hook, so each epoch's gradient sums are those of
+    the same training with the multi-tensor AdamW, up to the two kernels' rounding."""
+    from tb_introspect.transformers import IntrospectCallback
+
+    runs = {}
+    for optim in ("adamw_torch_fused", "adamw_torch"):
+        trainer = hs.gpt2_trainer(tmp_path / optim, None,
+                                  [IntrospectCallback(tmp_path / optim / "tb", every="epoch")],
+                                  optim=optim, num_train_epochs=1)
+        trainer.train()
+        inner = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        assert bool(inner.defaults.get("fused")) == (optim == "adamw_torch_fused")
+        runs[optim] = ts.by_name(ts.read_run(str(tmp_path / optim / "tb")), "gradient")
+    fused, plain = runs["adamw_torch_fused"], runs["adamw_torch"]
+    assert set(fused) == set(plain) and fused
+    for name, s in fused.items():
+        assert list(s.steps) == [hs.GPT_STEPS], name
+        np.testing.assert_allclose(s.field("l2"), plain[name].field("l2"), rtol=1e-3,
+                                   err_msg=name)
 
 
 def test_without_its_trainer_the_logged_loss_is_taken_and_said_once(tmp_path: Path):
