@@ -35,6 +35,8 @@ SMALL = [
     ("load_test.py", ["--tensors", "200", "--steps", "20", "--clients", "32", "--requests",
                       "5"], 5),
     ("overhead.py", ["--models", "flatten", "--every", "epoch", "--quick"], 8),
+    # fresh processes of its own, not SHARED
+    ("first_fit.py", ["--models", "cnn", "--repeats", "1"], 4),
     ("overhead.py", ["--models", "flatten", "--step-functions", "--op-profile", "5",
                      "--quick"], 5),
     ("torch_overhead.py", ["--models", "cnn", "--quick", "--no-wandb"], 5),
