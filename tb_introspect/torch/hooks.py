@@ -41,12 +41,11 @@ class StepHooks:
         self.phase: StepMode | None = None
         self.instrumented = 0.0
         self.optimizer_ran = False  # the pre-step hook ran in this step
-        self.compile_skipped = False  # output gradients left out under torch.compile
         self.uncaptured: set[str] = set()  # leaves whose output is no float tensor
         self._last_step_end: float | None = None
         self.passes = ForwardPasses()  # a checkpoint's recompute is not read twice
-        self._forward = [self._forward_hook(spec) for spec in outputs.specs]
-        self._hooked: dict[int, Any] = {}  # output index -> its forward hook's handle
+        self._hooked = [spec.module.register_forward_hook(self._forward_hook(spec))
+                        for spec in outputs.specs]
         self.listeners: list[Callable[[StepMode], None]] = []  # told each new phase (probes)
         self._optimizer_hook = (optimizer.register_step_pre_hook(self._pre_step)
                                 if parameters.sums is not None and optimizer is not None
@@ -64,24 +63,18 @@ class StepHooks:
                             else StepMode.OFF)
 
     def set_phase(self, phase: StepMode) -> None:
-        """Make ``phase`` the current one, with forward hooks on the modules it reads only:
-        every monitored leaf on a statistics step, the rectifiers of exact activity on a
-        lean one, none on an ``every=N`` step between two points. A module with a forward
-        hook leaves PyTorch's fast call path, which on a small model costs more than the
-        hook that returns at once."""
+        """Make ``phase`` the current one: the forward hooks read every monitored leaf on a
+        statistics step, the rectifiers of exact activity on a lean one, none on an
+        ``every=N`` step between two points. The hooks stay on throughout: ``torch.compile``
+        traces a module's hooks when it first compiles and does not guard on them, so a
+        hook added later would never run in the graph (and each change, where guarded,
+        would compile it again); a hook that reads the phase costs one cached graph per
+        phase."""
         if phase == self.phase:
             return
         self.phase = phase
         for listener in self.listeners:
             listener(phase)
-        for j, spec in enumerate(self.outputs.specs):
-            on = phase is StepMode.STATS or (phase is StepMode.LEAN and spec.exact)
-            handle = self._hooked.get(j)
-            if on and handle is None:
-                self._hooked[j] = spec.module.register_forward_hook(self._forward[j])
-            elif handle is not None and not on:
-                handle.remove()
-                del self._hooked[j]
 
     def take_optimizer_ran(self) -> bool:
         """Whether the optimizer stepped since the last call."""
@@ -117,8 +110,10 @@ class StepHooks:
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             # Training forward passes only: evaluation (``no_grad``, ``eval()``) is not.
-            if not (model.training and reads(module)):
-                return
+            phase = self.phase
+            if (phase is StepMode.OFF or (phase is StepMode.LEAN and not spec.exact)
+                    or not (model.training and reads(module))):
+                return  # not read in this phase, or not a training pass
             # Under torch.compile the hook is traced into the graph: no host time to take.
             start = None if torch.compiler.is_compiling() else time.perf_counter()
             x = modules.first_tensor(output)
@@ -128,14 +123,12 @@ class StepHooks:
                 failures.warn_once(f"not captured {spec.name}", f"layer output {spec.name}"
                                    f" is not monitored: {modules.not_captured(output)}")
                 return
-            full = self.phase is StepMode.STATS
+            full = phase is StepMode.STATS
             try:
-                if ((full or spec.exact) and outputs.add(spec, x, full) and full
+                if (outputs.add(spec, x, full) and full
                         and gradient_hook is not None and x.requires_grad
                         and not failures.is_off("output_gradient", spec.name)):
-                    if torch.compiler.is_compiling():
-                        self.compile_skipped = True  # warned from the host, in step()
-                    else:
+                    if not torch.compiler.is_compiling():  # said from the host, in step()
                         x.register_hook(gradient_hook)
             except Exception as e:  # never break training
                 failures.fail(Part("output", spec.name), e)
@@ -156,9 +149,9 @@ class StepHooks:
 
     def close(self) -> None:
         """Remove every hook."""
-        handles = [*self._hooked.values()]
+        handles = [*self._hooked]
         if self._optimizer_hook is not None:
             handles.append(self._optimizer_hook)
         for handle in handles:
             handle.remove()
-        self._hooked, self._optimizer_hook = {}, None
+        self._hooked, self._optimizer_hook = [], None

@@ -211,17 +211,25 @@ class Introspector:
             self._stats_steps += 1
         self.step_count += 1
         self._window += 1
-        if hooks.compile_skipped:
-            self.failures.warn_once("compile", "torch.compile: output gradients are not"
-                                    " captured inside a compiled graph (AOT autograd cannot"
-                                    " compile a tensor hook that updates the statistics); the"
-                                    " output_gradient view is off under compile, the other"
-                                    " views go on")
         self.pipeline.after_steps(1)
         if self._window == 0:  # a point was logged: its time is not the next step's
             hooks.restart_timing(now=True)
         hooks.enter(self.step_count + 1)
+        if hooks.passes.compiled:
+            self._said_compiled()
         self.pipeline.raise_stop()  # on_finding="stop": FindingStop, the point written
+
+    def _said_compiled(self) -> None:
+        """Once: what a ``torch.compile`` graph keeps from the hooks."""
+        off = [what for what, on in (
+            ("output gradients (the output_gradient view: AOT autograd cannot compile a"
+             " tensor hook that updates the statistics)", self.output_states.folds_gradients),
+            ("transformer probes (their numbers cannot leave the graph)",
+             self.probes.compiled_off)) if on]
+        if off:
+            self.failures.warn_once("compile", "torch.compile: inside a compiled graph the"
+                                    f" tool takes no {' and no '.join(off)}; they are off"
+                                    " under compile, the other views go on")
 
     def end_epoch(self, **metrics: Any) -> None:
         """After each epoch: the epoch's statistics (``every="epoch"``), activity maps and

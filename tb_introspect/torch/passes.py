@@ -21,10 +21,12 @@ def in_backward() -> bool:
 
 
 class ForwardPasses:
-    """The modules read in the current step's forward passes (outside backward)."""
+    """The modules read in the current step's forward passes (outside backward), and
+    whether a hook ever ran inside a ``torch.compile`` graph (``compiled``)."""
 
     def __init__(self) -> None:
         self._read: set[int] = set()
+        self.compiled = False
 
     def new_step(self) -> None:
         self._read.clear()
@@ -35,6 +37,7 @@ class ForwardPasses:
         if not torch.is_grad_enabled():
             return False
         if torch.compiler.is_compiling():
+            self.compiled = True
             return True  # a compiled checkpoint recomputes inside its graph, no hooks
         if not in_backward():
             self._read.add(id(module))

@@ -189,6 +189,7 @@ class Probes:
         self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._head_out: torch.Tensor | None = None
         self.active = False
+        self.compiled_off = False  # off as the model runs under torch.compile
 
     def _row(self, name: str) -> int:
         return self.rows.setdefault(name, len(self.rows))
@@ -197,6 +198,10 @@ class Probes:
 
     def follow(self, phase: StepMode) -> None:
         """The step phase changed: hooks and patches on for a statistics step, off else."""
+        if self.passes.compiled and self.on:
+            # Inside a compiled graph a probe cannot run (its numbers leave the graph), and
+            # hooks or a patch toggled per step would compile the graph again each time.
+            self.on, self.compiled_off = False, True  # said by the Introspector
         want = (phase is StepMode.STATS and self.on
                 and not self.failures.is_off(PROBES.view))
         if want == self.active:
@@ -241,8 +246,10 @@ class Probes:
         self.active = False
 
     def _training(self) -> bool:
-        return (torch.is_grad_enabled() and self.model.training
-                and not torch.compiler.is_compiling())
+        if torch.compiler.is_compiling():
+            self.passes.compiled = True
+            return False
+        return torch.is_grad_enabled() and self.model.training
 
     # ------------------------------------------------------------------ folds
 
@@ -492,14 +499,20 @@ class Kernels:
     def __init__(self) -> None:
         self.users: list[Probes] = []
         self.patched: dict[str, tuple[Callable, Callable]] = {}  # name -> (original, ours)
+        # ours of each original, made once: under torch.compile a graph guards on the
+        # function's identity, so a new wrapper at each statistics step would recompile
+        self._made: dict[str, tuple[Callable, Callable]] = {}
 
     def add(self, probes: Probes) -> None:
         if not self.users:
             for name, make in zip(self.NAMES, (self._sdpa, self._mha), strict=True):
                 original = getattr(F, name)
-                ours = functools.wraps(original)(make(original))
-                self.patched[name] = (original, ours)
-                setattr(F, name, ours)
+                made = self._made.get(name)
+                if made is None or made[0] is not original:
+                    made = self._made[name] = (
+                        original, functools.wraps(original)(make(original)))
+                self.patched[name] = made
+                setattr(F, name, made[1])
         if probes not in self.users:
             self.users.append(probes)
 

@@ -11,85 +11,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from tb_introspect.torch import Introspector
 from tests.torch import torch_support as ts
+from tests.torch.torch_support import HEADS, LM, VOCAB, WIDTH, lm_loss, tokens
 
-VOCAB, WIDTH, HEADS, SEQ, BATCH, BLOCKS = 64, 32, 4, 12, 4, 2
 STEPS = 6
-
-
-class Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
-        self.proj = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = (z.reshape(b, t, HEADS, c // HEADS).transpose(1, 2)
-                   for z in self.qkv(x).split(c, dim=-1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
-        self.attn = Attention()
-        self.up, self.act, self.down = nn.Linear(WIDTH, 64), nn.ReLU(), nn.Linear(64, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.down(self.act(self.up(self.ln2(x))))
-
-
-class LM(nn.Module):
-    """``checkpointed``: None (plain), "reentrant" or "non_reentrant"."""
-
-    def __init__(self, checkpointed: str | None) -> None:
-        super().__init__()
-        self.checkpointed = checkpointed
-        self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.ln = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.emb(idx)
-        for block in self.blocks:
-            if self.checkpointed is None:
-                x = block(x)
-            else:
-                x = checkpoint(block, x, use_reentrant=self.checkpointed == "reentrant")
-        return self.head(self.ln(x))
-
-
-def _tokens(steps: int, seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(steps)]
 
 
 def _train(log_dir, model: nn.Module, forward, micro: int = 1) -> None:
     torch.manual_seed(1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     with Introspector(log_dir, model, opt, every=2) as intro:
-        for tokens in _tokens(STEPS):
+        for batch in tokens(STEPS):
             opt.zero_grad()
-            for part in tokens.chunk(micro):
+            for part in batch.chunk(micro):
                 loss = forward(model, part) / micro
                 loss.backward()
             opt.step()
             intro.step(loss=loss)
-
-
-def _lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
 def _points(log_dir) -> dict[tuple[str, str], np.ndarray]:
@@ -118,7 +59,7 @@ def test_checkpointed_blocks_write_what_plain_ones_do(tmp_path, way, micro):
     for name in (None, way):
         torch.manual_seed(0)
         model = LM(name)
-        _train(tmp_path / str(name), model, _lm_loss, micro=micro)
+        _train(tmp_path / str(name), model, lm_loss, micro=micro)
         runs[name] = _points(tmp_path / str(name))
     _assert_same(runs[None], runs[way])
 
@@ -130,8 +71,8 @@ def test_hugging_face_gradient_checkpointing(tmp_path):
                                       num_attention_heads=HEADS, num_key_value_heads=2,
                                       max_position_embeddings=64, attn_implementation="sdpa")
 
-    def loss(model, tokens):
-        return model(input_ids=tokens, labels=tokens).loss
+    def loss(model, batch):
+        return model(input_ids=batch, labels=batch).loss
 
     runs = {}
     for checkpointed in (False, True):

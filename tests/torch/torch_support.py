@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tb_introspect import metadata, stats_np
 from tb_introspect.plugin import reader
@@ -153,3 +155,66 @@ def check_vector(got: dict, ref_stats: np.ndarray, ref_activity: np.ndarray | No
             assert rank_error(flat, vq, q) <= rank_tol, (view, q, rank_error(flat, vq, q))
             if logs.size:
                 assert rank_error(logs, lq, q) <= rank_tol, (view, "log", q)
+
+
+# A small pre-norm language model (attention through the fused kernel), blocks optionally
+# under activation checkpointing.
+
+VOCAB, WIDTH, HEADS, SEQ, BATCH, BLOCKS = 64, 32, 4, 12, 4, 2
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.proj = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.reshape(b, t, HEADS, c // HEADS).transpose(1, 2)
+                   for z in self.qkv(x).split(c, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.attn = Attention()
+        self.up, self.act, self.down = nn.Linear(WIDTH, 64), nn.ReLU(), nn.Linear(64, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.down(self.act(self.up(self.ln2(x))))
+
+
+class LM(nn.Module):
+    """``checkpointed``: None (plain), "reentrant" or "non_reentrant"."""
+
+    def __init__(self, checkpointed: str | None) -> None:
+        super().__init__()
+        self.checkpointed = checkpointed
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.ln = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        for block in self.blocks:
+            if self.checkpointed is None:
+                x = block(x)
+            else:
+                x = checkpoint(block, x, use_reentrant=self.checkpointed == "reentrant")
+        return self.head(self.ln(x))
+
+
+def tokens(steps: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(steps)]
+
+def lm_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of ``LM`` on a batch of ``tokens``."""
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
