@@ -8,6 +8,7 @@ Usage: python benchmarks/findings_validation.py [--only NAME ...] [--epochs N]
        [--pairs-only | --archs-only]
        python benchmarks/findings_validation.py --transformers [--seeds 0 1 2 3]
        [--frameworks torch keras hf] [--threads N]
+       python benchmarks/findings_validation.py --healthy [--only NAME ...] [--threads N]
 
 Prints the Markdown table of docs/findings.md ("Validation"): for a pathology, the epoch at
 which the live reading first shows each expected finding (at its severity) against the
@@ -23,6 +24,13 @@ validation"): the small GPTs of ``tb_introspect/demo/gpt.py`` (a plain PyTorch l
 step, and the probes'), the step each transformer finding first fired (its ``first_step``,
 read from the finished run), the step training was at when ``on_finding`` saw it, and the
 other warnings. ``tests/diagnose/test_findings_transformer.py`` asserts the same at seed 0.
+
+``--healthy`` trains the healthy corpus of ``tests/diagnose/findings_healthy.py`` (Keras,
+PyTorch loops, the Hugging Face ``Trainer`` and Lightning; classifiers and language models
+trained to their floor) and prints the table of docs/findings.md ("The healthy corpus"):
+per run where it ended, every warning or critical any live reading showed (the target is
+none), and the info findings of the finished run; then the count of runs and warnings.
+``tests/diagnose/test_findings_healthy.py`` asserts a few of them in ``make test``.
 """
 
 from __future__ import annotations
@@ -110,6 +118,49 @@ def transformer_rows(seeds: list[int], frameworks: list[str]) -> list[str]:
     return rows
 
 
+def _end(end: dict) -> str:
+    """Where a healthy run ended: its training accuracy and loss (against the chain's entropy
+    for a language model)."""
+    parts = []
+    if "accuracy" in end:
+        parts.append(f"acc {100 * end['accuracy']:.0f}%")
+    if "loss" in end:
+        parts.append(f"loss {end['loss']:.3g}" + (f" (floor {end['floor']:.2f})"
+                                                   if "floor" in end else ""))
+    if "val_accuracy" in end:
+        parts.append(f"val acc {100 * end['val_accuracy']:.0f}%")
+    return ", ".join(parts) or "-"
+
+
+def healthy_rows(names: list[str] | None) -> tuple[list[str], int, int]:
+    """The Markdown rows of the healthy corpus's table; the runs and the warnings."""
+    from tests.diagnose.findings_healthy import CORPUS, SERIOUS, train_all
+
+    labels = {"keras": "Keras fit", "torch": "PyTorch loop", "hf": "HF Trainer",
+              "lightning": "Lightning"}
+    rows: list[str] = []
+    n_warn = 0
+
+    def report(o) -> None:
+        nonlocal n_warn
+        h = CORPUS[o.name]
+        warned = o.warnings()
+        n_warn += len(warned)
+        shown = "; ".join(f"{kind} ({'end' if p < 0 else f'point {p}'})"
+                          for p, kind, _ in warned) or "none"
+        infos = ", ".join(sorted({f.kind for f in o.final if f.severity not in SERIOUS
+                                  and f.kind != "insufficient_data"})) or "none"
+        rows.append(f"| {o.name} | {labels[h.framework]} | {h.note} | {_end(o.end)} |"
+                    f" {shown} | {infos} |")
+        print(rows[-1], flush=True)
+        for p, kind, title in warned:
+            print(f"    {kind} at {p}: {title}", file=sys.stderr)
+        print(f"{o.name}: {o.seconds:.1f} s", file=sys.stderr, flush=True)
+
+    outs = train_all(names, report)
+    return rows, len(outs), n_warn
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", default=None, help="scenario names")
@@ -122,7 +173,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--frameworks", nargs="*", default=["torch", "keras", "hf"],
                    choices=["torch", "keras", "hf"])
     p.add_argument("--threads", type=int, default=1, help="compute threads per framework")
+    p.add_argument("--healthy", action="store_true",
+                   help="the healthy corpus only (tests/diagnose/findings_healthy.py)")
     args = p.parse_args(argv)
+    if args.healthy:
+        import torch
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+        os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(args.threads))
+        torch.set_num_threads(args.threads)
+        t0 = time.perf_counter()
+        print("| run | trained by | what | where it ended | warnings live (first point) |"
+              " info at the end |")
+        print("|---|---|---|---|---|---|")
+        _, n_runs, n_warn = healthy_rows(args.only)
+        print(f"\n{n_runs} healthy runs, {n_warn} warnings"
+              f" ({time.perf_counter() - t0:.0f} s wall)", flush=True)
+        return
     if args.transformers:
         import torch
 
