@@ -22,6 +22,7 @@ from tb_introspect.diagnose.core import (
     rule,
     unique,
 )
+from tb_introspect.diagnose.loss import loss_came_down
 
 _LEVELS = ("critical", "warning", "info")
 
@@ -43,7 +44,25 @@ def _model_rows(rv: RunView, a: Aligned) -> list[int]:
     first = _first_trainable_depth(rv)
     last = max(s.info.depth for s in a.series)
     return [i for i, s in enumerate(a.series)
-            if (first is None or s.info.depth >= first) and s.info.depth < last]
+            if (first is None or s.info.depth >= first) and s.info.depth < last
+            and not _fixed_output(a, i)]
+
+
+def _fixed_output(a: Aligned, i: int) -> bool:
+    """Whether output ``i`` is the same at every logged point (>= 2): a function of the
+    positions only, not of the input or of anything trained (a rotary embedding's cos/sin,
+    fixed sinusoidal position codes, a mask). It holds no units: its values at +-1 are
+    cos 0, not saturation. An output that is exactly zero throughout (a dead layer) is a
+    layer of units, and stays."""
+    cols = [a.field(f)[i] for f in ("mean", "rms", "min", "max")]
+    ok = np.isfinite(cols[1])
+    if ok.sum() < 2 or not np.all(cols[1][ok] > 0):
+        return False
+    for c in cols:
+        v = c[ok]
+        if not (np.isfinite(v).all() and np.allclose(v, v[0], rtol=1e-6, atol=0.0)):
+            return False
+    return True
 
 
 def _relu_like_rows(rv: RunView, a: Aligned) -> list[int]:
@@ -137,6 +156,14 @@ def dead_units(rv: RunView) -> list[Finding]:
     threshold = levels[level]
     recovered = not any(np.nan_to_num(dead[f[1], -1], nan=1.0) >= threshold for f in at_level)
     severity = _LEVELS[min(top_rank + 1, len(_LEVELS) - 1)] if recovered else level
+    # Half a layer dead while the loss came most of the way down: the units left carry the
+    # task (a PyTorch CNN's dense layer at Adam 3e-3, 100% training accuracy). A whole
+    # layer dead stays critical: nothing passes it.
+    learned = severity == "warning" and bool(loss_came_down(rv))
+    if learned:
+        severity = "info"
+        expl += (" Here the loss still came most of the way down: the units left alive carry"
+                 " the task, and the dead ones are capacity the run did not need.")
     now = f" (now {pct(float(dead[worst, -1]))})" if recovered else ""
     if recovered:
         expl += (" The dead share has since fallen below that level again, so the layer"
@@ -157,6 +184,7 @@ def dead_units(rv: RunView) -> list[Finding]:
             "worst_dead_rate": nanmax(dead[worst]),
             "worst_dead_rate_at_end": float(dead[worst, -1]),
             "layers_flagged": len(flagged),
+            "loss_came_down": learned,
             "layers_over_warning": sum(1 for f in flagged if f[0] <= 1),
             "layers_checked": len(rows),
             "layers_without_gradient": len(zero_grad),

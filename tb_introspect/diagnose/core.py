@@ -90,6 +90,11 @@ class Thresholds:
     # ... warning also when the validation loss is this much above its best and still
     # rising (its latest epoch above the one before)
     overfit_keep_rise: float = 1 / 3
+    # ... the climbing and still-rising grades need the training loss at this share of its
+    # value at the best epoch or below: what validation gives back, training must be gaining
+    # (memorising); a validation loss wobbling while training barely moves (Adam at a
+    # constant rate near 100% training accuracy) is not the warning
+    overfit_train_halved: float = 0.5
     # ... warning also when the validation loss is this much above its best while the
     # training loss fell to this share of its value at the best epoch
     overfit_stop_rise: float = 0.25
@@ -107,6 +112,8 @@ class Thresholds:
     # pileup_step_orders) at each of the latest >= 3 points, by pileup_orders in all
     pileup_step_orders: float = 0.0
     pileup_orders: float = 0.5
+    # ... over at least this many optimizer steps
+    pileup_min_steps: int = 100
     # exploding: per-step gradient RMS (lower bound) of the median layer, and growth in orders
     exploding_rms: float = 1.0
     exploding_growth_orders: float = 2.0
@@ -134,6 +141,12 @@ class Thresholds:
     update_ratio_low: float = 1e-6
     # loss
     loss_min_decrease: float = 0.05
+    # the loss has come most of the way down (the run learned its task) at this share of its
+    # starting level or below: oscillation there is at the loss's floor, and dead units or
+    # zero gradients cost nothing the run needed (info, not warning)
+    loss_floor_share: float = 1 / 3
+    # loss not decreasing is said once this many optimizer steps followed the first epoch
+    loss_flat_min_steps: int = 60
     loss_rise_progress: float = 0.5
     loss_rise_factor: float = 1.5
     # loss spike, its second criterion (the first: the spike score below): a per-step loss
@@ -155,6 +168,9 @@ class Thresholds:
     collapse_share: float = 0.5
     # poor initialisation: spread of the hidden layers' output RMS at the first point
     init_scale_orders: float = 2.0
+    # ... judged between normalisations: an output of RMS 1 and mean 0 within this, from a
+    # layer without a kernel, is a normalisation's
+    init_norm_tolerance: float = 0.1
     # loss floor (probabilities into a from-logits loss): the loss median at least this
     # share of ln(1 + (K-1)/e), less than floor_stall down from the epoch before, while the
     # training accuracy is at least floor_accuracy

@@ -29,6 +29,7 @@ from tb_introspect.diagnose.core import (
     pct,
     rule,
 )
+from tb_introspect.diagnose.loss import loss_came_down
 
 
 def _layer_rows(a: Aligned) -> dict[str, list[int]]:
@@ -191,9 +192,12 @@ def gradient_activity(rv: RunView) -> list[Finding]:
     step, epoch = rv.step_epoch(a, j0)
     name = a.series[i].info.layer
     low = float(np.nanmin(rate[i]))
+    learned = bool(loss_came_down(rv))
     return [Finding(
         kind="gradient_activity",
-        severity="warning",
+        # A rate that fell while the loss came most of the way down: units died that the
+        # task did without (a PyTorch CNN's dense layer at Adam 3e-3): info.
+        severity="info" if learned else "warning",
         title=(f"Gradient activation rate of '{name}' fell from {pct(start)} to {pct(low)}"
                " (should stay near 100%)"),
         first_step=step, first_epoch=epoch,
@@ -202,6 +206,7 @@ def gradient_activity(rv: RunView) -> list[Finding]:
         view="gradient",
         evidence={
             "activation_rate_start": start,
+            "loss_came_down": learned,
             "activation_rate_min": low,
             "activation_rate_at_end": float(rate[i, -1]),
             "tensors_flagged": len(flagged),
@@ -273,6 +278,12 @@ def zero_gradients(rv: RunView) -> list[Finding]:
     j0 = min(j for _, j, _ in explained)
     step, epoch = rv.step_epoch(a, j0)
     s = a.series[i]
+    # Zeros that came with training (units that died on the way: below the share at every
+    # flagged kernel's first point) while the loss came most of the way down cost nothing
+    # the run needed: info. Zeros there from the first point are the model's structure (a
+    # cut, outputs no loss reads, inputs dead by their initialisation): the warning.
+    grew = all(np.nan_to_num(zf[f[0], 0], nan=1.0) < t.zero_grad_share for f in flagged)
+    died = grew and bool(loss_came_down(rv))
     why = " and ".join(c[0] for c in causes) if causes else "cause not in the logged views"
     detail = " ".join(c[1] for c in causes)
     if not causes:
@@ -282,7 +293,7 @@ def zero_gradients(rv: RunView) -> list[Finding]:
                   " data (e.g. always-blank pixels).")
     return [Finding(
         kind="zero_gradients",
-        severity="warning",
+        severity="info" if died else "warning",
         title=(f"Zero gradients: {pct(float(nanmax(zf[i])))} of the gradient of '{s.info.name}'"
                f" is exactly zero: {why}"),
         first_step=step, first_epoch=epoch,
@@ -294,6 +305,7 @@ def zero_gradients(rv: RunView) -> list[Finding]:
             "zero_fraction_max": float(nanmax(zf[i])),
             "zero_fraction_median": float(nanmedian(zf[i])),
             "causes": ", ".join(c[0] for c in causes) or "unexplained",
+            "died_while_learning": died,
             **ev,
             "tensors_flagged": len(flagged),
             "threshold_share": t.zero_grad_share,

@@ -27,6 +27,7 @@ from tb_introspect.diagnose.core import (
     rule,
     trailing_run,
 )
+from tb_introspect.diagnose.loss import loss_came_down
 from tb_introspect.metadata import AGGREGATED_CADENCES
 
 
@@ -212,8 +213,12 @@ def gradient_oscillation(rv: RunView) -> list[Finding]:
     if j_rough is not None:
         signs.append("the layer-scale stack is jagged")
     # Anti-aligned gradients while the loss still falls fast are a passing phase (seen in
-    # healthy runs); without a logged loss that cannot be told apart, hence "info".
-    severity = "warning" if (j_rough is not None or stalled) else "info"
+    # healthy runs); without a logged loss that cannot be told apart, hence "info". A loss
+    # that stopped falling because it reached its floor is not a stall either: there the
+    # window sums are the minibatches' noise around the minimum, and an optimizer at a
+    # constant rate bounces across it (every healthy small language model here).
+    floor = loss_came_down(rv) if j_cos is not None else None
+    severity = "warning" if (j_rough is not None or (stalled and not floor)) else "info"
     return [Finding(
         kind="gradient_oscillation",
         severity=severity,
@@ -227,6 +232,7 @@ def gradient_oscillation(rv: RunView) -> list[Finding]:
             "share_negative_cos": share,
             "points_judged": window,
             "loss_stalled": stalled,
+            "loss_at_floor": floor,
             "stack_roughness_orders": rough,
             "threshold_cos": t.oscillation_cos,
             "threshold_share": t.oscillation_share,
@@ -240,7 +246,12 @@ def gradient_oscillation(rv: RunView) -> list[Finding]:
             " optimum."
             + (" Here the loss kept falling fast over the same stretch, so this may be a"
                " passing phase (healthy runs show it too); watch whether it persists."
-               if severity == "info" else "")
+               if severity == "info" and not floor else "")
+            + (" Here the loss had already come most of the way down and sits at its floor:"
+               " near a minimum the summed gradients are mostly the minibatches' noise, and"
+               " they point against each other without harm. Decaying the learning rate"
+               " would still lower the floor a little." if severity == "info" and floor
+               else "")
         ),
         suggestion=(
             "Lower the learning rate or decay it (the article's slightly-too-high rate is the"
@@ -349,6 +360,11 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
     growth = float(med[-1] - np.min(med[: j + 1]))
     if growth < t.pileup_orders:
         return []
+    # Sums never zeroed grow with every optimizer step they hold, for as long as training
+    # runs; a healthy gradient rises for a few steps only (a full batch's first steps, the
+    # end of a warm-up: both measured here). The rise must span pileup_min_steps steps.
+    if int(a.steps[-1]) - int(a.steps[j]) < t.pileup_min_steps:
+        return []
     falling = _loss_fell(rv, int(a.steps[j]))
     if not falling:
         return []
@@ -382,6 +398,7 @@ def gradient_pileup(rv: RunView) -> list[Finding]:
         evidence={
             "growth_orders": growth,
             "points_rising": int(n),
+            "steps_rising": int(a.steps[-1]) - int(a.steps[j]),
             "median_layer_rms_per_step_at_start": pow10(med[j]),
             "median_layer_rms_per_step_at_end": pow10(med[-1]),
             "per_step_scale": "lower bound (window sums divided by steps)"

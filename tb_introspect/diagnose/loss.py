@@ -51,6 +51,42 @@ def loss_segments(rv: RunView, name: str) -> tuple[np.ndarray, np.ndarray, np.nd
             np.array([np.median(v[g]) for g in groups]))
 
 
+def loss_fell_since(rv: RunView, step: int) -> bool:
+    """Whether the loss's latest epoch (or segment) median is ``loss_min_decrease`` below its
+    median at ``step``: the model still learning. False without a loss."""
+    name = rv.loss_name()
+    seg = loss_segments(rv, name) if name else None
+    if seg is None:
+        return False
+    steps, _, med = seg
+    at = int(np.searchsorted(steps, step))
+    if at >= med.size - 1:
+        return False
+    return bool(med[-1] < med[at] * (1 - rv.t.loss_min_decrease))
+
+
+def loss_came_down(rv: RunView) -> bool | None:
+    """Whether the loss has come most of the way down: its latest epoch (or segment) median
+    at ``loss_floor_share`` of its starting level or below. The starting level is the median
+    of the first 3 per-step losses (before any learning: a fast learner's first epoch, or
+    its first 20 steps, already hold most of its progress), else the first epoch's median.
+    A run there has learned its task (a classifier at ~100% training accuracy, a language
+    model at its data's entropy: 0.8 of ln 32 = 3.47); a loss stuck higher (a too-high rate
+    holds an LSTM at 0.65 of its start) has not. None: no loss logged."""
+    name = rv.loss_name()
+    seg = loss_segments(rv, name) if name else None
+    if seg is None:
+        return None
+    _, _, med = seg
+    s = rv.run.metrics.get(name)
+    v = s.field("value") if s is not None and len(s) else np.array([])
+    v = v[np.isfinite(v)]
+    start = float(np.median(v[:3])) if v.size >= 3 else float(med[0])
+    if not med.size or not np.isfinite(start) or start <= 0:
+        return None
+    return bool(float(med[-1]) <= rv.t.loss_floor_share * start)
+
+
 def never_decreased(rv: RunView, med: np.ndarray) -> bool:
     """No later median ``loss_min_decrease`` below the first (``loss_not_decreasing``)."""
     return bool(float(np.min(med[1:])) >= med[0] * (1 - rv.t.loss_min_decrease))
@@ -121,6 +157,12 @@ def loss_trend(rv: RunView) -> list[Finding]:
     # Never more than loss_min_decrease below the start, at any later epoch/segment. The
     # earliest point this can be said is the third segment.
     if not never_decreased(rv, med):
+        return []
+    # ... and over loss_flat_min_steps optimizer steps after the first epoch (or segment):
+    # a run of short epochs (4 steps each) under a warm-up has not moved in three of them,
+    # and has not had the steps to. A digits epoch (45 steps at batch 32) is judged at its
+    # third, as before.
+    if int(steps[-1]) - int(steps[0]) < t.loss_flat_min_steps:
         return []
     j = 2
     # A classifier stuck at ln K says more: its output does not depend on its input.
@@ -268,7 +310,7 @@ def loss_spike(rv: RunView) -> list[Finding]:
     # A ratio to a median near zero says little: a hard batch late in a run is many times
     # the median and harmless. A spike above the starting loss lost the run's progress;
     # repeated ones are a warning too when the run is worse for them (not recovered).
-    above_start = bool(np.max(v[spikes]) >= start)
+    above_start = _lost_progress(rv, v, spikes, start)
     recovery = _recovered(rv, name, epochs[j])
     severity = ("warning" if above_start
                 or (spikes.size >= 3 and recovery["recovered"] is False) else "info")
@@ -338,6 +380,24 @@ def loss_spike(rv: RunView) -> list[Finding]:
         ),
         jump=_jump(name),
     )]
+
+
+def _lost_progress(rv: RunView, v: np.ndarray, spikes: np.ndarray, start: float) -> bool:
+    """Whether a spike went above the starting loss and the loss stayed up after it: the
+    median of the next ``loss_spike_window`` steps at half the starting loss or more (the
+    level a spike must reach by its ratio). One batch above the starting loss is not a lost
+    run: with a batch of 2 a hard pair of samples is there while the loss falls (a
+    healthy run's per-step losses, batch 2). Too few steps after it (fewer than 5): not
+    known yet."""
+    w = rv.t.loss_spike_window
+    for s in spikes[v[spikes] >= start]:
+        after = v[s + 1:s + 1 + w]
+        after = after[np.isfinite(after)] if np.isfinite(v[s + 1:s + 1 + w]).all() else None
+        if after is None:  # the loss went non-finite after it: the run is lost
+            return True
+        if after.size >= 5 and float(np.median(after)) >= 0.5 * start:
+            return True
+    return False
 
 
 def _recovered(rv: RunView, name: str, spike_epoch: float) -> dict:

@@ -99,15 +99,25 @@ def overfitting(rv: RunView) -> list[Finding]:
         # the time to stop was the best epoch.
         pattern, severity = "stop", "warning"
     elif (trailing >= t.overfit_climb_epochs
+          and tr[end] <= t.overfit_train_halved * tr[b]
           and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise
           and va[0] > va[b]
           and float(np.max(va[j:]) - va[b]) >= t.overfit_climb_giveback * (va[0] - va[b])):
         pattern, severity = "climbing", "warning"
-    elif rise >= t.overfit_keep_rise and end >= 1 and va[end] > va[end - 1]:
+    elif (rise >= t.overfit_keep_rise and end >= 1 and va[end] > va[end - 1]
+          and tr[end] <= t.overfit_train_halved * tr[b]):
         # A third above its best and still going up: the harm grows with every epoch.
         pattern, severity = "still rising", "warning"
     else:
         pattern, severity = "rising", "info"
+    # A validation loss that rises while the validation accuracy stays at its best is a
+    # classifier growing confident on the few samples it gets wrong, not a worse model:
+    # every healthy classifier trained to 100% training accuracy here shows it (the
+    # loss of a confident mistake grows with the logits). Where the accuracy is logged, the
+    # warning needs it to have come down from its best.
+    held = _val_accuracy_held(rv, epochs[end]) if pattern != "memorising" else None
+    if held:
+        severity = "info"
     if pattern == "memorising":
         title = (f"Memorising: the training loss fell from {fmt_num(tr[0])} to"
                  f" {fmt_num(tr[end])} while the validation loss never improved on epoch"
@@ -171,6 +181,7 @@ def overfitting(rv: RunView) -> list[Finding]:
             "train_loss_at_end": float(tr[end]),
             "epochs_compared": len(epochs),
             "val_loss_rise": rise,
+            "val_accuracy_held": held,
             **(memo or {}),
             "threshold_val_rise": t.overfit_val_rise,
             "threshold_val_rise_warning": t.overfit_val_rise_warning,
@@ -301,6 +312,19 @@ def train_eval_gap(rv: RunView) -> list[Finding]:
         ),
         jump={"tab": "overview", "metric": task.val_accuracy, "chart": "metric"},
     )]
+
+
+def _val_accuracy_held(rv: RunView, end: int) -> bool | None:
+    """Whether the validation accuracy at epoch ``end`` is within
+    ``overfit_stop_accuracy_drop`` of its best so far (None: no validation accuracy)."""
+    task = infer_task(rv)
+    if task is None or not task.val_accuracy:
+        return None
+    vacc, _ = _per_epoch_val(rv, task.val_accuracy)
+    upto = [v for e, v in vacc.items() if e <= end]
+    if end not in vacc or not upto:
+        return None
+    return bool(vacc[end] >= max(upto) - rv.t.overfit_stop_accuracy_drop)
 
 
 def _val_accuracy_drop(rv: RunView, best: int, end: int) -> bool | None:

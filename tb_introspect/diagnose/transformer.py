@@ -23,7 +23,7 @@ from tb_introspect.diagnose.core import (
     nanmedian,
     rule,
 )
-from tb_introspect.diagnose.loss import loss_segments, loss_spike_mask, loss_spike_scores
+from tb_introspect.diagnose.loss import loss_fell_since, loss_spike_mask, loss_spike_scores
 from tb_introspect.rundata import Probes, probes_of
 
 #: Where the tab draws each probe: the Overview's Transformer section (frontend
@@ -131,24 +131,50 @@ def _steady(x: np.ndarray, sign: float, share: float) -> bool:
     return bool(d.size and np.mean(np.sign(d) == sign) >= share)
 
 
-def _loss_fell_since(rv: RunView, step: int) -> bool:
-    """Whether the loss's latest epoch (or segment) median is ``loss_min_decrease`` below its
-    median at ``step``: the model still learning. False without a loss."""
-    name = rv.loss_name()
-    seg = loss_segments(rv, name) if name else None
-    if seg is None:
-        return False
-    steps, _, med = seg
-    at = int(np.searchsorted(steps, step))
-    if at >= med.size - 1:
-        return False
-    return bool(med[-1] < med[at] * (1 - rv.t.loss_min_decrease))
+def _head_output(rv: RunView, name: str):
+    """The output view's series of the head ``name`` (its logits), or None."""
+    a = rv.view("output")
+    if a is None:
+        return None
+    return next((s for s in a.series if s.info.name == name), None) or next(
+        (s for s in a.series if s.info.layer == name), None)
+
+
+def _per_position(head) -> bool:
+    """Whether the head gives logits per position (a language model's head, logits of shape
+    [batch, sequence, vocabulary]) rather than one row per sample (a classifier's). A head
+    whose output was not logged is taken as a language model's: the rule as it was."""
+    return head is None or len(head.info.shape) >= 3
+
+
+def _level_drift(rv: RunView, head, p: Probes, k: int) -> tuple[int | None, float | None]:
+    """Where the logits' level (their mean over the vocabulary, the part of log Z the
+    softmax cannot see) moved ``logit_lse_drift`` nats from its first point, sustained and
+    steadily; and how far it moved by the latest point."""
+    if head is None or not head.has("mean"):
+        return None, None
+    mean = np.full(p.n_points, np.nan)
+    at = np.searchsorted(p.steps, head.steps)
+    ok = (at < p.n_points)
+    ok[ok] &= p.steps[at[ok]] == head.steps[ok]
+    mean[at[ok]] = head.field("mean")[ok]
+    d = mean - _first_finite(mean)
+    last = d[np.isfinite(d)]
+    if not last.size:
+        return None, None
+    with np.errstate(invalid="ignore"):
+        j = first_sustained(np.abs(d) >= rv.t.logit_lse_drift, k)
+    if j is not None and not _steady(mean, np.sign(last[-1]), rv.t.logit_steady_share):
+        j = None
+    return j, float(last[-1])
 
 
 @rule("output_logit_drift", needs=("probes",))
 def output_logit_drift(rv: RunView) -> list[Finding]:
-    """The head's logsumexp drifting 10 nats from its start (warning; info while the loss
-    still falls), or its largest logit growing steadily 3x to above 30 (info)."""
+    """The head's logsumexp drifting 10 nats from its start: a warning where that means a
+    failure (a language model's head whose loss stopped improving, or any head whose logits'
+    level itself moved 10 nats), else info; or its largest logit growing steadily 3x to
+    above 30 (info)."""
     t = rv.t
     p = run_probes(rv)
     if p is None:
@@ -178,10 +204,18 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
         step, epoch = _when(rv, p, j)
         name = p.rows[i]
         lse_end = float(last[-1]) + _first_finite(lse[i]) if last.size else np.nan
-        # A classifier growing confident raises log Z with its top logit while its loss
-        # falls: that is learning. The drift that precedes divergence comes with a loss
-        # that stopped improving.
-        learning = j_lse is not None and _loss_fell_since(rv, step)
+        head = _head_output(rv, name)
+        per_position = _per_position(head)
+        j_level, level_moved = _level_drift(rv, head, p, k)
+        # log Z = the logits' level (their mean) + the spread the loss needs. A classifier
+        # growing confident raises log Z through its spread, with its top logit, while the
+        # softmax's gradient (p - y, summing to 0 over the classes) leaves the level alone:
+        # that is learning, at any loss. What nothing in the loss holds is the level: a
+        # level that moved 10 nats is the drift z-loss is for, in any head. A language
+        # model's log Z drifting while its loss stopped improving is the drift that preceded
+        # divergence in large models; while its loss still falls it is learning.
+        learning = j_lse is not None and loss_fell_since(rv, step)
+        failure = j_lse is not None and (j_level is not None or (per_position and not learning))
         if j_lse is not None:
             title = (f"Output logits drifting: the logsumexp of '{name}' moved"
                      f" {float(last[-1]):+.1f} nats to {fmt_num(lse_end)}")
@@ -189,15 +223,18 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
             top = float(nanmax(lmax[i]))
             title = (f"Output logits growing: the largest logit of '{name}' grew"
                      f" {fmt_times(top / m0)} to {fmt_num(top)}")
+        confident = j_lse is not None and not failure and not per_position
         out.append(Finding(
             kind="output_logit_drift",
-            severity="warning" if j_lse is not None and not learning else "info",
+            severity="warning" if failure else "info",
             title=title,
             first_step=step, first_epoch=epoch,
             layers=[name],
             evidence={
                 "head": name,
+                "per_position": per_position,
                 "loss_fell_since": learning,
+                "logit_level_drift": level_moved,
                 "logit_lse_first": _first_finite(lse[i]),
                 "logit_lse_last": lse_end,
                 "logit_lse_drift": float(last[-1]) if last.size else None,
@@ -217,6 +254,9 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
                 " the same growth of its largest logit."
                 + (" Here the loss went on falling after the drift began: most likely that"
                    " confidence, worth watching rather than fixing." if learning else "")
+                + (" Here the head classifies whole samples and the logits' level (their"
+                   " mean) held: log Z rose with the model's confidence, which is learning."
+                   if confident and not learning else "")
             ),
             suggestion=(
                 "Add a z-loss (1e-4 x (log Z)^2, as PaLM), or cap the logits (soft-capping,"

@@ -21,6 +21,7 @@ from tb_introspect.diagnose.core import (
     nanmin,
     rule,
 )
+from tb_introspect.diagnose.loss import loss_fell_since
 
 
 @rule("update_ratio", needs=("variable",))
@@ -52,9 +53,14 @@ def update_ratio(rv: RunView) -> list[Finding]:
         worst = max(high, key=lambda ij: nanmax(low_bound[ij[0]]))[0]
         step, epoch = rv.step_epoch(a, j0)
         name = sub.series[worst].info.name
+        # Large steps the loss is paying off are the first steps of an adaptive optimizer
+        # (Adam moves every weight by about the rate, whatever its scale: a full batch at
+        # 1e-2 gives 0.1-0.2 of a freshly initialised kernel per step while its loss falls
+        # fastest); the warning is for large steps that do not buy a lower loss.
+        paying = loss_fell_since(rv, step)
         out.append(Finding(
             kind="update_ratio_high",
-            severity="warning",
+            severity="info" if paying else "warning",
             title=(f"Updates too large: each step changes '{name}' by at least"
                    f" {fmt_num(float(nanmax(low_bound[worst])))} of its norm (rule of thumb"
                    f" ~{t.update_ratio_target:g})"),
@@ -68,6 +74,7 @@ def update_ratio(rv: RunView) -> list[Finding]:
                 "per_step_ratio_median": float(nanmedian(low_bound[worst])),
                 "median_tensor_per_step_ratio": float(nanmedian(low_bound)),
                 "tensors_flagged": len(high),
+                "loss_fell_since": paying,
                 "steps_per_point": float(np.median(span)),
                 "threshold": t.update_ratio_high,
                 "rule_of_thumb": t.update_ratio_target,

@@ -109,6 +109,24 @@ def _softmax_like(s) -> bool:
                 and np.all(np.abs(mean[ok] * width - 1) <= 0.01))
 
 
+def _normalised(rv: RunView, a, i: int, col: int) -> bool:
+    """Whether output ``s`` is a normalisation's (LayerNorm, RMSNorm, BatchNorm): a layer
+    without a kernel (at most a gain and a bias) whose output has RMS 1 and mean 0 (within
+    ``init_norm_tolerance``) at the first point (column ``col`` of row ``i``)."""
+    s = a.series[i]
+    kernels = rv.memo.get("kernel_layers")
+    if kernels is None:
+        kernels = {v.info.layer for view in ("variable", "gradient")
+                   for v in rv.run.tensors.get(view, []) if len(v.info.shape) >= 2}
+        rv.memo["kernel_layers"] = kernels
+    if s.info.layer in kernels:
+        return False
+    rms, mean = float(a.field("rms")[i, col]), float(a.field("mean")[i, col])
+    tol = rv.t.init_norm_tolerance
+    return bool(np.isfinite(rms) and np.isfinite(mean) and abs(rms - 1) <= tol
+                and abs(mean) <= tol)
+
+
 @rule("poor_initialization", needs=("output",), needs_history=False)
 def poor_initialization(rv: RunView) -> list[Finding]:
     """Hidden layers' output RMS at the first point spread over >= 2 orders of magnitude."""
@@ -121,17 +139,42 @@ def poor_initialization(rv: RunView) -> list[Finding]:
     rows = [i for i in _model_rows(rv, a) if not _softmax_like(a.series[i])]
     if len(rows) < 2:
         return []
-    logs = log10_pos(a.field("rms")[rows])
-    col = int(np.argmax(np.isfinite(logs).sum(axis=0) >= 2)) if logs.size else 0
-    first = logs[:, col]
-    ok = np.isfinite(first)
-    if ok.sum() < 2:
+    logs_all = log10_pos(a.field("rms")[rows])
+    col = int(np.argmax(np.isfinite(logs_all).sum(axis=0) >= 2)) if logs_all.size else 0
+    # Judged per stretch between normalisations. A normalisation's output has RMS 1 by
+    # construction, whatever came before it, and in a residual network each block's branch
+    # starts from one (pre-norm: x + f(norm(x))): the branch's last projection is small by
+    # design (GPT-2 and Llama scale it down), and comparing it with a norm's output, or with
+    # another block's branch, measures the architecture, not the initialisation. Within a
+    # stretch the signal goes through one chain of layers, where a scale that shrinks or
+    # grows layer after layer is what a poor initialisation does.
+    segments: list[list[int]] = [[]]
+    norms = 0
+    for r in rows:
+        if _normalised(rv, a, r, col):
+            norms += 1
+            segments.append([])
+        else:
+            segments[-1].append(r)
+    best: tuple[float, list[int], np.ndarray] | None = None
+    for seg in segments:
+        if len(seg) < 2:
+            continue
+        first_seg = log10_pos(a.field("rms")[seg])[:, col]
+        if np.isfinite(first_seg).sum() < 2:
+            continue
+        spread_seg = float(np.nanmax(first_seg) - np.nanmin(first_seg))
+        if best is None or spread_seg > best[0]:
+            best = (spread_seg, seg, first_seg)
+    if best is None:
         return []
-    idx = np.flatnonzero(ok)
-    hi, lo = int(idx[np.argmax(first[ok])]), int(idx[np.argmin(first[ok])])
-    spread = float(first[hi] - first[lo])
+    spread, rows, first = best
     if spread < t.init_scale_orders:
         return []
+    logs = log10_pos(a.field("rms")[rows])
+    ok = np.isfinite(first)
+    idx = np.flatnonzero(ok)
+    hi, lo = int(idx[np.argmax(first[ok])]), int(idx[np.argmin(first[ok])])
     shrinking = a.series[rows[lo]].info.depth > a.series[rows[hi]].info.depth
     last = logs[:, -1]
     spread_end = float(np.nanmax(last) - np.nanmin(last)) if np.isfinite(last).sum() >= 2 else None
@@ -157,6 +200,7 @@ def poor_initialization(rv: RunView) -> list[Finding]:
             "smallest_layer": small,
             "smallest_rms": pow10(first[lo]),
             "layers_compared": int(ok.sum()),
+            "normalisations": norms,
             "threshold_orders": t.init_scale_orders,
         },
         explanation=(

@@ -104,8 +104,8 @@ def test_loss_at_chance_needs_a_classifier() -> None:
 
 
 def test_a_loss_that_never_fell_is_not_decreasing_at_chance() -> None:
-    n = 4
-    r = run(metric_epoch("loss", epochs_steps(n), [LN10] * n), _softmax_out(n))
+    n = 4  # epochs of 45 steps: the digits at batch 32
+    r = run(metric_epoch("loss", epochs_steps(n, 45), [LN10] * n), _softmax_out(n))
     found = {f.kind: f for f in find_issues(r)}
     assert "loss_at_chance" not in found
     f = found["loss_not_decreasing"]
@@ -251,3 +251,69 @@ def test_a_hidden_layer_is_never_taken_for_the_output_layer() -> None:
     acc = metric_epoch("accuracy", epochs_steps(n), [0.5] * n)
     found = kinds(find_issues(run(hidden, *weights, acc)))
     assert "rectified_output" not in found
+
+
+def test_a_pre_norm_block_is_judged_from_its_own_norm() -> None:
+    """A stock pre-norm transformer at its first point (the scales of a small Llama): an
+    RMSNorm (RMS 1, a gain and no kernel) feeds each block's branch, whose last projection
+    is small by design (down_proj at 0.007). The norm against down_proj spans 2.15 orders,
+    but within the branch (0.16 -> 0.007) the scale goes down 1.4: no finding. The same
+    branch with a projection 3 orders below its input is one."""
+    n = 1
+
+    def out(name, depth, rms, mean=0.0):
+        return tensor("output", name, depth, epochs_steps(n), name=name, shape=(-1, 16, 64),
+                      min=-3.0, max=3.0, mean=mean, rms=rms, zero_fraction=0.0)
+
+    def var(name, depth, shape):
+        return tensor("variable", name, depth, epochs_steps(n), name=f"{name}/weight",
+                      shape=shape, rms=0.02, update_ratio=0.01)
+
+    def model(down_rms):
+        layers = [("embed", 0.02, (32, 64)), ("norm1", 1.0, (64,)), ("gate", 0.16, (128, 64)),
+                  ("up", 0.16, (128, 64)), ("down", down_rms, (64, 128)),
+                  ("norm2", 1.0, (64,)), ("gate2", 0.16, (128, 64)), ("down2", 0.007, (64, 128))]
+        series = []
+        for d, (name, rms, shape) in enumerate(layers):
+            series += [out(name, d, rms), var(name, d, shape)]
+        head = tensor("output", "lm_head", 9, epochs_steps(n), name="lm_head",
+                      shape=(-1, 16, 32), min=-1.0, max=1.0, mean=0.0, rms=0.3)
+        return run(*series, head, var("lm_head", 9, (32, 64)))
+
+    assert "poor_initialization" not in kinds(find_issues(model(0.007)))
+    f = next(f for f in find_issues(model(1.6e-4)) if f.kind == "poor_initialization")
+    assert f.severity == "warning" and f.evidence["normalisations"] == 2
+    assert set(f.layers) == {"gate", "down"}
+
+
+def test_overfitting_at_a_held_validation_accuracy_is_info() -> None:
+    """A classifier trained to 100% training accuracy: its validation loss rises 60% above
+    its best as it grows confident on the few samples it gets wrong, while its validation
+    accuracy stays at its best (98%). Not a worse model: info. The same losses with the
+    validation accuracy 5 points down from its best: the warning."""
+    train = [1.0, 0.3, 0.1, 0.05, 0.02, 0.01, 0.005, 0.003]
+    val = [1.0, 0.4, 0.2, 0.22, 0.25, 0.28, 0.3, 0.32]
+    acc = [0.7, 0.9, 0.97, 0.99, 1.0, 1.0, 1.0, 1.0]
+    held = [0.7, 0.9, 0.97, 0.98, 0.98, 0.975, 0.98, 0.98]
+    f = next(f for f in find_issues(_curves(train, val, acc, held)) if f.kind == "overfitting")
+    assert f.severity == "info" and f.evidence["val_accuracy_held"] is True
+    fell = [0.7, 0.9, 0.97, 0.96, 0.95, 0.94, 0.93, 0.92]
+    f = next(f for f in find_issues(_curves(train, val, acc, fell)) if f.kind == "overfitting")
+    assert f.severity == "warning" and f.evidence["val_accuracy_held"] is False
+
+
+def test_a_validation_wobble_while_training_barely_moves_is_info() -> None:
+    """AdamW at a constant rate near 100% training accuracy: the validation loss wobbles
+    +40% above its best for 3 epochs (and comes back) while the training loss falls only
+    30% and the validation accuracy dips 2 points: not memorising (the corpus's GELU MLP).
+    The same rise while training halves is the climbing grade's warning."""
+    val = [0.34, 0.19, 0.18, 0.12, 0.11, 0.125, 0.12, 0.109, 0.135, 0.134, 0.153]
+    vacc = [0.89, 0.94, 0.95, 0.967, 0.972, 0.969, 0.964, 0.964, 0.961, 0.953, 0.95]
+    acc = [0.75, 0.93, 0.97, 0.97, 0.98, 0.985, 0.99, 0.99, 0.986, 0.99, 0.985]
+    flat = [0.8, 0.2, 0.1, 0.08, 0.06, 0.05, 0.045, 0.037, 0.033, 0.03, 0.026]
+    f = next(f for f in find_issues(_curves(flat, val, acc, vacc)) if f.kind == "overfitting")
+    assert f.severity == "info"
+    halving = flat[:8] + [0.025, 0.02, 0.015]
+    f = next(f for f in find_issues(_curves(halving, val, acc, vacc))
+             if f.kind == "overfitting")
+    assert f.severity == "warning" and f.evidence["pattern"] == "climbing"

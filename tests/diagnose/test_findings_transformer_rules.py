@@ -84,9 +84,16 @@ def test_attention_logits_of_healthy_twins_are_no_finding(logits) -> None:
 # ---------------------------------------------------------------- output logits
 
 
+def lm_head(name: str = "lm_head") -> Series:
+    """A language model's head: logits per position, [batch, sequence, vocabulary]."""
+    return tensor("output", name, 0, STEPS, name=name, shape=(-1, 16, 64), cadence="window",
+                  min=-1.0, max=1.0)
+
+
 def test_output_logit_drift_of_the_logsumexp_is_a_warning() -> None:
     lse = [10.8, 12, 14, 16, 18, 20, 22, 24]
-    r = with_probes({"lm_head": {"logit_lse": lse, "logit_max": [9, 10, 12, 14, 16, 18, 20, 22]}})
+    r = with_probes({"lm_head": {"logit_lse": lse, "logit_max": [9, 10, 12, 14, 16, 18, 20, 22]}},
+                    lm_head())
     (f,) = found(r, "output_logit_drift")
     assert f.severity == "warning" and "logsumexp" in f.title
     assert f.first_step == 700  # 22 - 10.8 >= 10 nats from there on
@@ -112,8 +119,37 @@ def test_a_drift_while_the_loss_still_falls_is_info_and_one_with_a_stalled_loss_
     f = drift_with_loss(2.3 * np.exp(-steps / 150))  # the loss keeps falling: learning
     assert f.severity == "info" and f.evidence["loss_fell_since"] is True
     assert "went on falling" in f.explanation
-    f = drift_with_loss(np.maximum(2.3 * np.exp(-steps / 50), 0.9))  # stalled from ~step 50
-    assert f.severity == "warning" and f.evidence["loss_fell_since"] is False
+    # A classifier at its floor (the loss flat from ~step 50) whose logits' level held: log Z
+    # rose with its confidence, which is learning, not drift.
+    f = drift_with_loss(np.maximum(2.3 * np.exp(-steps / 50), 0.9))
+    assert f.severity == "info" and f.evidence["loss_fell_since"] is False
+    assert f.evidence["per_position"] is False and "level" in f.explanation
+
+
+def test_a_drift_of_the_logits_level_is_a_warning_in_any_head() -> None:
+    # The same classifier, but the mean of its logits (what the softmax cannot see) moved
+    # 12 nats with log Z: the drift z-loss is for, whatever the loss does.
+    rows = {"head": {"logit_lse": [2.3, 4, 6, 8, 10, 12, 14, 16],
+                     "logit_max": [1, 3, 5, 7, 9, 11, 13, 15]}}
+    head = tensor("output", "head", 0, STEPS, name="head", shape=(-1, 10), cadence="window",
+                  min=-1.0, max=1.0, mean=[0, 1.5, 3.5, 5.5, 7.5, 9.5, 11.5, 13.5])
+    steps = np.arange(1, STEPS[-1] + 1)
+    r = run(head, metric("loss", steps, 2.3 * np.exp(-steps / 150)))
+    r.probes = probes(rows)
+    (f,) = found(r, "output_logit_drift")
+    assert f.severity == "warning" and f.evidence["logit_level_drift"] == pytest.approx(13.5)
+
+
+def test_a_language_models_drift_with_a_stalled_loss_is_a_warning() -> None:
+    rows = {"lm_head": {"logit_lse": [3.5, 5, 7, 9, 11, 13, 15, 17],
+                        "logit_max": [1, 3, 5, 7, 9, 11, 13, 15]}}
+    steps = np.arange(1, STEPS[-1] + 1)
+    for loss, severity in ((np.maximum(3.5 * np.exp(-steps / 50), 0.9), "warning"),
+                           (3.5 * np.exp(-steps / 150), "info")):
+        r = run(lm_head(), metric("loss", steps, loss))
+        r.probes = probes(rows)
+        (f,) = found(r, "output_logit_drift")
+        assert f.severity == severity and f.evidence["per_position"] is True
 
 
 def test_a_steadily_growing_largest_logit_is_info() -> None:
