@@ -113,13 +113,25 @@ class BatchLayout:
 class StepCount:
     """Training steps done, and the window's: steps since the last point and how many of
     them were statistics steps (the ``steps`` and ``stats_steps`` slots of the output
-    views)."""
+    views); and the switch the host sets before an execution of the callback's one train
+    function (``StepMode.SWITCHED``: True, a statistics execution)."""
 
     def __init__(self, initial_step: int):
         first = _AGGREGATION.ONLY_FIRST_REPLICA
         self.done = _variable(int(initial_step), "step", first, tf.int64)
         self.window = _variable(0, "window", first, tf.int64)
         self.stats_steps = _variable(0, "stats_steps", first, tf.int64)
+        # Mirrored (written between executions only): an assign from the host reaches
+        # every replica.
+        self.statistics = tf.Variable(True, trainable=False, name="statistics_step")
+        self._set = True
+
+    def switch(self, statistics: bool) -> None:
+        """The next executions are statistics executions (or lean ones); an assign only
+        when it changes (an eager op costs tens of microseconds)."""
+        if bool(statistics) != self._set:
+            self.statistics.assign(bool(statistics))
+            self._set = bool(statistics)
 
 
 class GradientSums:

@@ -108,6 +108,7 @@ class KerasFrontEnd:
     def device_variables(self) -> list[tf.Variable]:
         """Every accumulator on the device (what the instrumentation adds to its memory)."""
         found = [self.count.done, self.count.window, self.count.stats_steps,
+                 self.count.statistics,
                  self.metric_ring.total, self.metric_ring.count]
         if self.gradient_sums is not None:
             found += self.gradient_sums.sums
@@ -126,6 +127,12 @@ class KerasFrontEnd:
     @property
     def metric_rows(self) -> int:
         return self.metric_ring.rows if self.metric_ring is not None else 1
+
+    def switch(self, statistics: bool) -> None:
+        """The next executions of a ``StepMode.SWITCHED`` step are statistics executions
+        (or lean ones)."""
+        with self.strategy.scope():
+            self.count.switch(statistics)
 
     def current_step(self) -> int:
         with self.strategy.scope():

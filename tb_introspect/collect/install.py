@@ -22,8 +22,8 @@ from tb_introspect.collect import capture, private
 class KerasRetracing(logging.Filter):
     """Drops TensorFlow's "triggered tf.function retracing" warning about Keras's own train,
     test and predict functions. TensorFlow counts the traces of all of them, of every model,
-    together (one code object), and the callback traces two train functions where ``fit``
-    traces one, so a process that fits a few models (a notebook, a sweep) would print it for
+    together (one code object), and the callback traces its own train function besides
+    Keras's, so a process that fits a few models (a notebook, a sweep) would print it for
     traces the user did not cause and cannot avoid. The user's own functions still warn, and
     ``fit`` without the callback is unchanged."""
 

@@ -177,11 +177,11 @@ class Introspect(keras.callbacks.Callback):
     monitored (XLA's compile grows with each), evenly spread over the model.
 
     With ``every="epoch"`` an overhead governor keeps the added time within
-    ``overhead`` of the plain step: two train functions are compiled, and the
-    full one (statistics of outputs and output gradients) runs on each epoch's
-    first step and then only as often as the budget allows; the other steps count
-    the rectifier outputs' activity (exact dead rates), sum the gradients and
-    record the metrics. The cadence it reached is written with every point
+    ``overhead`` of the plain step: the one instrumented train function computes the
+    statistics of outputs and output gradients on each epoch's first step and then
+    only as often as the budget allows (a device switch, set between executions); the
+    other steps count the rectifier outputs' activity (exact dead rates), sum the
+    gradients and record the metrics. The cadence it reached is written with every point
     (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step in N"). What the
     compiled loss is (a cross-entropy from logits or not, its label smoothing, a
     regression loss) is recorded with the loss metric, for the findings.
@@ -390,12 +390,21 @@ class Introspect(keras.callbacks.Callback):
         self.pipeline.start(initial)
         self._steps_done = initial
         installation.patch(layers=False, apply=self._apply_wrapper())
-        self._instrumented_fn = self._make_train_function(StepMode.STATS)
-        self._lean_fn = self._make_train_function(StepMode.LEAN)
+        # One traced train function; the device switch picks its statistics or lean part
+        # per execution (two traced variants cost a fresh process's first fit a second
+        # trace and graph optimization of the whole model).
+        train_function = self._make_train_function(StepMode.SWITCHED)
+        self._instrumented_fn = functools.partial(self._switched, train_function, True)
+        self._lean_fn = functools.partial(self._switched, train_function, False)
         installation.route(self._run)
         self._checked_trace = False
         self._built_signature = self._signature()
         return True
+
+    def _switched(self, train_function: Any, statistics: bool, iterator: Any) -> Any:
+        """One execution of the train function, its statistics part on or off."""
+        self.front_end.switch(statistics)
+        return train_function(iterator)
 
     def _find_probes(self, order: list[str]) -> None:
         """The attention layers and the head the probes read (``probes.py``), wrapped."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tb_introspect import stats
@@ -72,3 +73,94 @@ def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
         t = state[key]
         out[key] = tf.pad(t, [[0, width - int(t.shape[0])]])
     return out
+
+
+# ------------------------------------------------------------------ many tensors, one call
+
+
+class Segments:
+    """Tensors of one float dtype, flattened one after the other into one vector: what the
+    batched kernels below read. A nested function's call site cost the first call of the
+    step tens of milliseconds each (TensorFlow instantiates and optimizes each call op:
+    MobileNetV2's 465 of them took 13 s of its first fit); one call per group of tensors
+    costs that once, however large the model.
+
+    ``tensors``: (row, canonical tensor) pairs, all of ``dtype`` after ``stats.to_float``.
+    ``units``: ``[N, 2]`` (positions, channels) of each canonical shape (positions 0: a
+    ``[B, C]`` tensor)."""
+
+    def __init__(self, tensors: Sequence[tuple[int, tf.Tensor]]):
+        self.rows = [j for j, _ in tensors]
+        values = [tf.reshape(stats.to_float(t), [-1]) for _, t in tensors]
+        self.values = tf.concat(values, 0) if len(values) > 1 else values[0]
+        self.sizes = tf.stack([tf.size(v, out_type=tf.int64) for v in values])
+        self.units = np.array([[t.shape[1] if t.shape.rank == 3 else 0, t.shape[-1]]
+                               for _, t in tensors], np.int64)
+
+    @property
+    def dtype(self) -> str:
+        return self.values.dtype.name
+
+    def seeds(self, base: tf.Tensor, salt: int, scale: int = 1, offset: int = 0) -> tf.Tensor:
+        """``[N, 2]``: ``base + [salt, scale * (row + offset)]`` for each tensor."""
+        return base[tf.newaxis] + tf.constant(
+            [[salt, scale * (j + offset)] for j in self.rows], tf.int64)
+
+
+def group_by_dtype(tensors: dict[int, tf.Tensor]) -> list[Segments]:
+    """The stashed canonical tensors (by row), in row order, one ``Segments`` per float
+    dtype they compute in (float32, float64)."""
+    groups: dict[str, list[tuple[int, tf.Tensor]]] = {}
+    for j in sorted(tensors):
+        t = tensors[j]
+        groups.setdefault(stats.to_float(t).dtype.name, []).append((j, t))
+    return [Segments(g) for g in groups.values()]
+
+
+def segment(values: tf.Tensor, sizes: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
+    """The ``i``-th tensor of a ``Segments``' values, flat."""
+    start = tf.reduce_sum(sizes[:i])
+    return tf.slice(values, tf.reshape(start, [1]), sizes[i:i + 1])
+
+
+@functools.cache
+def activation_states_fn(dtype: str, sample_size: int, channels: int, positions: int):
+    """``(values, sizes, units, seeds) -> {key: [N, ...]}``: ``stats.batch_state`` of each
+    tensor of a ``Segments``, its counts zero-padded to ``channels`` and ``positions`` (the
+    ``BatchLayout`` row widths). One loop in one nested function: its graph is traced
+    once, whatever the number of tensors."""
+    width = max(positions, 1)
+    spec = {k: tf.TensorSpec(shape, tf.float64) for k, shape in _row_shapes(
+        sample_size, channels, positions).items()}
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.as_dtype(dtype)),
+                         tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, 2], tf.int64),
+                         tf.TensorSpec([None, 2], tf.int64)],
+        autograph=False, experimental_attributes=_NOINLINE,
+    )
+    def activation_states(values, sizes, units, seeds):
+        def one(i):
+            p, c = units[i, 0], units[i, 1]
+            # A [B, C] tensor is taken as [B, 1, C]: the same values in the same order;
+            # its positions and position counts are then zero, as its own kernel's.
+            x = tf.reshape(segment(values, sizes, i), tf.stack([-1, tf.maximum(p, 1), c]))
+            st = stats.batch_state(x, sample_size, seeds[i])
+            spatial = tf.pad(st["spatial_nnz"], [[0, width - tf.maximum(p, 1)]])[:positions]
+            st["spatial_nnz"] = tf.where(p > 0, spatial, tf.zeros_like(spatial))
+            st["positions"] = tf.where(p > 0, st["positions"], 0.0)
+            st["channel_nnz"] = tf.pad(st["channel_nnz"], [[0, channels - c]])
+            return {k: tf.ensure_shape(tf.cast(st[k], tf.float64), spec[k].shape)
+                    for k in spec}
+
+        return tf.map_fn(one, tf.range(tf.size(sizes, out_type=tf.int64)),
+                         fn_output_signature=spec)
+
+    return activation_states
+
+
+def _row_shapes(sample_size: int, channels: int, positions: int) -> dict[str, list[int]]:
+    """The shape of each state key in one ``BatchLayout`` row."""
+    wide = {"channel_nnz": [channels], "spatial_nnz": [positions],
+            "sample_keys": [sample_size], "sample_values": [sample_size]}
+    return {k: wide.get(k, []) for k in stats.STATE_MERGE}

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_introspect import metadata
-from tb_introspect.collect import capture, private
+from tb_introspect.collect import capture, kernels, private
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.stats.numeric import to_float, uniform
@@ -149,6 +149,28 @@ def output_probes_fn(rank: int, dtype: str, xla: bool) -> Callable:
     return output_probes
 
 
+@functools.cache
+def output_probes_many_fn(dtype: str) -> Callable:
+    """``(values, sizes, seeds) -> [N, 2]``: ``output_probes_fn``'s numbers of each tensor
+    of a ``kernels.Segments`` (flattened: the same values in the same order), one loop in
+    one nested function (one call site per group: ``kernels.Segments``)."""
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.as_dtype(dtype)),
+                         tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, 2], tf.int64)],
+        autograph=False, experimental_attributes={"_noinline": True},
+    )
+    def output_probes(values, sizes, seeds):
+        def one(i):
+            x = kernels.segment(values, sizes, i)
+            return tf.stack([abs_median(x, seeds[i]), kurtosis(x)])
+
+        return tf.map_fn(one, tf.range(tf.size(sizes, out_type=tf.int64)),
+                         fn_output_signature=tf.TensorSpec([2], tf.float64))
+
+    return output_probes
+
+
 # ------------------------------------------------------------------ the device state
 
 
@@ -169,29 +191,28 @@ class ProbeStates:
                                  aggregation=tf.VariableAggregation.NONE)
         self._read: Callable | None = None
 
-    def update(self, values: dict[int, dict[str, tf.Tensor]]) -> tf.Tensor:
-        """One step's ``[rows, 8]`` update from ``{row: {probe: float64 scalar}}``: a
-        finite averaged value adds itself and a count of one, a maximum its value."""
-        empty_row = self.empty[0]
-        rows = []
-        for i in range(len(self.rows)):
-            got = values.get(i)
-            if not got:
-                rows.append(tf.constant(empty_row))
-                continue
-            parts = []
-            for name in MEANS:
-                v = got.get(name)
-                if v is None:
-                    parts += [tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64)]
-                else:
-                    ok = tf.math.is_finite(v)
-                    parts += [tf.where(ok, v, 0.0), tf.cast(ok, tf.float64)]
-            for name in MAXIMA:
-                v = got.get(name)
-                parts.append(tf.constant(-np.inf, tf.float64) if v is None else v)
-            rows.append(tf.stack(parts))
-        return tf.stack(rows)
+    def update(self, values: dict[str, list[tuple[list[int], tf.Tensor]]]) -> tf.Tensor:
+        """One step's ``[rows, 8]`` update from ``{probe: [(rows, float64 [len(rows)])]}``:
+        a finite averaged value adds itself and a count of one, a maximum its value. A few
+        ops per probe, not per row (a model's every layer output has a row)."""
+        n = len(self.rows)
+        columns = []
+        for name in MEANS + MAXIMA:
+            pieces = values.get(name, [])
+            if pieces:
+                index = tf.constant([[i] for rows, _ in pieces for i in rows], tf.int32)
+                got = tf.concat([tf.reshape(tf.cast(v, tf.float64), [-1])
+                                 for _, v in pieces], 0)
+                present = tf.scatter_nd(index, tf.ones_like(got), [n]) > 0
+                dense = tf.scatter_nd(index, got, [n])
+            else:
+                present, dense = tf.zeros([n], tf.bool), tf.zeros([n], tf.float64)
+            if name in MEANS:
+                ok = present & tf.math.is_finite(dense)
+                columns += [tf.where(ok, dense, 0.0), tf.cast(ok, tf.float64)]
+            else:
+                columns.append(tf.where(present, dense, -np.inf))
+        return tf.stack(columns, axis=1)
 
     def fold(self, update: tf.Tensor) -> None:
         """Add a step's ``update`` to this replica's state (a NaN maximum stays NaN)."""
@@ -273,31 +294,58 @@ class ProbeStep:
         if row is not None and not self.failures.is_off("probes", name):
             self.logits[row] = logits
 
-    def fold(self, outputs: dict[int, tf.Tensor], seed: tf.Tensor, xla: bool) -> None:
+    def fold(self, outputs: dict[int, tf.Tensor], seed: tf.Tensor, xla: bool,
+             segments: Sequence[kernels.Segments] | None = None) -> None:
         """Compute this step's probes (layer ``outputs`` by output index; ``seed`` an int64
-        pair) and fold them into the state; a probe that fails is switched off alone."""
-        values: dict[int, dict[str, tf.Tensor]] = {}
+        pair) and fold them into the state; a probe that fails is switched off alone.
+        ``segments``: the same outputs grouped for one call per group (outside XLA)."""
+        values: dict[str, list[tuple[list[int], tf.Tensor]]] = {}
         rows = self.states.rows
-        for j, t in outputs.items():
+
+        def add(name: str, at: list[int], v: tf.Tensor) -> None:
+            values.setdefault(name, []).append((at, v))
+
+        for group in segments or []:
+            probed = [(n, self.output_rows[j]) for n, j in enumerate(group.rows)
+                      if j in self.output_rows
+                      and not self.failures.is_off("probes", rows[self.output_rows[j]])]
+            if not probed:
+                continue
+            try:
+                # each output's own seed, as output_probes_fn's: seed + [0, 7919 (i + 1)]
+                seeds = seed[tf.newaxis] + tf.constant(
+                    [[0, 7919 * (self.output_rows[j] + 1) if j in self.output_rows else 0]
+                     for j in group.rows], tf.int64)
+                pairs = output_probes_many_fn(group.dtype)(group.values, group.sizes, seeds)
+                pick = tf.constant([n for n, _ in probed], tf.int32)
+                at = [i for _, i in probed]
+                add("abs_median", at, tf.gather(pairs[:, 0], pick))
+                add("kurtosis", at, tf.gather(pairs[:, 1], pick))
+            except Exception as e:
+                for _, i in probed:
+                    self.failures.fail(Part("probes", rows[i]), e)
+        for j, t in ({} if segments is not None else outputs).items():
             i = self.output_rows.get(j)
             if i is None or self.failures.is_off("probes", rows[i]):
                 continue
             try:
                 fn = output_probes_fn(t.shape.rank, t.dtype.name, xla)
                 pair = fn(t, seed + tf.constant([0, 7919 * (i + 1)], tf.int64))
-                values.setdefault(i, {}).update(abs_median=pair[0], kurtosis=pair[1])
+                add("abs_median", [i], pair[0])
+                add("kurtosis", [i], pair[1])
             except Exception as e:
                 self.failures.fail(Part("probes", rows[i]), e)
         for i, (q, k, mask, causal, scale) in self.attention_inputs.items():
             try:
-                values.setdefault(i, {})["attn_logit_max"] = attention_logit_max(
-                    q, k, mask, causal, scale, seed + tf.constant([1, i], tf.int64))
+                add("attn_logit_max", [i], attention_logit_max(
+                    q, k, mask, causal, scale, seed + tf.constant([1, i], tf.int64)))
             except Exception as e:
                 self.failures.fail(Part("probes", rows[i]), e)
         for i, z in self.logits.items():
             try:
                 pair = head_logits(z)
-                values.setdefault(i, {}).update(logit_max=pair[0], logit_lse=pair[1])
+                add("logit_max", [i], pair[0])
+                add("logit_lse", [i], pair[1])
             except Exception as e:
                 self.failures.fail(Part("probes", rows[i]), e)
         if values:

@@ -11,9 +11,9 @@ the statistics states take the epoch's *statistics steps* (its first step, then 
 step adds only the exact activity counts (``stats.activity_state``) of the *rectifier*
 outputs (``Monitored.exact``): a dead unit is one that is zero for every sample of the
 epoch, and only a rectifier's own function makes exact zeros. Which steps are statistics steps is
-decided in the graph (``StepMode.AUTO``: the custom loop) or on the host, which then runs
-one of two compiled steps (``StepMode.STATS`` / ``StepMode.LEAN``: the Keras callback with
-its overhead governor, ``pipeline/governor.py``).
+decided in the graph (``StepMode.AUTO``: the custom loop) or on the host, which sets a
+device switch that the one compiled step reads (``StepMode.SWITCHED``: the Keras callback
+with its overhead governor, ``pipeline/governor.py``).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class StepRecorder:
                 self.sampled, self._fold_stats, lambda: none)
         elif self.mode is StepMode.STATS:
             rows = self._fold_stats()
-        else:
+        else:  # LEAN, AUTO, SWITCHED
             activity = self._activity() if output_states.activity is not None else none
             # The non-finite rule (``pipeline.governor.StepMode``): a NaN or an infinity
             # makes its column's counts non-finite, and this step a statistics step.
@@ -213,6 +213,8 @@ class StepRecorder:
                 statistics = statistics | tf.logical_not(self.metrics_finite)
             if self.mode is StepMode.AUTO:
                 statistics = statistics | tf.equal(self.window_step % self.plan.stats_every, 0)
+            if self.mode is StepMode.SWITCHED:
+                statistics = statistics | self.count.statistics.read_value()
             if self.mode is StepMode.LEAN and in_xla_context():
                 # The rule's one exception: XLA compiles both branches of a cond, so a
                 # statistics branch would make the lean step's compile as large as the
@@ -280,34 +282,71 @@ class StepRecorder:
         output_states = self.output_states
         layout = output_states.layout
         xla = in_xla_context()
-        empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
         activity = self._no_activity()
         base = self._seed_base()
+        segments = None
         for view, stash in self.stash.items():
             if not stash:
                 continue
-            rows = []
-            for j in range(layout.rows):
-                t = stash.get(j)
-                if t is None:
-                    rows.append(empty)
-                    continue
-                try:
-                    fn = kernels.activation_parts_fn(t.shape.rank, t.dtype.name,
-                                                     layout.sample_size, xla)
-                    part = fn(t, base + tf.constant([2 if view == "output" else 3, j], tf.int64))
-                    rows.append(layout.pad(part, j))
-                except Exception as e:  # this tensor only
-                    self.plan.failures.fail(Part(view, self.plan.outputs[j].name), e)
-                    rows.append(empty)
-            new = {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
+            if xla:  # one kernel per tensor: XLA compiles no loop over dynamic shapes
+                new = self._states_each(view, stash, base)
+            else:
+                groups = kernels.group_by_dtype(stash)
+                if view == "output":
+                    segments = groups
+                new = self._states_grouped(view, groups, base)
             output_states.fold(view, new)
             if view == "output":
                 activity = layout.activity_row(new)
         if self.probe_step is not None:
-            self.probe_step.fold(self.stash["output"], base, xla)
+            self.probe_step.fold(self.stash["output"], base, xla,
+                                 segments=None if xla else segments or [])
         self.count.stats_steps.assign_add(1)
         return activity
+
+    def _states_grouped(self, view: str, groups: list[kernels.Segments], base: tf.Tensor
+                        ) -> dict[str, tf.Tensor]:
+        """Every row's state of ``view`` this step: one batched kernel call per group of
+        stashed tensors (``kernels.Segments``), the empty state for the other rows."""
+        layout = self.output_states.layout
+        salt = 2 if view == "output" else 3
+        parts, order = [], []
+        for group in groups:
+            try:
+                fn = kernels.activation_states_fn(group.dtype, layout.sample_size,
+                                                  layout.max_channels, layout.max_positions)
+                parts.append(fn(group.values, group.sizes, group.units,
+                                group.seeds(base, salt)))
+                order += group.rows
+            except Exception as e:  # this group's tensors only
+                for j in group.rows:
+                    self.plan.failures.fail(Part(view, self.plan.outputs[j].name), e)
+        at = {j: n for n, j in enumerate(order)}
+        index = tf.constant([at.get(j, len(order)) for j in range(layout.rows)], tf.int32)
+        return {k: tf.gather(tf.concat([p[k] for p in parts]
+                                       + [tf.constant(layout.empty_row[k][np.newaxis])], 0),
+                             index) for k in layout.keys}
+
+    def _states_each(self, view: str, stash: dict[int, tf.Tensor], base: tf.Tensor
+                     ) -> dict[str, tf.Tensor]:
+        """Every row's state of ``view`` this step, one kernel call per stashed tensor."""
+        layout = self.output_states.layout
+        empty = {k: tf.constant(v) for k, v in layout.empty_row.items()}
+        rows = []
+        for j in range(layout.rows):
+            t = stash.get(j)
+            if t is None:
+                rows.append(empty)
+                continue
+            try:
+                fn = kernels.activation_parts_fn(t.shape.rank, t.dtype.name,
+                                                 layout.sample_size, True)
+                part = fn(t, base + tf.constant([2 if view == "output" else 3, j], tf.int64))
+                rows.append(layout.pad(part, j))
+            except Exception as e:  # this tensor only
+                self.plan.failures.fail(Part(view, self.plan.outputs[j].name), e)
+                rows.append(empty)
+        return {k: tf.stack([r[k] for r in rows]) for k in layout.keys}
 
     # -- gradients (called by the optimizer wrapper, or the custom loop)
 

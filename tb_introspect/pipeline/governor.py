@@ -1,18 +1,20 @@
 """The overhead governor: which executions of the Keras train function are statistics steps.
 
-The callback compiles two train functions (``StepMode.STATS`` and ``StepMode.LEAN``). A lean
+The callback runs one train function whose statistics part a device switch turns on or
+off (``StepMode.SWITCHED``); the PyTorch hooks fold everything or the counts only. A lean
 step adds only what must be exact (the rectifier outputs' activity counts, the gradient sum,
 the metrics); a statistics step also computes the layer outputs' and output gradients'
-statistics and runs the output-gradient probes. With ``every="epoch"`` the governor runs the
-statistics function on the first execution of each window (epoch), never more often than
-one execution in ``spacing`` (``stats_every``), and otherwise only when the time it has saved
+statistics and runs the output-gradient probes. With ``every="epoch"`` the governor makes the
+first execution of each window (epoch) a statistics execution, never more often than one
+execution in ``spacing`` (``stats_every``), and otherwise only when the time it has saved
 covers one more: a budget of ``overhead`` times the plain step time accrues with every step,
 and each statistics execution's extra time and each logged point's time are paid from it.
 The plain step time is what the lean steps take, less the host time a front-end measured in
 its own instrumentation of them (the PyTorch hooks run on the host, so it can: their time is
 paid from the same budget, and a lean step that already costs the whole budget leaves only
 each window's first statistics step; Keras compiles its lean work into the step and reports
-none). First calls of each function compile and are not counted. What a point's host work costs
+none). The first execution of each kind is not counted (it traces and
+compiles). What a point's host work costs
 on the front-end's worker thread (``worked``, its CPU time) is paid from the same budget.
 
 A paced window (the trainers' ``every="auto"``, ``paced_window``) is as long as the planned
@@ -53,9 +55,8 @@ class StepMode(enum.Enum):
     The non-finite rule, for every front-end: a lean step whose loss or a rectifier output
     holds a NaN or an infinity is taken as a statistics step, so those values are counted in
     the outputs' states, not lost in a lean step's activity counts. Where the step can still
-    decide (Keras: the compiled lean step holds the statistics branch), that step is a
-    statistics step for every output; under XLA, which compiles both branches of a
-    condition, the lean step holds none, and its non-finite columns count nothing. Where it
+    decide (Keras: its one compiled step holds the statistics branch, under XLA too), that
+    step is a statistics step for every output. Where it
     cannot (PyTorch: a lean step hooks only the rectifiers, before it runs), the rectifier
     output that holds it is taken whole on that step, and :meth:`Governor.force` makes the
     next step a statistics step for every output.
@@ -71,6 +72,11 @@ class StepMode(enum.Enum):
     #: on the window's first step, every ``stats_every``-th and non-finite steps, ``LEAN``
     #: on the others.
     AUTO = "auto"
+    #: One traced step for both (the Keras callback): ``STATS`` when the host set the
+    #: front-end's switch before the execution, or a step is non-finite; ``LEAN`` on the
+    #: others. Tracing a statistics and a lean function cost a fresh process's first fit
+    #: a second trace and graph optimization of the whole model (MobileNetV2: 17 s).
+    SWITCHED = "switched"
 
 
 class Governor:
