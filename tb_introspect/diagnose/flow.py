@@ -162,7 +162,24 @@ def _layers_between(rv: RunView, lo: int, hi: int | None) -> list[str]:
 def _kernel_rows(rv: RunView, a: Aligned) -> list[int]:
     skip = set(_layers_without_gradient(rv))
     return [i for i, s in enumerate(a.series)
-            if len(s.info.shape) >= 2 and s.info.layer not in skip]
+            if len(s.info.shape) >= 2 and s.info.layer not in skip
+            and not _lookup_table(rv, s)]
+
+
+def _lookup_table(rv: RunView, s) -> bool:
+    """Whether gradient tensor ``s`` is a lookup table's (PyTorch ``nn.Embedding``, weight
+    [entries, width]): its layer's output ends in the table's width, not in its first
+    dimension as a ``Linear``'s [out, in] weight does. Only the rows looked up get a
+    gradient, so rows of ids the data never uses (BERT's second token type in single-segment
+    text, words absent from the batches) are exactly zero by design, not dead units. A
+    Keras ``Dense`` kernel ([in, out]) has the same layout as a table and is not told apart:
+    Keras's own embeddings are judged as before."""
+    shape = s.info.shape
+    if len(shape) != 2 or shape[0] == shape[1] or not s.info.name.endswith("/weight"):
+        return False
+    out = rv.view("output")
+    o = next((x for x in out.series if x.info.layer == s.info.layer), None) if out else None
+    return bool(o is not None and o.info.shape and o.info.shape[-1] == shape[1])
 
 
 @rule("gradient_activity", needs=("gradient",))

@@ -549,40 +549,23 @@ def _hf_model(kind: str, width: int):
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=gpt.SEQ, bos_token_id=0, eos_token_id=0, pad_token_id=0,
             tie_word_embeddings=False))
-    if kind == "bert":  # digits as 64 pixel tokens (0..16), classified from [CLS]
-        from transformers import BertConfig, BertForSequenceClassification
+    if kind == "bert":  # the stock BERT encoder as a causal LM (is_decoder), LM head on top
+        from transformers import BertConfig, BertLMHeadModel
 
-        return BertForSequenceClassification(BertConfig(
-            vocab_size=20, hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=2 * width, max_position_embeddings=80, num_labels=10,
-            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0, pad_token_id=19))
+        return BertLMHeadModel(BertConfig(
+            vocab_size=gpt.VOCAB, hidden_size=width, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=2 * width, max_position_embeddings=gpt.SEQ, is_decoder=True,
+            pad_token_id=0))
     raise ValueError(kind)
-
-
-class _Digits:
-    """Digits as BERT inputs: [CLS]=18, 64 pixel-intensity tokens 0..16."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray):
-        tok = np.rint(x.reshape(len(x), 64) * 16).astype("int64")
-        self.ids = np.concatenate([np.full((len(x), 1), 18), tok], axis=1)
-        self.y = y.astype("int64")
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> dict:
-        import torch
-
-        return {"input_ids": torch.as_tensor(self.ids[i]), "labels": torch.as_tensor(self.y[i])}
 
 
 def hf_run(logdir: str, live: Live, *, model: str = "gpt2", width: int = 64, steps: int = 400,
            lr: float = 3e-3, schedule: str = "constant_with_warmup", warmup: int = 40,
-           weight_decay: float = 0.0, clip: float = 1.0, epochs: int = 0, batch: int = 16,
+           weight_decay: float = 0.0, clip: float = 1.0, batch: int = 16,
            window: int = 20) -> dict:
     """A stock HF model built from a small config, trained by the ``Trainer`` with
     ``IntrospectCallback`` (a point every ``window`` steps): a causal LM on the chain for
-    ``steps`` steps, or BERT classifying the digits for ``epochs`` epochs (evaluated each)."""
+    ``steps`` steps."""
     import torch
     from transformers import Trainer, TrainingArguments
 
@@ -595,14 +578,8 @@ def hf_run(logdir: str, live: Live, *, model: str = "gpt2", width: int = 64, ste
                   warmup_steps=warmup, adam_beta2=0.95, weight_decay=weight_decay,
                   max_grad_norm=clip, logging_steps=1, save_strategy="no", report_to="none",
                   use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
-    if model == "bert":
-        d = digits()
-        args = TrainingArguments(logdir, num_train_epochs=epochs,
-                                 eval_strategy="epoch", per_device_eval_batch_size=128, **common)
-        train, val = _Digits(d.x_train, d.y_train), _Digits(d.x_val, d.y_val)
-    else:
-        args = TrainingArguments(logdir, max_steps=steps, **common)
-        train, val = gpt.ChainStream(0), None
+    args = TrainingArguments(logdir, max_steps=steps, **common)
+    train, val = gpt.ChainStream(0), None
     cb = IntrospectCallback(every="epoch", window=window, overhead=None, **live.options())
     from transformers import PrinterCallback, TrainerCallback
 
@@ -617,13 +594,7 @@ def hf_run(logdir: str, live: Live, *, model: str = "gpt2", width: int = 64, ste
     trainer.remove_callback(PrinterCallback)  # each step's logs on stdout: not for a table
     trainer.train()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
-    end = {"loss": float(np.mean(losses[-10:]))}
-    if model != "bert":
-        end["floor"] = gpt.entropy_floor()
-    else:
-        evals = [r for r in trainer.state.log_history if "eval_loss" in r]
-        end["val_loss"] = float(evals[-1]["eval_loss"])
-    return end
+    return {"loss": float(np.mean(losses[-10:])), "floor": gpt.entropy_floor()}
 
 
 # ---------------------------------------------------------------- Lightning
@@ -832,10 +803,9 @@ CORPUS: dict[str, Healthy] = {
     "hf_llama_cosine": Healthy(H, "hf_run", "Llama, AdamW 1e-3 cosine, wd 0.1, 400 steps",
                                dict(model="llama", lr=1e-3, schedule="cosine",
                                     weight_decay=0.1)),
-    "hf_bert_digits": Healthy(H, "hf_run",
-                              "BERT classifying digits as 64 pixel tokens, AdamW 1e-3,"
-                              " 8 epochs", dict(model="bert", lr=1e-3, epochs=8, batch=32,
-                                                warmup=20, schedule="linear")),
+    "hf_bert": Healthy(H, "hf_run",
+                       "BERT (post-LN, width 64) as a causal LM, AdamW 1e-3 linear decay,"
+                       " 400 steps", dict(model="bert", lr=1e-3, schedule="linear")),
     # Lightning
     "pl_digits_mlp": Healthy(P, "lightning_run", "digits MLP, Adam 1e-3, 20 epochs",
                              dict(epochs=20)),

@@ -668,3 +668,21 @@ def test_zero_gradients_that_grew_while_learning_are_info_and_structural_ones_a_
     f = next(f for f in find_issues(run(*grads({"d1": 1e-2, "d2": 1e-2}, zero_fraction=0.87),
                                         _falling_loss())) if f.kind == "zero_gradients")
     assert f.severity == "warning" and f.evidence["died_while_learning"] is False
+
+
+def test_a_lookup_tables_unused_rows_are_not_zero_gradients() -> None:
+    """A stock BERT's token-type table (2 x 64) in single-segment text: its second row is
+    never looked up, so half its gradient is exactly zero from the first point, by design.
+    A PyTorch Linear's weight ([out, in]) of the same zero share is still judged."""
+    table = tensor("gradient", "bert.embeddings.token_type_embeddings", 0, STEPS,
+                   name="bert.embeddings.token_type_embeddings/weight", shape=(2, 64),
+                   rms=1e-2, zero_fraction=0.5)
+    table_out = tensor("output", "bert.embeddings.token_type_embeddings", 0, STEPS,
+                       name="bert.embeddings.token_type_embeddings", shape=(-1, 32, 64),
+                       rms=0.02)
+    assert "zero_gradients" not in kinds(find_issues(run(table, table_out, _falling_loss())))
+    linear = tensor("gradient", "proj", 0, STEPS, name="proj/weight", shape=(2, 64),
+                    rms=1e-2, zero_fraction=0.5)
+    linear_out = tensor("output", "proj", 0, STEPS, name="proj", shape=(-1, 32, 2), rms=0.02)
+    assert kinds(find_issues(run(linear, linear_out, _falling_loss())))["zero_gradients"] == \
+        "warning"
