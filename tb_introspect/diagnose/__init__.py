@@ -81,6 +81,14 @@ def find_issues(
                 most = max(most, n)
                 continue
         findings.extend(r.check(rv))
+    for f in findings:
+        if f.kind in thresholds.provisional and f.severity == "warning":
+            # Not yet validated on a real training with the pathology: said, not warned.
+            f.severity = "info"
+            f.evidence["provisional"] = True
+            f.explanation += (" (This check's warning is provisional: it has not yet been"
+                              " shown on a real training with the pathology, so it is"
+                              " reported as info.)")
     if rv.step_based:  # a run measured in steps names its findings by step
         for f in findings:
             f.first_epoch = None

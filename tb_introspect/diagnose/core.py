@@ -217,6 +217,12 @@ class Thresholds:
     loss_spike_history: int = 128
     loss_spike_min_history: int = 16
     loss_spike_min_rel: float = 1e-3
+    # rules whose warning is provisional: a rule enters at info and becomes a warning only
+    # once a real training with the pathology shows it (the validation tables) and the
+    # healthy corpus stays silent on it (docs/findings.md, "Which rules may warn"); until
+    # then its warnings are reported as info. An empty set gives every rule its full grading.
+    provisional: frozenset[str] = frozenset({"output_logit_drift", "massive_activations",
+                                             "update_spike"})
 
 
 DEFAULT_THRESHOLDS = Thresholds()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tb_introspect import metadata
-from tb_introspect.diagnose import find_issues
+from tb_introspect.diagnose import Thresholds, find_issues
 from tb_introspect.plugin.reader import KIND_PROBES, RunSeries, Series, TagInfo
 from tests.diagnose.findings_synth import kinds, metric, run, tensor
 
@@ -49,8 +49,23 @@ def with_probes(rows, *series, steps=STEPS) -> RunSeries:
     return r
 
 
+#: The rules' full grading: their warnings, provisional ones included (by default a
+#: provisional rule's warning is reported as info, test below).
+FULL = Thresholds(provisional=frozenset())
+
+
 def found(r: RunSeries, rule: str):
-    return [f for f in find_issues(r, rules=[rule]) if f.kind != "insufficient_data"]
+    return [f for f in find_issues(r, FULL, rules=[rule]) if f.kind != "insufficient_data"]
+
+
+def test_a_provisional_rules_warning_is_reported_as_info() -> None:
+    lse = [10.8, 12, 14, 16, 18, 20, 22, 24]
+    r = with_probes({"lm_head": {"logit_lse": lse, "logit_max": [9, 10, 12, 14, 16, 18, 20, 22]}},
+                    lm_head())
+    (f,) = [f for f in find_issues(r, rules=["output_logit_drift"])
+            if f.kind != "insufficient_data"]
+    assert f.severity == "info" and f.evidence["provisional"] is True
+    assert "provisional" in f.explanation
 
 
 # ---------------------------------------------------------------- attention logits
