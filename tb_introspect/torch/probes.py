@@ -38,7 +38,7 @@ from tb_introspect.torch import modules
 from tb_introspect.torch.modules import OutputSpec
 from tb_introspect.torch.passes import ForwardPasses
 from tb_introspect.torch.ranks import host
-from tb_introspect.torch.state import _hash_uniform, _scratch
+from tb_introspect.torch.state import hash_uniform, scratch
 
 #: At most this many query rows of each attention call give its logits (evenly spread).
 QUERY_ROWS = 64
@@ -178,7 +178,7 @@ class Probes:
         self.peaks = torch.full_like(self.sums, -math.inf)
         self.seen: set[int] = set()  # rows with a value since the start (host bookkeeping)
         # uniform positions in [0, 1) of the median's sample, without the user's RNG
-        self.draws = _hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
+        self.draws = hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
                                    torch.zeros((), dtype=torch.int64, device=device))
         self._picks: dict[int, torch.Tensor] = {}  # output size -> the median's positions
         self._handles: list[Any] = []
@@ -329,7 +329,7 @@ class Probes:
                     self._picks.clear()
                 pick = self._picks[n] = (self.draws * n).long()
             sample = flat.index_select(0, pick)
-        d = _scratch(flat, n, 1)[0]
+        d = scratch(flat, n, 1)[0]
         if flat.device.type == "cpu":  # numbers on the host: a few numpy calls, not kernels
             self._mean(i, _ABS_MEDIAN, _abs_median(sample.numpy()))
             torch.sub(flat, float(flat.sum()) / n, out=d)

@@ -123,7 +123,7 @@ def channels_last_shape(shape: Sequence[int], channels_first: bool) -> tuple[int
     return tuple([-1, *shape[1:]]) if shape else ()
 
 
-def _hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+def hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     """Deterministic uniforms in (0, 1) from integer ``index`` and a device ``seed``: no
     generator state (the user's RNG stream stays untouched, and ``torch.compile`` sees only
     integer ops). Products stay below 2**62, inside int64."""
@@ -139,7 +139,7 @@ def _hash_uniform(index: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
 def _uniforms(arange: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     """``[2, k]`` uniforms in [0, 1) from device ``seed`` (``k``: ``arange``'s length), by the
     integer hash: no host sync (a GPU, ``torch.compile``)."""
-    return _hash_uniform(arange, torch.stack([seed * 2, seed * 2 + 1])[:, None])
+    return hash_uniform(arange, torch.stack([seed * 2, seed * 2 + 1])[:, None])
 
 
 def _host(buf: torch.Tensor) -> np.ndarray | None:
@@ -154,7 +154,7 @@ def _host(buf: torch.Tensor) -> np.ndarray | None:
 _work = threading.local()
 
 
-def _scratch(like: torch.Tensor, n: int, slots: int) -> list[torch.Tensor]:
+def scratch(like: torch.Tensor, n: int, slots: int) -> list[torch.Tensor]:
     """``slots`` flat work tensors of ``n`` elements of ``like``'s dtype, reused by every fold
     of this thread on a CPU: there a fresh tensor of a large output costs a page fault per
     page, several times the pass that fills it (a GPU's caching allocator has none, and a
@@ -283,7 +283,7 @@ class ActivityTally:
                                       or self.cols.numel() * batch != n):
             self.settle(buf, seg)
             self.cols = None
-        (act,) = _scratch(xf, n, 1)
+        (act,) = scratch(xf, n, 1)
         _finite_nonzero(xf.reshape(-1), finite, act)
         if self.cols is None:
             self.cols = torch.zeros(n // batch, dtype=xf.dtype, device=xf.device)
@@ -317,7 +317,7 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     before reading ``buf``).
 
     Every part is an elementwise float op or a float reduction (boolean reductions are
-    several times slower), written into two work tensors of ``x``'s size (``_scratch``):
+    several times slower), written into two work tensors of ``x``'s size (``scratch``):
     the non-finite values are zeroed once (``xz``) and counted by kind from ``x - xz``
     (0, NaN or +-Inf); the finite values' moments are two-pass (a sum, then the dot product
     of the deviations) over ``xz``, corrected for the zeros put in (exact algebra, no
@@ -341,12 +341,12 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         if tally is not None and tally.accepts(xf, seg):
             tally.add(buf, seg, xf, finite)
             return
-        (act,) = _scratch(flat, n, 1)
+        (act,) = scratch(flat, n, 1)
         active = _finite_nonzero(flat, finite, act)
         buf[a:a + c + p].add_(_columns(active.view(xf.shape), seg))
         buf[a - 1].add_(float(n))
         return
-    xz, work = _scratch(flat, n, 2)
+    xz, work = scratch(flat, n, 2)
     host = _host(buf)
     total = _finite_sum(flat, big) if host is not None else None
     if total is not None:
