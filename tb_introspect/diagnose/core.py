@@ -90,11 +90,10 @@ class Thresholds:
     # ... warning also when the validation loss is this much above its best and still
     # rising (its latest epoch above the one before)
     overfit_keep_rise: float = 1 / 3
-    # ... the climbing and still-rising grades need the training loss at this share of its
-    # value at the best epoch or below: what validation gives back, training must be gaining
-    # (memorising); a validation loss wobbling while training barely moves (Adam at a
-    # constant rate near 100% training accuracy) is not the warning
-    overfit_train_halved: float = 0.5
+    # ... and every grade but memorising needs the validation accuracy, where logged, this
+    # much (absolute) below its best so far: a validation loss that rises while the accuracy
+    # holds is confidence on the few samples the model gets wrong, not a worse model
+    overfit_accuracy_drop: float = 0.03
     # ... warning also when the validation loss is this much above its best while the
     # training loss fell to this share of its value at the best epoch
     overfit_stop_rise: float = 0.25

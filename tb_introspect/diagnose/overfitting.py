@@ -99,23 +99,25 @@ def overfitting(rv: RunView) -> list[Finding]:
         # the time to stop was the best epoch.
         pattern, severity = "stop", "warning"
     elif (trailing >= t.overfit_climb_epochs
-          and tr[end] <= t.overfit_train_halved * tr[b]
           and float(np.max(va[j:]) / va[b] - 1) >= t.overfit_climb_rise
           and va[0] > va[b]
           and float(np.max(va[j:]) - va[b]) >= t.overfit_climb_giveback * (va[0] - va[b])):
         pattern, severity = "climbing", "warning"
-    elif (rise >= t.overfit_keep_rise and end >= 1 and va[end] > va[end - 1]
-          and tr[end] <= t.overfit_train_halved * tr[b]):
+    elif rise >= t.overfit_keep_rise and end >= 1 and va[end] > va[end - 1]:
         # A third above its best and still going up: the harm grows with every epoch.
         pattern, severity = "still rising", "warning"
     else:
         pattern, severity = "rising", "info"
-    # A validation loss that rises while the validation accuracy stays at its best is a
+    # A validation loss that rises while the validation accuracy stays near its best is a
     # classifier growing confident on the few samples it gets wrong, not a worse model:
     # every healthy classifier trained to 100% training accuracy here shows it (the
-    # loss of a confident mistake grows with the logits). Where the accuracy is logged, the
-    # warning needs it to have come down from its best.
-    held = _val_accuracy_held(rv, epochs[end]) if pattern != "memorising" else None
+    # loss of a confident mistake grows with the logits), with dips of up to 2.2 points (a
+    # GELU MLP at AdamW 3e-3, which then set a new best). Where the accuracy is logged, the
+    # warning needs it overfit_accuracy_drop below its best (memorising the noise of 128 or
+    # 192 samples costs 4 to 12 points). The "stop" grade reads the accuracy its own way.
+    # ("stop" has its own test: 2 points, with the training loss down 10x.)
+    held = (_val_accuracy_held(rv, epochs[end]) if pattern not in ("memorising", "stop")
+            else None)
     if held:
         severity = "info"
     if pattern == "memorising":
@@ -315,8 +317,8 @@ def train_eval_gap(rv: RunView) -> list[Finding]:
 
 
 def _val_accuracy_held(rv: RunView, end: int) -> bool | None:
-    """Whether the validation accuracy at epoch ``end`` is within
-    ``overfit_stop_accuracy_drop`` of its best so far (None: no validation accuracy)."""
+    """Whether the validation accuracy at epoch ``end`` is less than
+    ``overfit_accuracy_drop`` below its best so far (None: no validation accuracy)."""
     task = infer_task(rv)
     if task is None or not task.val_accuracy:
         return None
@@ -324,7 +326,7 @@ def _val_accuracy_held(rv: RunView, end: int) -> bool | None:
     upto = [v for e, v in vacc.items() if e <= end]
     if end not in vacc or not upto:
         return None
-    return bool(vacc[end] >= max(upto) - rv.t.overfit_stop_accuracy_drop)
+    return bool(vacc[end] > max(upto) - rv.t.overfit_accuracy_drop)
 
 
 def _val_accuracy_drop(rv: RunView, best: int, end: int) -> bool | None:

@@ -154,6 +154,19 @@ PAIRS: dict[str, Pair] = {
     "constant_init": Pair(6, {"identical_units": ("warning", 0)}, body="mlp2",
                           init="constant", note="every weight and bias 0.05"),
     "narrow": Pair(6, body="narrow", lr=1e-2, note="8 ReLU units, Adam 1e-2"),
+    # Runs the overfitting and L2 grading were not tuned on (their rules were set on
+    # overfit_small, overfitting_mlp, l2_eats_weights and l2_collapse): fewer samples with
+    # less noise on another MLP, and a smaller penalty on a deeper MLP. (96 clean samples on
+    # the wide MLP, and 160 samples with 3/10 mislabelled on one layer of 64 at Adam 3e-3,
+    # were tried first: their validation loss never rose 25% above its best in 30 epochs,
+    # no overfitting to time.)
+    "overfit_few_noisy": Pair(30, {"overfitting": ("warning", substantial_rise_onset)},
+                              body="mlp2", lr=1e-2, data=lambda: noisy_few(128, 0.2),
+                              note="128 samples, 1/5 mislabelled, 2 x 64, Adam 1e-2",
+                              in_tests=()),
+    "l2_crush_deep": Pair(6, {"loss_without_learning": ("warning", 0)}, l2=0.3, opt="adam",
+                          body="mlp2", lr=3e-3, note="L2 0.3 on every weight, 2 x 64, Adam 3e-3",
+                          in_tests=()),
     "softmax_nll_undeclared": Pair(6, head="softmax_log", declare=False,
                                    frameworks=("torch",), in_tests=("torch",), test_epochs=None,
                                    note="nn.Softmax last, log + NLLLoss, no criterion="),

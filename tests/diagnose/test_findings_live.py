@@ -290,30 +290,30 @@ def test_overfitting_at_a_held_validation_accuracy_is_info() -> None:
     """A classifier trained to 100% training accuracy: its validation loss rises 60% above
     its best as it grows confident on the few samples it gets wrong, while its validation
     accuracy stays at its best (98%). Not a worse model: info. The same losses with the
-    validation accuracy 5 points down from its best: the warning."""
+    validation accuracy 6 points down from its best: the warning."""
     train = [1.0, 0.3, 0.1, 0.05, 0.02, 0.01, 0.005, 0.003]
     val = [1.0, 0.4, 0.2, 0.22, 0.25, 0.28, 0.3, 0.32]
     acc = [0.7, 0.9, 0.97, 0.99, 1.0, 1.0, 1.0, 1.0]
     held = [0.7, 0.9, 0.97, 0.98, 0.98, 0.975, 0.98, 0.98]
     f = next(f for f in find_issues(_curves(train, val, acc, held)) if f.kind == "overfitting")
     assert f.severity == "info" and f.evidence["val_accuracy_held"] is True
-    fell = [0.7, 0.9, 0.97, 0.96, 0.95, 0.94, 0.93, 0.92]
+    fell = [0.7, 0.9, 0.97, 0.96, 0.95, 0.94, 0.92, 0.91]
     f = next(f for f in find_issues(_curves(train, val, acc, fell)) if f.kind == "overfitting")
     assert f.severity == "warning" and f.evidence["val_accuracy_held"] is False
 
 
-def test_a_validation_wobble_while_training_barely_moves_is_info() -> None:
+def test_a_validation_wobble_at_a_held_accuracy_is_info() -> None:
     """AdamW at a constant rate near 100% training accuracy: the validation loss wobbles
-    +40% above its best for 3 epochs (and comes back) while the training loss falls only
-    30% and the validation accuracy dips 2 points: not memorising (the corpus's GELU MLP).
-    The same rise while training halves is the climbing grade's warning."""
+    +40% above its best for 3 epochs (and comes back) while the validation accuracy dips 2.2
+    points below its best (the corpus's GELU MLP): info. The same losses with the accuracy
+    6 points down are the climbing grade's warning."""
     val = [0.34, 0.19, 0.18, 0.12, 0.11, 0.125, 0.12, 0.109, 0.135, 0.134, 0.153]
     vacc = [0.89, 0.94, 0.95, 0.967, 0.972, 0.969, 0.964, 0.964, 0.961, 0.953, 0.95]
     acc = [0.75, 0.93, 0.97, 0.97, 0.98, 0.985, 0.99, 0.99, 0.986, 0.99, 0.985]
     flat = [0.8, 0.2, 0.1, 0.08, 0.06, 0.05, 0.045, 0.037, 0.033, 0.03, 0.026]
     f = next(f for f in find_issues(_curves(flat, val, acc, vacc)) if f.kind == "overfitting")
     assert f.severity == "info"
-    halving = flat[:8] + [0.025, 0.02, 0.015]
-    f = next(f for f in find_issues(_curves(halving, val, acc, vacc))
+    worse = vacc[:8] + [0.94, 0.925, 0.91]
+    f = next(f for f in find_issues(_curves(flat, val, acc, worse))
              if f.kind == "overfitting")
     assert f.severity == "warning" and f.evidence["pattern"] == "climbing"
