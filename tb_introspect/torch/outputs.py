@@ -15,11 +15,11 @@ from tb_introspect import stats_np
 from tb_introspect.pipeline.failures import Failures, Part
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
-from tb_introspect.torch import private, state
+from tb_introspect.torch import private, segments, state
 from tb_introspect.torch.modules import OutputSpec
 from tb_introspect.torch.ranks import host
 
-_ADDITIVE = len(state.ADDITIVE_SLOTS)
+_ADDITIVE = len(segments.ADDITIVE_SLOTS)
 
 
 class OutputStates:
@@ -68,7 +68,7 @@ class OutputStates:
         if not spec.segments:
             self._add_segments(spec, x)
         seg = spec.segments[self.views[0]]
-        if state.widths(x.shape, spec.channels_first) != (seg.channels, seg.positions):
+        if segments.widths(x.shape, spec.channels_first) != (seg.channels, seg.positions):
             self.failures.warn_once(f"shape {spec.name}", f"layer output {spec.name}: shape"
                                     f" {tuple(x.shape)} differs from the first call's"
                                     f" {spec.shape}; calls of that shape are left out")
@@ -127,10 +127,10 @@ class OutputStates:
 
     def _add_segments(self, spec: OutputSpec, x: torch.Tensor) -> None:
         """Append the segments of a layer output seen for the first time to the buffers."""
-        spec.shape = state.channels_last_shape(x.shape, spec.channels_first)
+        spec.shape = segments.channels_last_shape(x.shape, spec.channels_first)
         spec.dtype = str(x.dtype).replace("torch.", "")
         for view in self.views:
-            seg = state.layout(x.shape, spec.channels_first,
+            seg = segments.layout(x.shape, spec.channels_first,
                                self.plan.options.step_sample_size)
             seg.offset = self.buffers[view].numel()
             empty = seg.empty(self.device)
@@ -186,7 +186,7 @@ class OutputStates:
                 if (seg is None or seg.offset + seg.length > n
                         or not self.plan.writes(view, spec)):
                     continue
-                merged = state.merge_ranks(view_copies[:, seg.offset:seg.offset + seg.length],
+                merged = segments.merge_ranks(view_copies[:, seg.offset:seg.offset + seg.length],
                                            seg)
                 activity = _ADDITIVE - 1  # act_count, then the channel and position counts
                 if merged[0] == 0 and merged[activity] == 0:
@@ -197,7 +197,7 @@ class OutputStates:
                 if merged[0] == 0:
                     continue
                 specs.append(spec)
-                states.append(state.to_state(merged, seg, activity_rates=view == "output"))
+                states.append(segments.to_state(merged, seg, activity_rates=view == "output"))
             if specs:
                 out.blocks.append(Block(view, specs, stats_np.finalize_many(
                     states, view, quantiles=self.plan.options.quantiles)))

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tb_introspect import metadata, stats, stats_np
+from tb_introspect.torch import segments as torch_segments
 from tb_introspect.torch import state as torch_state
 
 VIEW = "output"
@@ -92,10 +93,10 @@ def channels_first(x: np.ndarray) -> np.ndarray:
 
 
 def torch_segment(batches: list[np.ndarray], k: int = K, salt: int = 0
-                  ) -> tuple[np.ndarray, torch_state.Segment]:
+                  ) -> tuple[np.ndarray, torch_segments.Segment]:
     """One device segment with every batch (channels-last) folded in as a statistics step."""
     xs = [torch.from_numpy(np.ascontiguousarray(channels_first(b))) for b in batches]
-    seg = torch_state.layout(xs[0].shape, True, k)
+    seg = torch_segments.layout(xs[0].shape, True, k)
     buf = seg.empty()
     arange = torch.arange(k)
     for i, x in enumerate(xs):
@@ -105,7 +106,7 @@ def torch_segment(batches: list[np.ndarray], k: int = K, salt: int = 0
 
 def torch_vector(x: np.ndarray, k: int = K) -> np.ndarray:
     segment, seg = torch_segment([x], k)
-    return torch_state.finalize(segment, seg, VIEW, Q, activity_rates=True)
+    return torch_segments.finalize(segment, seg, VIEW, Q, activity_rates=True)
 
 
 # ------------------------------------------------------------------ what differs, and why
@@ -285,8 +286,8 @@ def test_merged_states_match_the_whole():
 
     ranks = [torch_segment(parts[:2], salt=0), torch_segment(parts[2:], salt=10)]
     seg = ranks[0][1]
-    merged = torch_state.merge_ranks(np.stack([r[0] for r in ranks]), seg)
-    got = torch_state.finalize(merged, seg, VIEW, Q, activity_rates=True)
+    merged = torch_segments.merge_ranks(np.stack([r[0] for r in ranks]), seg)
+    got = torch_segments.finalize(merged, seg, VIEW, Q, activity_rates=True)
     assert not mismatches(got, want, x, tol=1e-6)
 
 

@@ -158,7 +158,7 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
     """The lean steps' activity counts through ``ActivityTally`` (settled once, or several
     times when the exact-count limit is reached) equal ``fold``'s own, NaN, Inf and exact
     zeros included, across batch sizes and a float64 call."""
-    from tb_introspect.torch import state
+    from tb_introspect.torch import segments, state
 
     g = torch.Generator().manual_seed(0)
     calls = []
@@ -167,7 +167,7 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
         x.view(-1)[::7] = float("nan")
         x.view(-1)[::11] = float("inf")
         calls.append(x.double() if i == 2 else x)
-    seg = state.layout(shape, channels_first, 4)
+    seg = segments.layout(shape, channels_first, 4)
     arange, seed = torch.arange(4), torch.zeros((), dtype=torch.int64)
     for limit in (state.ActivityTally.LIMIT, 6):  # 6 rows: settles inside the calls
         monkeypatch.setattr(state.ActivityTally, "LIMIT", limit)
@@ -179,14 +179,14 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
         tally.settle(tallied, seg)
         assert tally.count == 0
         np.testing.assert_array_equal(tallied.numpy(), plain.numpy())
-        assert tallied[len(state.ADDITIVE_SLOTS) - 1] == sum(x.numel() for x in calls)
+        assert tallied[len(segments.ADDITIVE_SLOTS) - 1] == sum(x.numel() for x in calls)
 
 
 def test_finite_fold_equals_the_general_fold(monkeypatch):
     """On a CPU a tensor whose sum is finite skips the zeroing and the counting by kind: the
     state it folds is the general path's, bit for bit (zeros, both signs, subnormals, huge
     values, one element, float64); a sum that overflows takes the general path."""
-    from tb_introspect.torch import state
+    from tb_introspect.torch import segments, state
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn((6, 3, 4, 5), generator=g)
@@ -201,7 +201,7 @@ def test_finite_fold_equals_the_general_fold(monkeypatch):
             monkeypatch.setattr(state, "_finite_sum", lambda flat, big: None)
         out = []
         for t in calls:
-            seg = state.layout(t.shape, True, 8)
+            seg = segments.layout(t.shape, True, 8)
             buf = seg.empty()
             state.fold(buf, seg, t, seed, True, arange)
             state.fold(buf, seg, t * 0.5, seed + 1, True, arange)
@@ -219,7 +219,7 @@ def test_device_fold_equals_the_host_fold_but_its_draws(monkeypatch):
     small parts in numpy on the buffer's memory, numpy's draws) fold the same counts,
     moments, extremes and column counts, bit for bit, with NaN, Inf and exact zeros; their
     samples are drawn apart but hold as many entries."""
-    from tb_introspect.torch import state
+    from tb_introspect.torch import segments, state
 
     g = torch.Generator().manual_seed(1)
     for shape, channels_first in (((6, 3, 4, 5), True), ((7, 9), False), ((5, 7, 3), False)):
@@ -228,7 +228,7 @@ def test_device_fold_equals_the_host_fold_but_its_draws(monkeypatch):
         y = x.clone()
         y.view(-1)[::5] = float("nan")
         y.view(-1)[1] = float("inf")
-        seg = state.layout(shape, channels_first, 8)
+        seg = segments.layout(shape, channels_first, 8)
         arange = torch.arange(8)
         folded = []
         for device in (False, True):
@@ -250,10 +250,10 @@ def test_folds_sample_in_proportion_to_their_sizes():
     20,000 ones and one of 60,000 minus ones leave a quarter of ones, within six sigma, in
     either order; beside them a fold of 100 values, which the sample holds whole, keeps
     about 100 / 80,100 of it."""
-    from tb_introspect.torch import state
+    from tb_introspect.torch import segments, state
 
     k = 1024
-    seg = state.layout((200, 100), False, k)
+    seg = segments.layout((200, 100), False, k)
     arange = torch.arange(k)
     small, large, tiny = torch.ones(200, 100), -torch.ones(600, 100), torch.full((1, 100), 5.0)
     shares, tiny_counts = [], []
