@@ -18,7 +18,7 @@ from torch import nn
 from tb_introspect import metadata
 from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.torch import Introspector
-from tb_introspect.torch.probes import logit_peak, query_rows
+from tb_introspect.torch.probe_values import logit_peak, query_rows
 from tests.collect import collect_testlib as lib
 
 ORIGINAL_SDPA = F.scaled_dot_product_attention
