@@ -316,7 +316,8 @@ class ProbeStep:
                 seeds = seed[tf.newaxis] + tf.constant(
                     [[0, 7919 * (self.output_rows[j] + 1) if j in self.output_rows else 0]
                      for j in group.rows], tf.int64)
-                pairs = output_probes_many_fn(group.dtype)(group.values, group.sizes, seeds)
+                pairs = kernels.call(output_probes_many_fn(group.dtype), group.values,
+                                     group.sizes, seeds)
                 pick = tf.constant([n for n, _ in probed], tf.int32)
                 at = [i for _, i in probed]
                 add("abs_median", at, tf.gather(pairs[:, 0], pick))

@@ -315,8 +315,8 @@ class StepRecorder:
             try:
                 fn = kernels.activation_states_fn(group.dtype, layout.sample_size,
                                                   layout.max_channels, layout.max_positions)
-                parts.append(fn(group.values, group.sizes, group.units,
-                                group.seeds(base, salt)))
+                parts.append(kernels.call(fn, group.values, group.sizes, group.units,
+                                          group.seeds(base, salt)))
                 order += group.rows
             except Exception as e:  # this group's tensors only
                 for j in group.rows:

@@ -28,21 +28,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from tb_introspect import summary_pb
-from tb_introspect.diagnose import Finding
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part, short_error, warn
-from tb_introspect.pipeline.findings import FindingStop, Watch, describe
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import Ring
 from tb_introspect.pipeline.plan import Plan, last_sampled, window_due
 from tb_introspect.pipeline.point import EpochActivity, Point, protos
 from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
 from tb_introspect.pipeline.worker import HostWorker
+
+if TYPE_CHECKING:  # the findings' rules are imported with on_finding only (70 ms)
+    from tb_introspect.diagnose import Finding
+    from tb_introspect.pipeline.findings import Watch
 
 
 class FrontEnd(Protocol):
@@ -98,8 +100,12 @@ class Pipeline:
         self._last_flush = time.monotonic()
         options = self.plan.options
         #: ``on_finding``: the findings judged on what this process writes (the chief's).
-        self.findings = (Watch(options.on_finding, options.on_finding_severity, self.failures)
-                         if options.on_finding is not None else None)
+        self.findings: Watch | None = None
+        if options.on_finding is not None:
+            from tb_introspect.pipeline.findings import Watch
+
+            self.findings = Watch(options.on_finding, options.on_finding_severity,
+                                  self.failures)
         #: The finding ``on_finding`` stops on, until the front-end takes it (``take_stop``).
         self.stop: Finding | None = None
         #: A point's host work, the event writes and flushes, beside training.
@@ -348,6 +354,8 @@ class Pipeline:
             w.act(found, self._stop)
 
     def _stop(self, finding: Finding) -> None:
+        from tb_introspect.pipeline.findings import describe
+
         if self.stop is None:
             self.stop = finding
             logging.getLogger("tb_introspect").warning(
@@ -365,6 +373,8 @@ class Pipeline:
         """A training loop's stop: raise ``FindingStop`` when there is one to stop on."""
         stop = self.take_stop()
         if stop is not None:
+            from tb_introspect.pipeline.findings import FindingStop
+
             raise FindingStop(stop, self.front_end.current_step())
 
     # -------------------------------------------------------------- writing
