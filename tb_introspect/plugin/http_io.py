@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+from collections.abc import Callable
 from typing import Any
 
+from tensorboard import errors as tb_errors
 from tensorboard.backend import http_util
 from werkzeug import wrappers
 
@@ -98,3 +101,20 @@ def non_negative_int(request: wrappers.Request, name: str, default: int) -> int:
     if value < 0:
         raise RequestError(f"query parameter {name!r} must be >= 0, got {value}")
     return min(value, MAX_INT_PARAM)
+
+
+def route(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turns a route method into a WSGI app that answers bad input with 4xx JSON."""
+
+    @functools.wraps(method)
+    def app(self: Any, environ, start_response):
+        request = wrappers.Request(environ)
+        try:
+            response = method(self, request)
+        except RequestError as e:
+            response = error_response(request, e)
+        except tb_errors.PublicError as e:  # e.g. an unknown experiment
+            response = error_response(request, RequestError(str(e), e.http_code))
+        return response(environ, start_response)
+
+    return app

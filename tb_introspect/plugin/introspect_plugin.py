@@ -11,14 +11,10 @@ reads one on demand.
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import numpy as np
-from tensorboard import errors as tb_errors
 from tensorboard import plugin_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
@@ -32,23 +28,23 @@ from tb_introspect.plugin import (
     overview,
     probes,
     reader,
+    run_document,
+    sampling,
     summaries,
 )
 from tb_introspect.plugin.cache import FingerprintCache
 from tb_introspect.plugin.http_io import (
     RequestError,
     encode,
-    error_response,
     file_response,
     gzip_bytes,
     gzipped_json_response,
-    int_list,
     json_response,
     non_negative_int,
     not_found,
-    num_list,
     repeated,
     required,
+    route,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,38 +54,6 @@ PLUGIN_NAME = metadata.PLUGIN_NAME
 
 #: Seconds a run's tag listing is reused across requests (see ``_list_run``).
 LISTING_TTL_S = 1.0
-#: Points per tag read for ``./run``, ``./overview`` and the grids: about one per
-#: pixel column of a wide chart. Bounds the first read of a run of any length.
-SAMPLED_POINTS = 1000
-#: Points of all tags together in that read: runs with many tags get fewer per
-#: tag (781 tags: 320, about a grid panel's width), never under MIN_SAMPLED_POINTS.
-#: Each point costs the data provider ~12 µs of Python (docs/benchmarks.md).
-RUN_SAMPLED_POINTS = 250_000
-MIN_SAMPLED_POINTS = 200
-
-
-def sample_points(tags: int) -> int:
-    """Points per tag of a run's sampled read."""
-    share = RUN_SAMPLED_POINTS // max(1, tags)
-    return max(MIN_SAMPLED_POINTS, min(SAMPLED_POINTS, share))
-
-
-class _Listing(NamedTuple):
-    infos: dict[str, reader.TagInfo]
-    bad: list[tuple[str, str]]
-    fingerprint: tuple
-
-
-def _listing(infos: dict[str, reader.TagInfo], bad: list[tuple[str, str]]) -> _Listing:
-    return _Listing(infos, bad, reader.fingerprint(infos))
-
-
-class _Sampled(NamedTuple):
-    """A run read at ``points`` per tag; ``sampled``: tags with more points."""
-
-    rs: reader.RunSeries
-    sampled: frozenset[str]
-    points: int
 
 
 class _Documents(NamedTuple):
@@ -126,23 +90,6 @@ def _parse_samples_per_plugin(value: str) -> dict[str, int]:
             key, _, number = token.strip().partition("=")
             result[key.strip()] = int(number)
     return result
-
-
-def _route(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turns a route method into a WSGI app that answers bad input with 4xx JSON."""
-
-    @functools.wraps(method)
-    def app(self: IntrospectPlugin, environ, start_response):
-        request = wrappers.Request(environ)
-        try:
-            response = method(self, request)
-        except RequestError as e:
-            response = error_response(request, e)
-        except tb_errors.PublicError as e:  # e.g. an unknown experiment
-            response = error_response(request, RequestError(str(e), e.http_code))
-        return response(environ, start_response)
-
-    return app
 
 
 class IntrospectPlugin(base_plugin.TBPlugin):
@@ -222,7 +169,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         if self._provider is None:
             raise RequestError("TensorBoard has no data provider; cannot read data", 503)
 
-    def _list_run(self, request: wrappers.Request, run: str) -> _Listing:
+    def _list_run(self, request: wrappers.Request, run: str) -> sampling.Listing:
         """Tags, skipped tags and fingerprint of one run; 404 when it has no data.
 
         A listing is reused for ``LISTING_TTL_S``: the frontend sends bursts of
@@ -232,13 +179,13 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         self._check_provider()
         eid = plugin_util.experiment_id(request.environ)
 
-        def refresh() -> _Listing:
+        def refresh() -> sampling.Listing:
             infos, bad = reader.list_tags(
                 self._provider, eid, ctx=plugin_util.context(request.environ), runs=[run]
             )
             if run not in infos and run not in bad:
                 raise not_found(f"run {run!r} not found or has no tb-introspect data")
-            return _listing(infos.get(run, {}), bad.get(run, []))
+            return sampling.listing_of(infos.get(run, {}), bad.get(run, []))
 
         return self._listings.get(("run", eid, run), None, refresh)
 
@@ -257,32 +204,34 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             took = self.clock() - started
             for run in set(infos) | set(bad):
                 self._listings.put(
-                    ("run", eid, run), None, _listing(infos.get(run, {}), bad.get(run, [])),
+                    ("run", eid, run), None,
+                    sampling.listing_of(infos.get(run, {}), bad.get(run, [])),
                     cost_s=took,
                 )
             return infos, bad
 
         return self._listings.get(("all", eid), None, refresh)
 
-    def _sampled_run(self, request: wrappers.Request, run: str, listing: _Listing) -> _Sampled:
+    def _sampled_run(self, request: wrappers.Request, run: str,
+                     listing: sampling.Listing) -> sampling.Sampled:
         """The run at ``sample_points`` per tag, in bounded provider calls, cached."""
         eid = plugin_util.experiment_id(request.environ)
 
-        def read() -> _Sampled:
-            infos = _sampled_infos(listing)
-            points = sample_points(len(infos))
+        def read() -> sampling.Sampled:
+            infos = sampling.sampled_infos(listing)
+            points = sampling.sample_points(len(infos))
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, infos,
                 ctx=plugin_util.context(request.environ), points=points,
                 multiplexer=self._multiplexer,
             )
             rs = reader.assemble_run(run, listing.infos, series, listing.bad + unreadable)
-            return _Sampled(rs, frozenset(sampled), points)
+            return sampling.Sampled(rs, frozenset(sampled), points)
 
         return self._sampled.get((eid, run), listing.fingerprint, read)
 
-    def _first_screen(self, request: wrappers.Request, run: str, listing: _Listing
-                      ) -> _Sampled | None:
+    def _first_screen(self, request: wrappers.Request, run: str, listing: sampling.Listing
+                      ) -> sampling.Sampled | None:
         """The run from its view summaries and metrics (a few tags, as many points each as
         the per-tensor sample has), cached; ``None`` when some view has no summary covering
         its tensors (format 1 and 2 runs): those read the per-tensor sample."""
@@ -291,12 +240,12 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             return None
         eid = plugin_util.experiment_id(request.environ)
 
-        def read() -> _Sampled | None:
+        def read() -> sampling.Sampled | None:
             metrics = [i for i in listing.infos.values()
                        if i.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)]
             # The steps the per-tensor sample would give: the same Overview columns (its
             # JSON, a value per tensor and column, costs more than the read past ~300).
-            points = sample_points(len(_sampled_infos(listing)))
+            points = sampling.sample_points(len(sampling.sampled_infos(listing)))
             series, sampled, unreadable = bounded.read(
                 self._provider, eid, run, [*cover.values(), *metrics],
                 ctx=plugin_util.context(request.environ), points=points,
@@ -311,12 +260,12 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                 listing.bad + unreadable)
             # A row's own tag may hold fewer points than its summary: its count is unknown.
             rows = {s.info.tag for view in rs.tensors.values() for s in view}
-            return _Sampled(rs, frozenset(sampled) | rows, points)
+            return sampling.Sampled(rs, frozenset(sampled) | rows, points)
 
         return self._first.get((eid, run), listing.fingerprint, read)
 
-    def _screen_run(self, request: wrappers.Request, run: str, listing: _Listing
-                    ) -> tuple[_Sampled, bool]:
+    def _screen_run(self, request: wrappers.Request, run: str, listing: sampling.Listing
+                    ) -> tuple[sampling.Sampled, bool]:
         """What the first screen is drawn from, and whether it holds every slot the findings
         need: the view summaries when the run has them, else the per-tensor sample."""
         first = self._first_screen(request, run, listing)
@@ -332,7 +281,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         def render() -> _Documents:
             d, findings = self._screen_run(request, run, listing)
             return _Documents(
-                run=gzip_bytes(encode(_run_document(d.rs, d.sampled, listing.infos))),
+                run=gzip_bytes(encode(run_document.document(d.rs, d.sampled, listing.infos))),
                 overview=gzip_bytes(encode(overview.compute_overview(d.rs,
                                                                      findings=findings))),
             )
@@ -342,7 +291,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
     # -- routes ----------------------------------------------------------------
 
-    @_route
+    @route
     def _serve_runs(self, request: wrappers.Request):
         infos, bad = self._list_all(request)
         runs = []
@@ -362,19 +311,19 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             })
         return json_response(request, {"runs": runs, "reader_version": metadata.PROTO_VERSION})
 
-    @_route
+    @route
     def _serve_run(self, request: wrappers.Request):
         run = required(request, "run")
         return gzipped_json_response(request, self._documents_of(request, run).run)
 
-    @_route
+    @route
     def _serve_series(self, request: wrappers.Request):
         run = required(request, "run")
         tags = repeated(request, "tag", required_=True)
         fields = repeated(request, "field")
         downsample = non_negative_int(request, "downsample", 0)
         listing = self._list_run(request, run)
-        infos, bad = _series_tags(listing, run, tags)
+        infos, bad = sampling.series_tags(listing, run, tags)
         if fields:
             known = {f for i in infos.values() for f in i.fields}
             unknown = [f for f in fields if f not in known]
@@ -384,7 +333,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
         def render() -> bytes:
             have = self._sampled.peek((eid, run), listing.fingerprint)
-            if have is not None and 0 < downsample <= SAMPLED_POINTS:
+            if have is not None and 0 < downsample <= sampling.SAMPLED_POINTS:
                 # From the sample behind ./run, no provider call: at most `downsample`
                 # points, fewer when a run with many tags has a smaller sample (both are
                 # about one point per pixel column; a zoom reads the tag in full).
@@ -416,14 +365,14 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             request, self._series.get(key, listing.fingerprint, render)
         )
 
-    @_route
+    @route
     def _serve_export(self, request: wrappers.Request):
         """One tag at full resolution as a CSV or JSON file (see docs/http_api.md)."""
         run, tag = required(request, "run"), required(request, "tag")
         fmt = request.args.get("format", "csv")
         if fmt not in export.FORMATS:
             raise RequestError(f"format must be one of {', '.join(export.FORMATS)}, not {fmt!r}")
-        infos, bad = _series_tags(self._list_run(request, run), run, [tag])
+        infos, bad = sampling.series_tags(self._list_run(request, run), run, [tag])
         if bad:
             raise RequestError(f"tag {tag!r} cannot be read: {bad[0][1]}")
         series, sampled, skipped = bounded.read(
@@ -437,7 +386,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         mime, ext = export.FORMATS[fmt]
         return file_response(request, body, mime, export.filename(run, tag, ext))
 
-    @_route
+    @route
     def _serve_overview(self, request: wrappers.Request):
         run = required(request, "run")
         max_points = non_negative_int(request, "max_points", overview.DEFAULT_MAX_POINTS)
@@ -455,7 +404,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             request, self._overviews.get(key, listing.fingerprint, render)
         )
 
-    @_route
+    @route
     def _serve_findings(self, request: wrappers.Request):
         """The run's findings, from the sampled read of every tensor's own tag: what
         ``./overview`` leaves out when it is drawn from view summaries."""
@@ -474,7 +423,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         return gzipped_json_response(request, self._findings.get(key, listing.fingerprint,
                                                                  render))
 
-    @_route
+    @route
     def _serve_probes(self, request: wrappers.Request):
         """The run's transformer probes per row and field (docs/http_api.md), from the
         sampled read, which also holds the output view's max|a| of the massive ratio."""
@@ -496,7 +445,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         return gzipped_json_response(request, self._probes.get(key, listing.fingerprint,
                                                                render))
 
-    @_route
+    @route
     def _serve_activity(self, request: wrappers.Request):
         run = required(request, "run")
         tag = required(request, "tag")
@@ -531,7 +480,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
     def _serve_index(self, request: wrappers.Request):
         return assets.respond_index(request)
 
-    @_route
+    @route
     def _serve_static(self, request: wrappers.Request):
         marker = f"/plugin/{PLUGIN_NAME}/static/"
         path = request.path
@@ -539,105 +488,3 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         if i < 0:
             raise not_found(f"no static file {path!r}")
         return assets.respond_file(request, path[i + len(marker):])
-
-
-def _run_document(
-    rs: reader.RunSeries, sampled: frozenset[str], infos: dict[str, reader.TagInfo]
-) -> dict[str, Any]:
-    """The ``./run`` JSON of a run (see docs/http_api.md); ``sampled``: tags read in part,
-    ``infos``: the run's listing (activity maps are listed from it, never read here)."""
-    views: dict[str, list] = {v: [] for v in metadata.VIEWS}
-    for view, series in rs.tensors.items():
-        views[view] = [_tensor_entry(s, s.info.tag in sampled, infos.get(s.info.tag, s.info))
-                       for s in series]
-    dead = {s.info.name: _last_finite(s.field("dead_rate")) for s in rs.tensors.get("output", [])}
-    maps = activity.entries(infos, dead)
-    by_name = {m["name"]: m["tag"] for m in maps}
-    for entry in views["output"]:
-        entry["activity_tag"] = by_name.get(entry["name"])
-    names = sorted(set(rs.metrics) | set(rs.metric_epochs))
-    return {
-        "run": rs.run,
-        "format_version": rs.format_version,
-        "reader_version": metadata.PROTO_VERSION,
-        "views": views,
-        "metrics": [_metric_entry(n, rs.metrics.get(n), rs.metric_epochs.get(n), sampled)
-                    for n in names],
-        "activity": maps,
-        "probes": probes.listing(infos),
-        "skipped": [{"tag": t, "reason": r} for t, r in rs.skipped],
-    }
-
-
-def _sampled_infos(listing: _Listing) -> list[reader.TagInfo]:
-    """The tags of a run's per-tensor sample: activity maps are read on demand (./activity:
-    one point can hold 50k values), and view summaries repeat slots of the tensors' tags."""
-    return [i for i in listing.infos.values()
-            if i.kind not in (reader.KIND_ACTIVITY_MAP, reader.KIND_VIEW_SUMMARY)]
-
-
-def _series_tags(listing: _Listing, run: str, tags: list[str]
-                 ) -> tuple[dict[str, reader.TagInfo], list[tuple[str, str]]]:
-    """``tags`` of ``run`` as ``./series`` and ``./export`` read them: (the readable ones'
-    infos, (tag, reason) of the unreadable ones). 404 for a tag the run does not have, 400
-    for an activity map."""
-    bad = [(t, r) for t, r in listing.bad if t in tags]
-    missing = [t for t in tags if t not in listing.infos and t not in dict(bad)]
-    if missing:
-        raise not_found(f"run {run!r} has no tb-introspect tag {missing[0]!r}"
-                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    infos = {t: listing.infos[t] for t in tags if t in listing.infos}
-    maps = [t for t, i in infos.items() if activity.is_activity(i)]
-    if maps:
-        raise RequestError(f"tag {maps[0]!r} is an activity map; read it with ./activity")
-    held = [t for t, i in infos.items() if i.kind == reader.KIND_VIEW_SUMMARY]
-    if held:
-        raise RequestError(f"tag {held[0]!r} is a view summary; its rows are the tensors'"
-                           " own tags, read those")
-    rows = [t for t, i in infos.items() if i.kind == reader.KIND_PROBES]
-    if rows:
-        raise RequestError(f"tag {rows[0]!r} holds the probes of many rows; read it with"
-                           " ./probes")
-    return infos, bad
-
-
-def _last_finite(values) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite[-1]) if finite.size else math.nan
-
-
-def _tensor_entry(s: reader.Series, sampled: bool, i: reader.TagInfo) -> dict[str, Any]:
-    """``./run``'s entry of one tensor: ``i`` is its listing (the layout of its own tag;
-    ``s`` may be a view summary's row)."""
-    epochs = s.epochs
-    return {
-        "tag": i.tag, "name": i.name, "layer": i.layer, "depth": i.depth,
-        "shape": list(i.shape), "dtype": i.dtype, "cadence": i.cadence,
-        "fields": list(i.fields), "quantiles": num_list(i.quantiles),
-        # Unknown without reading every point: null when the tag holds more than the sample.
-        "num_points": None if sampled else len(s),
-        "first_step": int(s.steps[0]) if len(s) else None,
-        "last_step": int(s.steps[-1]) if len(s) else None,
-        "first_epoch": int_list(epochs[:1])[0] if len(s) else None,
-        "last_epoch": int_list(epochs[-1:])[0] if len(s) else None,
-    }
-
-
-def _metric_entry(
-    name: str, step: reader.Series | None, per_epoch: reader.Series | None,
-    sampled: frozenset[str],
-) -> dict[str, Any]:
-    main = step if step is not None else per_epoch
-    cut = step is not None and step.info.tag in sampled
-    return {
-        "name": name,
-        "tag": step.info.tag if step is not None else None,
-        "epoch_tag": per_epoch.info.tag if per_epoch is not None else None,
-        "num_points": None if cut else len(step) if step is not None else 0,
-        "first_step": int(main.steps[0]) if len(main) else None,
-        "last_step": int(main.steps[-1]) if len(main) else None,
-        "num_epochs": len(per_epoch) if per_epoch is not None
-        else len({e for e in int_list(step.epochs) if e is not None}),
-    }
-
-

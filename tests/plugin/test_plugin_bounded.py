@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_introspect.plugin import bounded, introspect_plugin, reader
+from tb_introspect.plugin import bounded, reader, sampling
 from tests.plugin.plugin_testlib import LAYOUT, App, write_run
 
 STEPS = 300
@@ -99,7 +99,7 @@ def test_routes_answer_from_bounded_reads(logdir, small_calls) -> None:
     tensors = [t for v in doc["views"].values() for t in v]
     assert len(tensors) == sum(len(v) for v in LAYOUT.values())
     # More points than the sample: the count is unknown, the last step is exact.
-    old = introspect_plugin.SAMPLED_POINTS
+    old = sampling.SAMPLED_POINTS
     assert STEPS < old and all(t["num_points"] == STEPS for t in tensors)
     ov = app.get("overview?run=long")
     assert set(ov["views"]) == set(LAYOUT)
@@ -112,16 +112,16 @@ def test_routes_answer_from_bounded_reads(logdir, small_calls) -> None:
 
 
 def test_sample_size_shrinks_with_the_number_of_tags() -> None:
-    sample = introspect_plugin.sample_points
-    assert sample(10) == introspect_plugin.SAMPLED_POINTS
-    assert sample(781) == introspect_plugin.RUN_SAMPLED_POINTS // 781 == 320
-    assert sample(100_000) == introspect_plugin.MIN_SAMPLED_POINTS
+    sample = sampling.sample_points
+    assert sample(10) == sampling.SAMPLED_POINTS
+    assert sample(781) == sampling.RUN_SAMPLED_POINTS // 781 == 320
+    assert sample(100_000) == sampling.MIN_SAMPLED_POINTS
 
 
 def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
     # 15 tags share 1,500 points: a sample of 100 points per tag.
-    monkeypatch.setattr(introspect_plugin, "RUN_SAMPLED_POINTS", 1500)
-    monkeypatch.setattr(introspect_plugin, "MIN_SAMPLED_POINTS", 10)
+    monkeypatch.setattr(sampling, "RUN_SAMPLED_POINTS", 1500)
+    monkeypatch.setattr(sampling, "MIN_SAMPLED_POINTS", 10)
     app = App(logdir)
     doc = app.get("run?run=long")
     tensors = [t for v in doc["views"].values() for t in v]
@@ -136,7 +136,7 @@ def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
     for k, n in ((40, 40), (100, 100), (250, 100)):
         s = app.get(f"series?run=long&tag={tag}&field=rms&downsample={k}")["series"][tag]
         assert len(s["steps"]) == n and s["sampled"] is True and s["steps"][-1] == STEPS - 1
-    monkeypatch.setattr(introspect_plugin, "SAMPLED_POINTS", 200)
+    monkeypatch.setattr(sampling, "SAMPLED_POINTS", 200)
     s = app.get(f"series?run=long&tag={tag}&field=std&downsample=250")["series"][tag]
     assert len(s["steps"]) == 250 and s["sampled"] is True and s["steps"][-1] == STEPS - 1
     s = app.get(f"series?run=long&tag={tag}&field=rms")["series"][tag]
