@@ -10,17 +10,25 @@ ratio to the plain loop. "added CPU ms/step" is the CPU time above the plain loo
 by the epoch's steps, logging included. Every variant hands its loss over once per step
 (``intro.step(loss=loss)``, ``wandb.log({"loss": loss.item()})``); the plain loop does not.
 
+``--compile`` adds the plain loop and the two ``Introspector`` variants under
+``torch.compile`` (compiled after the ``Introspector`` is made, as a user would; a
+warm-up of at least two windows of every phase compiles every graph), each against the
+compiled plain loop.
+
 Models: the reference CNN (3 x conv-BN-ReLU-pool with 32/64/128 channels, Flatten, Dense
 128 + ReLU, dropout 0.2, Dense 10) and a MobileNetV2 written here (torchvision's layout:
 inverted residual blocks, ReLU6, width 1.0), both on 32x32x3 inputs, batch 64; and a
 GPT-style language model (4 pre-LN causal ``nn.TransformerEncoderLayer`` blocks, width 128,
-4 heads, GELU MLP 512, vocabulary 1000, sequence 64, batch 32, next-token loss).
+4 heads, GELU MLP 512, vocabulary 1000, sequence 64, batch 32, next-token loss); the same
+with nanoGPT's blocks (``sdpa``: attention through ``F.scaled_dot_product_attention``); a
+small Hugging Face Llama of the same sizes (``llama``).
 
     python benchmarks/torch_overhead.py --threads 1           # the table of docs/benchmarks.md
     python benchmarks/torch_overhead.py --on-finding --no-wandb  # on_finding's cost
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
     python benchmarks/torch_overhead.py --profile --models cnn,gpt  # where a step's time goes
     python benchmarks/torch_overhead.py --models gpt --probes --no-wandb  # the probes' cost
+    python benchmarks/torch_overhead.py --models sdpa --compile --no-wandb  # under compile
 
 ``--profile`` times, on one model copy, a plain step (a second copy, no hooks), a lean step
 (the rectifier outputs' activity counts and the gradient sum), a statistics step and a
@@ -52,6 +60,7 @@ from tb_introspect.pipeline.governor import StepMode  # noqa: E402
 from tb_introspect.torch import Introspector  # noqa: E402
 
 _WATCHED = itertools.count()
+COMPILED = "compiled: "
 TARGETS = {"Introspector(every='epoch')": (1.05, 1.10), "Introspector(every=16)": (1.10, 1.10)}
 
 
@@ -124,6 +133,62 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one q/k/v projection, ``F.scaled_dot_product_attention``."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(x).split(c, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class SdpaBlock(nn.Module):
+    def __init__(self, width: int, heads: int, mlp: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, heads)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp), nn.GELU(), nn.Linear(mlp, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class SdpaGPT(GPT):
+    """``GPT``'s sizes with nanoGPT's blocks (attention through the fused kernel)."""
+
+    def __init__(self, width: int = 128, heads: int = 4, mlp: int = 512, blocks: int = 4):
+        super().__init__(width=width, heads=heads, mlp=mlp, blocks=blocks)
+        self.blocks = nn.ModuleList(SdpaBlock(width, heads, mlp) for _ in range(blocks))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def small_llama() -> nn.Module:
+    """A small Hugging Face Llama at its default initialisation (built from a config: RMS
+    norm, rotary positions, SwiGLU, grouped-query attention through sdpa), ``GPT``'s sizes."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        attn_implementation="sdpa")
+    return Logits(transformers.LlamaForCausalLM(config))
+
+
 def images(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.randn(batch, 3, 32, 32, generator=g),
             torch.randint(0, 10, (batch,), generator=g))
@@ -173,6 +238,8 @@ def gpt2_tokens(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Ten
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, int, str]] = {
     "cnn": (reference_cnn, images, 64, "reference CNN"),
     "gpt": (GPT, tokens, 32, "GPT-style"),
+    "sdpa": (SdpaGPT, tokens, 32, "GPT-style, sdpa attention"),
+    "llama": (small_llama, tokens, 32, "small Llama (Hugging Face's)"),
     "mobilenetv2": (mobilenet_v2, images, 64, "MobileNetV2"),
     "digits": (digits_cnn, digits, 16, "digits CNN (Lightning's)"),
     "gpt2": (tiny_gpt2, gpt2_tokens, 8, "tiny GPT-2 (Hugging Face's)"),
@@ -186,9 +253,10 @@ class Variant:
     """One copy of the model with its optimizer and its instrumentation."""
 
     def __init__(self, name: str, build: Callable[[], nn.Module], kind: str, every: object,
-                 log_root: str, wandb_run: object = None, **options: object):
+                 log_root: str, wandb_run: object = None, compiled: str | None = None,
+                 **options: object):
         torch.manual_seed(0)
-        self.name, self.kind = name, kind
+        self.name, self.kind, self.compiled = name, kind, compiled
         self.model = build()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.intro = None
@@ -202,6 +270,9 @@ class Variant:
             self.wandb = wandb
             # one graph index per watched model: wandb names its hooks by it
             wandb.watch(self.model, log="all", log_freq=int(every), idx=next(_WATCHED))
+        # compiled after the Introspector's hooks, as a user would (``compiled``: the backend)
+        self.run = (torch.compile(self.model, backend=compiled) if compiled is not None
+                    else self.model)
         self.wall: list[float] = []
         self.cpu: list[float] = []
 
@@ -209,7 +280,7 @@ class Variant:
         wall, cpu = time.perf_counter(), time.process_time()
         self.model.train()
         for x, y in data:
-            loss = train_step(self.model, self.opt, x, y)
+            loss = train_step(self.run, self.opt, x, y)
             if self.intro is not None:
                 self.intro.step(loss=loss)
             elif self.wandb is not None:
@@ -246,13 +317,19 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
     if args.probes:  # the transformer probes off: the default's difference is their cost
         specs += [("Introspector(every='epoch', probes=False)", "introspector", "epoch"),
                   ("Introspector(every=16, probes=False)", "introspector", 16)]
+    if args.compile:  # the same three under torch.compile, against the compiled plain loop
+        specs += [(f"{COMPILED}{n}", k, e) for n, k, e in specs[:3]]
     variants = [Variant(n, build, k, e, root, wandb_run,
+                        compiled=args.compile if n.startswith(COMPILED) else None,
                         **({"on_finding": lambda f: None, "on_finding_severity": "info"}
                            if "on_finding" in n else
                            {"probes": False} if "probes=False" in n else {}))
                 for n, k, e in specs]
     for v in variants:  # warm-up: first-call allocations, hook set-up
         v.epoch(data[: max(2, args.steps // 8)])
+        if v.compiled:  # every graph compiled: two windows of every phase
+            for _ in range(max(2, -(-32 // len(data)))):
+                v.epoch(data)
     for r in range(args.rounds):
         order = variants[r % len(variants):] + variants[: r % len(variants)]
         for v in order:
@@ -270,9 +347,11 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
                   f" {max(w.seconds) * 1000:.0f} ms", file=sys.stderr)
     if wandb_run is not None:
         wandb_run.finish()
-    base = variants[0]
     rows = []
-    for v in variants[1:]:
+    for v in variants:
+        base = next(b for b in variants if b.kind == "plain" and b.compiled == v.compiled)
+        if v is base:
+            continue
         rows.append({
             "model": kind, "variant": v.name,
             "wall": statistics.median(a / b for a, b in zip(v.wall, base.wall, strict=True)),
@@ -280,6 +359,7 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
             "ms": statistics.median((a - b) * 1000 / args.steps
                                     for a, b in zip(v.cpu, base.cpu, strict=True)),
             "plain_ms": statistics.median(base.wall) * 1000 / args.steps, "batch": batch,
+            "plain": f"{kind}{' compiled' if v.compiled else ''}",
         })
     return rows
 
@@ -405,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="add the Introspector variants with on_finding (a no-op callable)")
     p.add_argument("--probes", action="store_true",
                    help="add the Introspector variants with probes=False (the probes' cost)")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="add the plain loop and the Introspector under torch.compile"
+                        " (default backend: inductor), against the compiled plain loop")
     p.add_argument("--profile", action="store_true",
                    help="per-step costs and operator profiles instead of the overhead table")
     args = p.parse_args(argv)
@@ -434,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         name = MODELS[r["model"]][3]
         print(f"| {name} | `{r['variant']}` | {r['wall']:.2f}× | {r['cpu']:.2f}× |"
               f" {r['ms']:.0f} | {target} |")
-    print("\nplain loop: " + ", ".join(sorted({f"{r['model']} {r['plain_ms']:.0f} ms/step"
+    print("\nplain loop: " + ", ".join(sorted({f"{r['plain']} {r['plain_ms']:.0f} ms/step"
                                                f" (batch {r['batch']})"
                                                for r in rows})))
     return 0
