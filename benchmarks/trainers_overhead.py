@@ -13,8 +13,8 @@ optimizer steps with
 
 Lightning: the digits CNN of the trainer tests (conv-BN-ReLU x2, pool, dense-BN-ReLU,
 dense), batch 16, one epoch of 96 steps, with a ``TensorBoardLogger`` (plain), plus
-``Introspect()``, plus ``Introspect(views=("variable", "gradient"))``, and a ``WandbLogger``
-(offline) with ``logger.watch(model, log="all", log_freq=96)``.
+``IntrospectCallback()``, plus ``IntrospectCallback(views=("variable", "gradient"))``,
+and a ``WandbLogger`` (offline) with ``logger.watch(model, log="all", log_freq=96)``.
 
 Each round trains every setup once for two epochs, from the same seed, in an order that
 rotates every round; a warm-up round is left out. The second epoch is timed (wall and this
@@ -23,7 +23,7 @@ training, which includes the epoch's logged point and closing the writers: the s
 state, without the one-time start (model hooks, writers, wandb's run); the clock starts
 once the first epoch's point, handed to the pipeline's worker at its end, is written (one
 point per timed epoch, as in every later epoch of a longer run). Each figure is the
-median over rounds of the per-round ratio to the plain setup. An Introspect row also gives
+median over rounds of the per-round ratio to the plain setup. An IntrospectCallback row also gives
 a later point's cost on the training thread (``Pipeline.log``'s CPU time, plus a statistics
 step's over a lean step's, medians; the point's host work runs beside, on its worker) and
 its added CPU time over ``wandb.watch``'s.
@@ -55,7 +55,7 @@ import torch  # noqa: E402
 STEPS = 96
 EPOCHS = 2
 TARGET = (1.05, 1.10)
-#: The Introspect rows' added CPU time at most this many times ``wandb.watch``'s.
+#: The IntrospectCallback rows' added CPU time at most this many times ``wandb.watch``'s.
 WANDB_TARGET = 1.5
 #: A later point on the training thread, its statistics step included (ms).
 POINT_TARGET_MS = {"hf": 15.0, "lightning": 10.0}
@@ -114,7 +114,7 @@ def time_points() -> Callable[[], None]:
 
 
 def settle(callbacks: list) -> None:
-    """Wait for the Introspect callbacks' workers: the previous epoch's point, handed over
+    """Wait for the IntrospectCallbacks' workers: the previous epoch's point, handed over
     at its end, is that epoch's cost (the timed epoch then pays its own point, which the
     close waits for, and no other)."""
     for cb in callbacks:
@@ -196,7 +196,7 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
         def on_train_end(self, trainer, pl_module):
             CLOCK.stop()
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
     from tests.trainers import lightning_support as ls
 
     d = __import__("sklearn.datasets", fromlist=["load_digits"]).load_digits()
@@ -208,8 +208,8 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
             L.seed_everything(0, verbose=False)
             out = tempfile.mkdtemp(dir=root, prefix=name)
             model = ls.digits_cnn()
-            callbacks = {"intro": [Introspect(), Timer()],
-                         "intro_watch": [Introspect(views=WATCH_VIEWS), Timer()]
+            callbacks = {"intro": [IntrospectCallback(), Timer()],
+                         "intro_watch": [IntrospectCallback(views=WATCH_VIEWS), Timer()]
                          }.get(name, [Timer()])
             if name == "wandb":
                 logger = WandbLogger(save_dir=out, offline=True)
@@ -226,8 +226,8 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
                 logger.experiment.finish()
         return go
 
-    return {"TensorBoardLogger": run("plain"), "+ Introspect()": run("intro"),
-            f"+ Introspect(views={WATCH_VIEWS})": run("intro_watch"),
+    return {"TensorBoardLogger": run("plain"), "+ IntrospectCallback()": run("intro"),
+            f"+ IntrospectCallback(views={WATCH_VIEWS})": run("intro_watch"),
             "WandbLogger.watch(log='all')": run("wandb")}
 
 
@@ -264,7 +264,7 @@ def measure(setups: dict[str, Callable[[], None]], rounds: int, steps: int
 
 
 def table(title: str, result: dict[str, dict], point_target: float) -> str:
-    """The setups' rows; an Introspect row also has a later point's training-thread ms
+    """The setups' rows; an IntrospectCallback row also has a later point's training-thread ms
     (its statistics step included) and its added CPU time over ``wandb.watch``'s."""
     plain = next(iter(result.values()))["plain_ms_step"]
     watch = next((r for n, r in result.items() if "wandb" in n.lower()), None)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
                             POINT_TARGET_MS["lightning"]))
     finally:
         restore()
-    print(f"targets for the Introspect() rows: <= {TARGET[1]}x CPU, <= {WANDB_TARGET}x"
+    print(f"targets for the IntrospectCallback() rows: <= {TARGET[1]}x CPU, <= {WANDB_TARGET}x"
           " wandb.watch's added CPU time, a later point <= the ms above")
 
 

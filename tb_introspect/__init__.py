@@ -11,10 +11,12 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # Lazy, so that importing the package (the TensorBoard plugin does) never
     # imports TensorFlow.
-    if name == "Introspector":
+    if name == "Introspector":  # the custom TensorFlow loop's, now beside the callback
+        from tb_introspect import aliases
         from tb_introspect.collect.introspector import Introspector
 
-        return Introspector
+        return aliases.renamed("tb_introspect.Introspector", "tb_introspect.keras.Introspector",
+                               Introspector)
     if name == "FindingStop":
         from tb_introspect.pipeline.findings import FindingStop
 

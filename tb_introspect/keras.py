@@ -1,4 +1,5 @@
-"""Keras integration: ``Introspect``, a callback for an unmodified ``model.fit``.
+"""Keras integration: ``Introspect``, a callback for an unmodified ``model.fit``, and
+``Introspector``, the same for a custom TensorFlow training loop (TensorFlow backend).
 
 On a Keras backend other than TensorFlow the callback warns once and logs nothing; the
 training goes on.
@@ -12,8 +13,11 @@ Example:
 import keras
 
 if keras.config.backend() == "tensorflow":
+    from tb_introspect.collect.introspector import Introspector
     from tb_introspect.collect.keras_callback import Introspect
+
+    __all__ = ["Introspect", "Introspector"]
 else:  # TensorFlow need not even be installed
     from tb_introspect.collect.other_backends import Introspect
 
-__all__ = ["Introspect"]
+    __all__ = ["Introspect"]

@@ -1,10 +1,10 @@
-"""Lightning: ``Introspect``, the PyTorch ``Introspector`` driven by a Lightning
+"""Lightning: ``IntrospectCallback``, the PyTorch ``Introspector`` driven by a Lightning
 ``Trainer``'s callback hooks (``pip install 'tb-introspect[lightning]'``).
 
 Example:
     >>> import lightning as L
-    >>> from tb_introspect.lightning import Introspect
-    >>> trainer = L.Trainer(max_epochs=3, callbacks=[Introspect()])  # doctest: +SKIP
+    >>> from tb_introspect.lightning import IntrospectCallback
+    >>> trainer = L.Trainer(max_epochs=3, callbacks=[IntrospectCallback()])  # doctest: +SKIP
     >>> trainer.fit(module, train_loader, val_loader)  # doctest: +SKIP
 """
 
@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from tb_introspect import metadata
+from tb_introspect import aliases, metadata
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs
 from tb_introspect.torch.introspector import Introspector, IntrospectorArgs
@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     from typing_extensions import Unpack
 
-__all__ = ["Introspect"]
+__all__ = ["IntrospectCallback"]
 
 
-class Introspect(Callback):
+class IntrospectCallback(Callback):
     """The four views of a ``LightningModule`` while a Lightning ``Trainer`` fits it.
 
     ``log_dir`` defaults to the ``TensorBoardLogger``'s ``log_dir`` (``lightning_logs/
@@ -53,7 +53,7 @@ class Introspect(Callback):
     trainer (``trainer.should_stop``) after the step that showed the finding.
 
     Example:
-        >>> cb = Introspect(every=16, layers="conv.*")
+        >>> cb = IntrospectCallback(every=16, layers="conv.*")
         >>> trainer = L.Trainer(callbacks=[cb], logger=TensorBoardLogger("logs"))  # doctest: +SKIP
     """
 
@@ -153,3 +153,10 @@ def _log_dir(trainer: pl.Trainer) -> str:
     if tb is not None:
         return trainer.strategy.broadcast(tb.log_dir)
     return trainer.log_dir or trainer.default_root_dir
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Introspect":  # the name before the trainer callbacks were named alike
+        return aliases.renamed("tb_introspect.lightning.Introspect",
+                               "tb_introspect.lightning.IntrospectCallback", IntrospectCallback)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

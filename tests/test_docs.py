@@ -18,19 +18,18 @@ OPTIONS_DOC = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
 
 def _front_ends() -> dict[str, object]:
     """Each front-end's constructor, by the name users import it under."""
-    import tb_introspect
-    from tb_introspect.keras import Introspect
-    from tb_introspect.lightning import Introspect as LightningIntrospect
+    from tb_introspect import lightning
+    from tb_introspect.keras import Introspect, Introspector
     from tb_introspect.torch import Introspector as TorchIntrospector
     from tb_introspect.transformers import IntrospectCallback
     from tb_introspect.writer import NumpyWriter
 
     return {
         "tb_introspect.keras.Introspect": Introspect,
-        "tb_introspect.Introspector": tb_introspect.Introspector,
+        "tb_introspect.keras.Introspector": Introspector,
         "tb_introspect.torch.Introspector": TorchIntrospector,
         "tb_introspect.transformers.IntrospectCallback": IntrospectCallback,
-        "tb_introspect.lightning.Introspect": LightningIntrospect,
+        "tb_introspect.lightning.IntrospectCallback": lightning.IntrospectCallback,
         "tb_introspect.writer.NumpyWriter": NumpyWriter,
     }
 

@@ -64,7 +64,7 @@ class Introspector:
 
     Example:
         >>> import tempfile, keras, tensorflow as tf
-        >>> from tb_introspect import Introspector
+        >>> from tb_introspect.keras import Introspector
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
         >>> opt = keras.optimizers.SGD(0.1)
         >>> intro = Introspector(tempfile.mkdtemp(), every=1)

@@ -1,5 +1,5 @@
 """Lightning's ``ModelParallelStrategy`` (FSDP2 through ``configure_model``) on 2 CPU
-processes with ``Introspect``, for tests/trainers/test_sharded_trainers.py (run as a script,
+processes with ``IntrospectCallback``, for tests/trainers/test_sharded_trainers.py (run as a script,
 once per rank, ``LOCAL_RANK`` and the rendezvous set as ``torchrun`` sets them).
 
     python lightning_sharded_worker.py LOG_DIR
@@ -54,7 +54,7 @@ def main(log_dir: str) -> None:
     import lightning as L
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -64,7 +64,7 @@ def main(log_dir: str) -> None:
         accelerator="cpu", devices=2,
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
         max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[Introspect(log_dir, every=1)])
+        enable_model_summary=False, callbacks=[IntrospectCallback(log_dir, every=1)])
     trainer.fit(_sharded(), torch.utils.data.DataLoader(data, batch_size=8))
 
 

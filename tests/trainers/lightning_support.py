@@ -1,5 +1,5 @@
 """The Lightning trainings the trainer tests read: a small CNN on scikit-learn's digits
-(8x8, 10 classes) with ``Introspect`` beside a ``TensorBoardLogger``.
+(8x8, 10 classes) with ``IntrospectCallback`` beside a ``TensorBoardLogger``.
 
 ``lightning`` is imported where it is used: every pytest worker imports this module when it
 collects the tests, and only the one that trains needs it (seconds of import each).
@@ -88,14 +88,14 @@ def fit(root: Path, lr: float = LR, strategy="auto", devices: int = 1,
     import lightning as L
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
 
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(
         max_epochs=EPOCHS, accelerator="cpu", devices=devices, strategy=strategy,
         precision="bf16-mixed", accumulate_grad_batches=ACCUMULATE, gradient_clip_val=1.0,
         logger=TensorBoardLogger(str(root)),
-        callbacks=[Introspect(**{"every": "epoch", **options})],
+        callbacks=[IntrospectCallback(**{"every": "epoch", **options})],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(root))
     train, val = loaders(devices)

@@ -1,4 +1,4 @@
-"""``Introspect`` in a real Lightning ``Trainer``: a CNN on scikit-learn's digits with
+"""``IntrospectCallback`` in a real Lightning ``Trainer``: a CNN on scikit-learn's digits with
 ``precision="bf16-mixed"``, ``accumulate_grad_batches=2`` and ``gradient_clip_val=1``,
 healthy, with a learning rate 100x too high, and under ``strategy="ddp"`` on two gloo
 processes; read back through ``diagnose``, a real TensorBoard and headless Chromium."""
@@ -133,11 +133,11 @@ def test_no_tensorboard_logger_writes_into_the_trainers_log_dir(tmp_path: Path):
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
 
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
                         accelerator="cpu", logger=CSVLogger(str(tmp_path)),
-                        callbacks=[Introspect(every=1)], enable_checkpointing=False,
+                        callbacks=[IntrospectCallback(every=1)], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     train, _ = ls.loaders()
     trainer.fit(ls.digits_cnn(), train)
@@ -161,7 +161,7 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
     epochs' ends, readable while it trains."""
     import lightning as L
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
 
     seen: dict[int, list[int]] = {}
 
@@ -175,7 +175,8 @@ def test_a_step_based_fit_gets_windows_readable_while_it_trains(tmp_path: Path):
 
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(max_steps=100, accelerator="cpu", logger=False,
-                        callbacks=[Introspect(tmp_path / "tb", overhead=None), ReadMidway()],
+                        callbacks=[IntrospectCallback(tmp_path / "tb", overhead=None),
+                                   ReadMidway()],
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=5, limit_val_batches=0)
     train, _ = ls.loaders()
@@ -198,11 +199,11 @@ def test_points_that_the_budget_cannot_pay_come_at_epoch_ends_only(tmp_path: Pat
     (the window paced past them), with one line that says why."""
     import lightning as L
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
 
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(max_steps=100, accelerator="cpu", logger=False,
-                        callbacks=[Introspect(tmp_path / "tb", overhead=1e-9)],
+                        callbacks=[IntrospectCallback(tmp_path / "tb", overhead=1e-9)],
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=5, limit_val_batches=0)
     train, _ = ls.loaders()
@@ -231,7 +232,7 @@ def test_a_loss_module_held_as_an_attribute_is_recorded(tmp_path: Path, lightnin
     from lightning.pytorch.loggers import CSVLogger
     from torch import nn
 
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback
 
     class WithLoss(ls._digits_cnn_class()):
         def __init__(self):
@@ -244,7 +245,7 @@ def test_a_loss_module_held_as_an_attribute_is_recorded(tmp_path: Path, lightnin
 
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0,
                         accelerator="cpu", logger=CSVLogger(str(tmp_path)),
-                        callbacks=[Introspect(every=1)], enable_checkpointing=False,
+                        callbacks=[IntrospectCallback(every=1)], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     train, _ = ls.loaders()
     trainer.fit(WithLoss(), train)

@@ -27,10 +27,9 @@ def test_importing_tb_introspect_imports_no_trainer():
 
 
 def test_adapters_take_the_introspectors_options_and_check_them_at_once():
-    from tb_introspect.lightning import Introspect
-    from tb_introspect.transformers import IntrospectCallback
+    from tb_introspect import lightning, transformers
 
-    for cls in (IntrospectCallback, Introspect):
+    for cls in (transformers.IntrospectCallback, lightning.IntrospectCallback):
         cls(every=4, layers="conv.*", stats_every=2, overhead=None)
         with pytest.raises(TypeError, match="unknown option 'evry'"):
             cls(evry=4)
