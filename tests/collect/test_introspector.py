@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tb_introspect
-from tb_introspect import Introspector
 from tb_introspect.collect import introspector as introspector_module
 from tb_introspect.collect import keras_callback
+from tb_introspect.keras import Introspector
 from tests.collect import collect_testlib as lib
 
 LR = 0.1
@@ -134,4 +133,3 @@ def test_docstring_examples():
     for module in (introspector_module, keras_callback):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0, module.__name__
-    assert tb_introspect.Introspector is Introspector

@@ -14,9 +14,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tb_introspect import Introspector, metadata, rundata  # noqa: E402
+from tb_introspect import metadata, rundata  # noqa: E402
 from tb_introspect.collect import capture, probes  # noqa: E402
-from tb_introspect.keras import Introspect  # noqa: E402
+from tb_introspect.keras import Introspect, Introspector  # noqa: E402
 from tb_introspect.plugin import reader  # noqa: E402
 
 SEQ, VOCAB, WIDTH = 16, 30, 16

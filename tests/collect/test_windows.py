@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect import Introspector
-from tb_introspect.keras import Introspect
+from tb_introspect.keras import Introspect, Introspector
 from tests.collect import collect_testlib as lib
 from tests.collect import test_introspector as loop
 from tests.collect.test_keras_callback import LR, Snapshots, data, make_cnn

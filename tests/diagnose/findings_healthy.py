@@ -612,7 +612,7 @@ def lightning_run(logdir: str, live: Live, *, body: str = "mlp", lr: float = 1e-
     from torch import nn
 
     from tb_introspect.demo import gpt
-    from tb_introspect.lightning import Introspect
+    from tb_introspect.lightning import IntrospectCallback as Introspect
 
     torch.manual_seed(0)
     d = digits()

@@ -223,7 +223,7 @@ def test_custom_loop_stop_raises_from_end_step_or_end_epoch(tmp_path) -> None:
     import tensorflow as tf
 
     from tb_introspect import FindingStop as Exported
-    from tb_introspect import Introspector
+    from tb_introspect.keras import Introspector
 
     assert Exported is FindingStop
     x, y = (tf.constant(a[:1024]) for a in _digits())  # tensors: no retrace per batch

@@ -210,7 +210,7 @@ def test_a_custom_loop_writes_to_the_bucket(s3):
     import keras
     import tensorflow as tf
 
-    from tb_introspect import Introspector
+    from tb_introspect.keras import Introspector
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     opt = keras.optimizers.SGD(0.1)
