@@ -67,9 +67,10 @@ def loss_fell_since(rv: RunView, step: int) -> bool:
 
 def loss_came_down(rv: RunView) -> bool | None:
     """Whether the loss has come most of the way down: its latest epoch (or segment) median
-    at ``loss_floor_share`` of its starting level or below. The starting level is the median
-    of the first 3 per-step losses (before any learning: a fast learner's first epoch, or
-    its first 20 steps, already hold most of its progress), else the first epoch's median.
+    at ``loss_floor_share`` of its starting level or below. The starting level is the first
+    per-step loss, taken before any update (a fast learner's first epoch, or its first 20
+    steps, already hold most of its progress; a rate 100x too high blows the loss up by
+    two orders within its first 3 steps), else the first epoch's median.
     A run there has learned its task (a classifier at ~100% training accuracy, a language
     model at its data's entropy: 0.8 of ln 32 = 3.47); a loss stuck higher (a too-high rate
     holds an LSTM at 0.65 of its start) has not. None: no loss logged."""
@@ -81,7 +82,7 @@ def loss_came_down(rv: RunView) -> bool | None:
     s = rv.run.metrics.get(name)
     v = s.field("value") if s is not None and len(s) else np.array([])
     v = v[np.isfinite(v)]
-    start = float(np.median(v[:3])) if v.size >= 3 else float(med[0])
+    start = float(v[0]) if v.size else float(med[0])
     if not med.size or not np.isfinite(start) or start <= 0:
         return None
     return bool(float(med[-1]) <= rv.t.loss_floor_share * start)

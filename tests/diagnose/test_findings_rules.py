@@ -686,3 +686,19 @@ def test_a_lookup_tables_unused_rows_are_not_zero_gradients() -> None:
     linear_out = tensor("output", "proj", 0, STEPS, name="proj", shape=(-1, 32, 2), rms=0.02)
     assert kinds(find_issues(run(linear, linear_out, _falling_loss())))["zero_gradients"] == \
         "warning"
+
+
+def test_a_loss_blown_up_in_its_first_steps_has_not_come_down() -> None:
+    """A rate 100x too high: the loss jumps from ln 10 to 200 within the first 3 steps, then
+    sits at ln 10 with half the layer dead. Against its first step (before any update) it
+    never came down: the dead units stay a warning."""
+    steps = np.arange(1, N * 10 + 1)
+    values = np.full(steps.size, 2.3)
+    values[1:3] = 200.0
+    blown = metric("loss", steps, values, epochs=(steps - 1) // 10)
+    dead = [0.1, 0.3, 0.55, 0.6, 0.6, 0.6, 0.6, 0.6]
+    head = tensor("output", "out", 5, STEPS, name="out", shape=(-1, 10), min=-5.0, max=5.0,
+                  zero_fraction=0.0)
+    f = next(f for f in find_issues(run(relu_out("dense1", 1, dead), head, blown))
+             if f.kind == "dead_units")
+    assert f.severity == "warning" and f.evidence["loss_came_down"] is False
