@@ -132,11 +132,13 @@ def _keras_schedule(kind: str, lr: float, steps_per_epoch: int, epochs: int):
         b = [int(total * 0.5), int(total * 0.75)]
         return keras.optimizers.schedules.PiecewiseConstantDecay(b, [lr, lr / 10, lr / 100])
     if kind == "onecycle":
-        return _OneCycle(lr, total)
+        return _one_cycle_class()(lr, total)
     return lr
 
 
 def _one_cycle_class():
+    """Keras's one-cycle schedule, made on first use (Keras is imported in the trainers
+    only)."""
     import keras
     from keras import ops
 
@@ -160,10 +162,6 @@ def _one_cycle_class():
             return {"peak": self.peak, "total": self.total}
 
     return OneCycle
-
-
-def _OneCycle(peak: float, total: int):  # noqa: N802 (a class made on demand)
-    return _one_cycle_class()(peak, total)
 
 
 def keras_classifier(logdir: str, live: Live, *, body: str = "mlp", act: str = "relu",
@@ -373,14 +371,11 @@ def torch_classifier(logdir: str, live: Live, *, body: str = "mlp", act: str = "
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     d = digits(n_train)
-    flat = body == "mlp"
-    shape = (-1, 64) if flat else (-1, 1, 8, 8)
-    x_tr = torch.tensor(d.x_train.reshape(shape), dtype=torch.float32)
+    # Images [N, 1, 8, 8]: every body starts with a Flatten or a convolution.
+    x_tr = torch.tensor(d.x_train.reshape(-1, 1, 8, 8), dtype=torch.float32)
     y_tr = torch.tensor(d.y_train, dtype=torch.long)
-    x_va = torch.tensor(d.x_val.reshape(shape), dtype=torch.float32)
+    x_va = torch.tensor(d.x_val.reshape(-1, 1, 8, 8), dtype=torch.float32)
     y_va = torch.tensor(d.y_val, dtype=torch.long)
-    if flat:
-        x_tr, x_va = x_tr.reshape(-1, 1, 8, 8), x_va.reshape(-1, 1, 8, 8)
     feats = _torch_body(body, act, dropout)
     width = 32 if body == "bn_cnn" else (64 if body == "cnn" else 128)
     model = nn.Sequential(*feats, nn.Linear(width, 10))
@@ -665,8 +660,6 @@ def lightning_run(logdir: str, live: Live, *, body: str = "mlp", lr: float = 1e-
     else:
         x_tr = torch.tensor(d.x_train.reshape(-1, 1, 8, 8))
         x_va = torch.tensor(d.x_val.reshape(-1, 1, 8, 8))
-        if body == "mlp":
-            x_tr, x_va = x_tr.reshape(-1, 1, 8, 8), x_va.reshape(-1, 1, 8, 8)
         train = torch.utils.data.DataLoader(tds(x_tr, torch.tensor(d.y_train).long()),
                                             batch_size=batch, shuffle=True)
         val = torch.utils.data.DataLoader(tds(x_va, torch.tensor(d.y_val).long()),
