@@ -48,6 +48,8 @@ def as_activation(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
     """A layer output reshaped to its canonical shape (see ``activation_shape``)."""
     if x.shape.rank <= 1:
         return tf.reshape(x, [-1, 1])
+    if len(canonical) == 3 and canonical[1] and canonical[2]:
+        return tf.reshape(x, [-1, canonical[1], canonical[2]])  # one op, the shape constant
     return stats.as_canonical(x, canonical)
 
 
