@@ -48,6 +48,8 @@ class ParameterViews:
             self.specs, plan.variables = [], []
         self.shards = shards
         self.sharded = any(sh is not None for sh in shards)
+        # DTensor gradients (a mesh of one process holds whole blocks, still as DTensors)
+        self.dtensors = any(sharding.is_dtensor(s.param) for s in self.specs)
         self.reads_weights = plan.want("variable") and reason is None
         sums = plan.want("gradient") and reason is None
         local = [sharding.local(p.param) for p in self.specs]
@@ -71,7 +73,7 @@ class ParameterViews:
 
     def add(self) -> None:
         """Add the parameters' gradients to the sums (one fused add)."""
-        if not self.sharded:  # the common case, checked in one pass: a small model's
+        if not self.dtensors:  # the common case, checked in one pass: a small model's
             # step is a few milliseconds, and this runs on every one of them
             grads = [s.param.grad for s in self.specs]
             if all(g is not None and g.dtype == torch.float32 and not g.is_sparse
@@ -83,7 +85,7 @@ class ParameterViews:
             g = spec.param.grad
             if g is None:
                 continue
-            if self.sharded:
+            if self.dtensors:
                 g = sharding.local(g)
             if g.is_sparse:
                 g = g.to_dense()

@@ -112,6 +112,14 @@ def test_fsdp2_equals_one_process_slot_by_slot(fsdp):
         assert d <= limit, (view, slot, d)
 
 
+def test_fsdp2_on_a_mesh_of_one_process_reads_every_view(tmp_path_factory, single):
+    """One process under ``fully_shard`` still holds DTensor parameters and gradients."""
+    log_dir = _spawn(tmp_path_factory, "fsdp", world=1)
+    assert not any(r["warnings"] for r in _ranks(log_dir, world=1))
+    diffs = _differences(single, ts.read_run(log_dir))
+    assert all(d <= 2e-4 for (_, slot), d in diffs.items() if not _sampled(slot)), diffs
+
+
 def test_fsdp2_percentiles_within_the_samplers_error(fsdp):
     """Tensors the shards' sample holds whole (<= 2048 values) have exact percentiles; the
     larger one's are within 3 percentile points of one process's exact ones."""
