@@ -33,7 +33,7 @@ DEV_PINS := ml_dtypes==0.6.0
 OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf==6.31.1
 # Collection and plugin tests (not the slow or browser ones): a few minutes.
 OLDEST_TESTS := tests/collect/test_keras_callback.py tests/collect/test_introspector.py \
-  tests/format/test_summary.py tests/format/test_format.py tests/plugin/test_plugin_reader.py \
+  tests/format/test_summary.py tests/format/test_format.py tests/read/test_read_provider.py \
   tests/plugin/test_plugin_overview.py tests/plugin/test_plugin_routes.py \
   tests/plugin/test_plugin_tensorboard.py tests/plugin/test_plugin_no_tensorflow.py \
   tests/collect/test_implicit_lr.py tests/collect/test_exact_activity.py \

@@ -1,6 +1,6 @@
 """Time the aligned (tensor x step) matrices of one view, the overview's and the rules' input.
 
-``rundata.Aligned.raws`` builds the matrices of several fields in one pass over each
+``read.series.Aligned.raws`` builds the matrices of several fields in one pass over each
 tensor's points; building them a field at a time (``raw`` per field) re-reads every
 tensor's whole row block once per field. Both are timed side by side, interleaved, on a
 synthetic view (numpy only), and the median and the ratio are printed, with
@@ -20,7 +20,7 @@ import numpy as np
 
 from tb_introspect import metadata
 from tb_introspect.plugin import overview
-from tb_introspect.rundata import Series, TagInfo, align
+from tb_introspect.read.series import Series, TagInfo, align
 
 FIELDS = ("rms", "epoch", *metadata.ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS)
 

@@ -56,8 +56,8 @@ def _transformer_run(framework: str, story: str, seed: int, logdir: str):
 
     from tb_introspect.demo import gpt
     from tb_introspect.diagnose import find_issues
-    from tb_introspect.plugin.reader import read_logdir
-    from tb_introspect.rundata import probes_of
+    from tb_introspect.read import read_logdir
+    from tb_introspect.read.series import probes_of
 
     if framework == "torch":
         history = gpt.train(gpt.STORIES[story], seed=seed, log_dir=logdir)

@@ -2,7 +2,7 @@
 
 Only ``demo`` imports TensorFlow, and only once it starts training: ``--help`` and
 ``diagnose`` run on a machine (or in an environment) without TensorFlow. ``diagnose`` reads
-runs with ``plugin.reader`` and prints what the findings engine (``tb_introspect.diagnose``)
+runs with ``tb_introspect.read`` and prints what the findings engine (``tb_introspect.diagnose``)
 finds, the same findings the Overview tab shows (docs/design.md).
 
 Exit codes: 0 success; 1 a run-time failure (training or TensorBoard failed, no tb-introspect
@@ -315,7 +315,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         raise CliError(f"{logdir!r} is not a directory")
     _read_without_tensorflow()
     from tb_introspect import diagnose
-    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.read import read_logdir
 
     runs = read_logdir(logdir, runs=args.run)
     if not runs:

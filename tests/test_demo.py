@@ -106,7 +106,7 @@ def test_scenarios_are_listed_without_keras() -> None:
 def quick_demo(trained) -> tuple[Path, str, dict[str, Evidence], dict[str, set[str]]]:
     """The session's ``tb-introspect demo --quick`` (conftest.py); each run's evidence and
     the kinds of its serious findings, read back from disk."""
-    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.read import read_logdir
 
     runs = read_logdir(str(trained.demo))
     assert sorted(runs) == list(RUNS)
@@ -121,7 +121,7 @@ def test_demo_draws_progress_bars_and_writes_all_views(quick_demo) -> None:
     for i, name in enumerate(RUNS, start=1):
         assert f"[{i}/4] {name}" in stderr  # one tqdm bar per run...
         assert "100%" in stderr  # ...that finishes
-    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.read import read_logdir
 
     for name, run in read_logdir(str(logdir)).items():
         assert set(run.tensors) == {"variable", "gradient", "output", "output_gradient"}, name

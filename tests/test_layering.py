@@ -1,8 +1,8 @@
-"""The read side's layers import only what they are allowed to (docs/design.md).
+"""The parts import only what they are allowed to (docs/design.md).
 
-The run data model and the findings engine are numpy only: neither TensorFlow nor the
-TensorBoard plugin package, so the overview and ``tb-introspect diagnose`` can both use
-them and the findings engine does not depend on the plugin that calls it.
+The read side (``tb_introspect.read``) and the findings engine import neither TensorFlow nor
+the TensorBoard plugin package, so the plugin, ``tb-introspect diagnose`` and the findings
+judged during training all use them and none depends on the plugin that serves them.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def outside(loaded: list[str]) -> list[str]:
             or m.startswith("tb_introspect.plugin")]
 
 
-def test_run_data_model_and_findings_import_neither_tensorflow_nor_the_plugin() -> None:
-    for module in ("tb_introspect.rundata", "tb_introspect.json_values",
-                   "tb_introspect.diagnose"):
+def test_the_read_side_and_findings_import_neither_tensorflow_nor_the_plugin() -> None:
+    for module in ("tb_introspect.read", "tb_introspect.read.series",
+                   "tb_introspect.read.json_values", "tb_introspect.diagnose"):
         loaded = loaded_by(module)
         assert module in loaded and outside(loaded) == [], (module, loaded)
 
@@ -43,7 +43,7 @@ def test_run_data_model_and_findings_import_neither_tensorflow_nor_the_plugin() 
 def test_the_overview_imports_the_findings_engine_itself() -> None:
     # No lazy import "when the module exists": a broken engine fails at import, in tests.
     loaded = loaded_by("tb_introspect.plugin.overview")
-    assert "tb_introspect.diagnose" in loaded and "tb_introspect.rundata" in loaded
+    assert "tb_introspect.diagnose" in loaded and "tb_introspect.read.series" in loaded
     assert [m for m in outside(loaded) if not m.startswith("tb_introspect.plugin")] == []
 
 
@@ -70,7 +70,7 @@ def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -
     loaded = loaded_by("tb_introspect.pipeline.options")
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "torch")
             or m.startswith(("tb_introspect.diagnose", "tb_introspect.plugin",
-                             "tb_introspect.pipeline.findings", "tb_introspect.rundata"))
+                             "tb_introspect.pipeline.findings", "tb_introspect.read"))
             ] == [], loaded
 
 
@@ -78,8 +78,7 @@ def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -
 #: ``tb_introspect`` that names a part, or the part it belongs to.
 PARTS = {"keras": "collect", "summary": "collect", "transformers": "trainers",
          "lightning": "trainers", "metadata": "format", "proto": "format",
-         "summary_pb": "format", "schema": "format", "schema_js": "format",
-         "json_values": "rundata"}
+         "summary_pb": "format", "schema": "format", "schema_js": "format"}
 
 
 def _part(module: str) -> str | None:

@@ -1,7 +1,7 @@
 """The README's Python examples run as written, and its commands exist.
 
 Each ```python block runs in a fresh interpreter in a temporary directory, then
-the event files it wrote are read back through the plugin's reader.
+the event files it wrote are read back through the read side (``tb_introspect.read``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_introspect.plugin import reader
+from tb_introspect.read import provider
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -42,7 +42,7 @@ def test_readme_example_runs_and_logs(index: int, tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     logdir = re.search(r'"(logs/[^"]+)"', code).group(1)
-    runs = reader.read_logdir(str(tmp_path / logdir))
+    runs = provider.read_logdir(str(tmp_path / logdir))
     assert runs, f"example {index} wrote no tb-introspect data to {logdir}"
     series = next(iter(runs.values())).all_series()
     assert any(tag.startswith("introspect/metric/loss") for tag in series)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tb_introspect.demo.models import SERIOUS, get_scenario
-from tb_introspect.plugin.reader import RunSeries, Series
+from tb_introspect.read.series import RunSeries, Series
 
 
 def serious_kinds(run: RunSeries) -> set[str]:

@@ -115,7 +115,7 @@ def run_cell(cell: Cell, timeout: float = 1800) -> Outcome:
     """Train the quick demo of ``cell`` into a temporary logdir and judge every run."""
     from tb_introspect.demo.evidence import collect, margin_problems, scenario_of, serious_kinds
     from tb_introspect.demo.models import get_scenario
-    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.read import read_logdir
 
     with tempfile.TemporaryDirectory(prefix="demo_cell_") as tmp:
         cmd = [_cli(), "demo", "--framework", cell.framework, "--quick", "--no-progress",

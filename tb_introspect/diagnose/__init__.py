@@ -3,7 +3,7 @@
 Entry points (numpy only, no TensorFlow, no plugin import):
 
 * :func:`find_issues` ``(run_series) -> list[Finding]``, most severe first, from a
-  :class:`~tb_introspect.rundata.RunSeries`; the plugin's overview and
+  :class:`~tb_introspect.read.series.RunSeries`; the plugin's overview and
   ``tb-introspect diagnose`` both call it;
 * :func:`findings_json` - the JSON form both of them serve;
 * :func:`format_findings` - the plain-text report ``tb-introspect diagnose`` prints.
@@ -39,7 +39,7 @@ from tb_introspect.diagnose.core import (
     RunView,
     Thresholds,
 )
-from tb_introspect.rundata import RunSeries
+from tb_introspect.read.series import RunSeries
 
 __all__ = [
     "DEFAULT_THRESHOLDS",

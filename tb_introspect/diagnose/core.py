@@ -1,8 +1,8 @@
 """The ``Finding`` type, the thresholds, the rule registry and the shared numpy helpers.
 
-Numpy only, never TensorFlow. Rules read a :class:`~tb_introspect.rundata.RunSeries`
+Numpy only, never TensorFlow. Rules read a :class:`~tb_introspect.read.series.RunSeries`
 through :class:`RunView`, which aligns each view's tensors on one step axis
-(:func:`tb_introspect.rundata.align`) and knows how many training steps each
+(:func:`tb_introspect.read.series.align`) and knows how many training steps each
 logged point spans (needed to compare per-epoch aggregates with per-step rules
 of thumb). Where the rules sit in the whole: ``docs/design.md``.
 """
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect.json_values import jsonable
 from tb_introspect.metadata import PROBE_REFERENCES, SEVERITIES
-from tb_introspect.rundata import Aligned, RunSeries, align
-from tb_introspect.rundata import point_spans as point_spans  # re-exported for the rules
-from tb_introspect.rundata import unique as unique
+from tb_introspect.read.json_values import jsonable
+from tb_introspect.read.series import Aligned, RunSeries, align
+from tb_introspect.read.series import point_spans as point_spans  # re-exported for the rules
+from tb_introspect.read.series import unique as unique
 
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 

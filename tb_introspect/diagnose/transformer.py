@@ -1,7 +1,7 @@
 """Transformer signals: attention logit growth, output logit drift, massive activations, and
 an update spike before a loss spike.
 
-The first three read the run's probes (format 4, ``rundata.probes_of``: per layer output,
+The first three read the run's probes (format 4, ``read.series.probes_of``: per layer output,
 attention layer and output head, one value per logged point); the last the per-step loss
 and the variable view's ``update_ratio``, so it applies to any run with those. The loss
 spike itself is a loss rule (``loss.loss_spike``), whose spike score this one reads.
@@ -24,7 +24,7 @@ from tb_introspect.diagnose.core import (
     rule,
 )
 from tb_introspect.diagnose.loss import loss_fell_since, loss_spike_mask, loss_spike_scores
-from tb_introspect.rundata import Probes, probes_of
+from tb_introspect.read.series import Probes, probes_of
 
 #: Where the tab draws each probe: the Overview's Transformer section (frontend
 #: views/transformer.js names its charts so).

@@ -29,8 +29,8 @@ from tb_introspect.diagnose import Finding, find_issues
 from tb_introspect.diagnose.core import SEVERITY_RANK
 from tb_introspect.pipeline.failures import Failures, Part, short_error
 from tb_introspect.pipeline.options import check_on_finding, check_severity
-from tb_introspect.plugin import reader
-from tb_introspect.rundata import RunSeries, Series
+from tb_introspect.read import provider
+from tb_introspect.read.series import RunSeries, Series
 
 logger = logging.getLogger("tb_introspect")
 
@@ -111,23 +111,23 @@ class WrittenRun:
         for tag, content in self._content.items():
             datums = self._datums.get(tag, [])
             try:
-                infos[tag] = reader.parse_tag_info(
+                infos[tag] = provider.parse_tag_info(
                     tag, content, max((d.step for d in datums), default=-1),
                     max((d.wall_time for d in datums), default=0.0))
             except ValueError as e:
                 skipped.append((tag, str(e)))
         series = {}
         for tag, info in infos.items():
-            if info.kind == reader.KIND_VIEW_SUMMARY:
+            if info.kind == provider.KIND_VIEW_SUMMARY:
                 continue  # read_run leaves them out too
             if tag not in self._series:
                 try:
-                    self._series[tag] = reader.series_from_datums(info, self._datums[tag])
+                    self._series[tag] = provider.series_from_datums(info, self._datums[tag])
                 except ValueError as e:
                     skipped.append((tag, str(e)))
                     continue
             series[tag] = self._series[tag]
-        return reader.assemble_run(self.run, infos, series, skipped)
+        return provider.assemble_run(self.run, infos, series, skipped)
 
 
 class Watch:

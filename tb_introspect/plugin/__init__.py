@@ -1,7 +1,10 @@
-"""The Introspect TensorBoard plugin (no TensorFlow on this side).
+"""The Introspect TensorBoard plugin (no TensorFlow on this side): it serves what the read
+side (``tb_introspect.read``) reads through TensorBoard's data provider.
 
 - ``introspect_plugin``: the loader and plugin TensorBoard registers;
-- ``reader``: data-provider reads into numpy series (``read_run``, ``read_logdir``);
-- ``overview``: the server-side overview computed from those series;
+- ``bounded``, ``sampling``, ``summaries``: the routes' reads, bounded in size, and the run's
+  sampled read;
+- ``overview``, ``run_document``, ``activity``, ``probes``, ``export``: the documents the
+  routes serve;
 - ``http_io``, ``assets``, ``cache``: JSON/gzip helpers, static files, caching.
 """

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect.json_values import int_list, num_list
-from tb_introspect.plugin import reader
-from tb_introspect.rundata import Series, TagInfo
+from tb_introspect.read import provider
+from tb_introspect.read.json_values import int_list, num_list
+from tb_introspect.read.series import Series, TagInfo
 
 #: Decimals of a rate in the JSON (0.01 % steps; a 1,000-sample epoch resolves 0.1 %).
 RATE_DECIMALS = 4
@@ -24,7 +24,7 @@ RATE_DECIMALS = 4
 
 def is_activity(info: TagInfo) -> bool:
     """Whether ``info`` is an activity-map tag (read only through ``./activity``)."""
-    return info.kind == reader.KIND_ACTIVITY_MAP
+    return info.kind == provider.KIND_ACTIVITY_MAP
 
 
 def widths(info: TagInfo) -> tuple[int, int]:

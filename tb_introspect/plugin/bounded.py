@@ -32,8 +32,9 @@ from collections.abc import Iterable, Sequence
 from tensorboard.data import provider as tb_provider
 from tensorboard.util import tensor_util
 
-from tb_introspect.plugin import reader
 from tb_introspect.plugin.overview import column_subset
+from tb_introspect.read.provider import read_series, series_from_datums, warn_skipped_tag
+from tb_introspect.read.series import Series, TagInfo
 
 #: The most bytes one ``read_tensors`` call may carry (estimated, see point_bytes).
 CALL_BYTES = 64 * 2**20
@@ -41,19 +42,19 @@ CALL_BYTES = 64 * 2**20
 POINT_OVERHEAD = 64
 
 
-def point_bytes(info: reader.TagInfo) -> int:
+def point_bytes(info: TagInfo) -> int:
     """Upper estimate of one point of ``info``'s tag in a provider response (float64 values)."""
     return 8 * info.width + POINT_OVERHEAD
 
 
-def full_points(info: reader.TagInfo) -> int:
+def full_points(info: TagInfo) -> int:
     """The most points of one tag a single full-resolution call asks for."""
     return max(1, CALL_BYTES // point_bytes(info))
 
 
-def plan(infos: Iterable[reader.TagInfo], points: int) -> list[list[reader.TagInfo]]:
+def plan(infos: Iterable[TagInfo], points: int) -> list[list[TagInfo]]:
     """Groups of tags, in order, each readable at ``points`` per tag within CALL_BYTES."""
-    groups: list[list[reader.TagInfo]] = []
+    groups: list[list[TagInfo]] = []
     size = 0
     for info in infos:
         cost = points * point_bytes(info)
@@ -65,19 +66,19 @@ def plan(infos: Iterable[reader.TagInfo], points: int) -> list[list[reader.TagIn
     return groups
 
 
-def subsample(s: reader.Series, k: int) -> reader.Series:
+def subsample(s: Series, k: int) -> Series:
     """At most ``k`` evenly strided points of ``s``, the first and last kept (0 = all)."""
     if k <= 0 or len(s) <= k:
         return s
     # One copy of the striding for the whole plugin: the overview's column choice.
     idx = column_subset(len(s), k)
-    return reader.Series(s.info, s.steps[idx], s.wall_times[idx], s.values[idx])
+    return Series(s.info, s.steps[idx], s.wall_times[idx], s.values[idx])
 
 
 def read(
-    provider, experiment_id: str, run: str, infos: Sequence[reader.TagInfo], *,
+    provider, experiment_id: str, run: str, infos: Sequence[TagInfo], *,
     ctx=None, points: int = 0, multiplexer=None,
-) -> tuple[dict[str, reader.Series], set[str], list[tuple[str, str]]]:
+) -> tuple[dict[str, Series], set[str], list[tuple[str, str]]]:
     """Read ``infos``' tags of ``run`` in bounded calls.
 
     ``points``: at most this many points per tag (0 = full resolution, up to
@@ -88,7 +89,7 @@ def read(
     """
     if multiplexer is not None and points > 0:
         return _read_sample(multiplexer, run, infos, points)
-    series: dict[str, reader.Series] = {}
+    series: dict[str, Series] = {}
     sampled: set[str] = set()
     skipped: list[tuple[str, str]] = []
     if points > 0:
@@ -97,7 +98,7 @@ def read(
         calls = [([info], full_points(info)) for info in infos]
     for group, limit in calls:
         # One point more than wanted tells whether the tag holds more.
-        got, bad = reader.read_series(
+        got, bad = read_series(
             provider, experiment_id, run, group, ctx=ctx, downsample=limit + 1
         )
         skipped += bad
@@ -110,10 +111,10 @@ def read(
 
 
 def _read_sample(
-    multiplexer, run: str, infos: Sequence[reader.TagInfo], points: int
-) -> tuple[dict[str, reader.Series], set[str], list[tuple[str, str]]]:
+    multiplexer, run: str, infos: Sequence[TagInfo], points: int
+) -> tuple[dict[str, Series], set[str], list[tuple[str, str]]]:
     """``points`` evenly strided events per tag (first and last kept), converted alone."""
-    series: dict[str, reader.Series] = {}
+    series: dict[str, Series] = {}
     sampled: set[str] = set()
     skipped: list[tuple[str, str]] = []
     for info in infos:
@@ -130,19 +131,19 @@ def _read_sample(
             for e in events
         ]
         try:
-            series[info.tag] = reader.series_from_datums(info, datums)
+            series[info.tag] = series_from_datums(info, datums)
         except ValueError as e:
-            reader.warn_skipped_tag(run, info.tag, str(e))
+            warn_skipped_tag(run, info.tag, str(e))
             skipped.append((info.tag, str(e)))
     return series, sampled, skipped
 
 
-def sample_of(s: reader.Series, was_sampled: bool, k: int) -> tuple[reader.Series, bool]:
+def sample_of(s: Series, was_sampled: bool, k: int) -> tuple[Series, bool]:
     """``s`` cut to ``k`` points (0 = as is) and whether it now lacks points of the tag."""
     out = subsample(s, k)
     return out, was_sampled or len(out) < len(s)
 
 
-def nbytes(series: Iterable[reader.Series]) -> int:
+def nbytes(series: Iterable[Series]) -> int:
     """Memory held by the arrays of ``series``."""
     return int(sum(s.values.nbytes + s.steps.nbytes + s.wall_times.nbytes for s in series))

@@ -8,19 +8,20 @@ import io
 import re
 from typing import Any
 
-from tb_introspect.plugin import reader
 from tb_introspect.plugin.http_io import encode, int_list, num_list
+from tb_introspect.read.provider import KIND_TENSOR_STATS
+from tb_introspect.read.series import Series
 
 #: The formats ``./export`` writes, by ``format=`` value: (MIME type, file extension).
 FORMATS = {"csv": ("text/csv; charset=utf-8", "csv"), "json": ("application/json", "json")}
 
 
-def columns(s: reader.Series) -> list[str]:
+def columns(s: Series) -> list[str]:
     """The slots of ``s`` in layout order (``epoch`` has its own column)."""
     return [f for f in s.info.fields if f != "epoch" and s.has(f)]
 
 
-def csv_bytes(s: reader.Series) -> bytes:
+def csv_bytes(s: Series) -> bytes:
     """``step,epoch,wall_time,<slot>...``: one row per point. Non-finite values are written
     ``nan``, ``inf`` and ``-inf`` (what numpy and pandas read back); an unknown epoch is
     empty."""
@@ -36,12 +37,12 @@ def csv_bytes(s: reader.Series) -> bytes:
     return out.getvalue().encode("utf-8")
 
 
-def series_json(s: reader.Series, fields: list[str], sampled: bool = False) -> dict[str, Any]:
+def series_json(s: Series, fields: list[str], sampled: bool = False) -> dict[str, Any]:
     """One series as ``./series`` answers it: ``fields`` of it, or every slot when empty
     (NaN and infinities as null, as every route)."""
     i = s.info
     out: dict[str, Any] = {"kind": i.kind, "name": i.name, "sampled": sampled}
-    if i.kind == reader.KIND_TENSOR_STATS:
+    if i.kind == KIND_TENSOR_STATS:
         out.update({
             "view": i.view, "layer": i.layer, "depth": i.depth, "shape": list(i.shape),
             "dtype": i.dtype, "cadence": i.cadence, "quantiles": num_list(i.quantiles),
@@ -54,7 +55,7 @@ def series_json(s: reader.Series, fields: list[str], sampled: bool = False) -> d
     return out
 
 
-def json_bytes(run: str, s: reader.Series, sampled: bool) -> bytes:
+def json_bytes(run: str, s: Series, sampled: bool) -> bytes:
     """The file: the series of ``./series`` with its run and tag."""
     return encode({"run": run, "tag": s.info.tag, **series_json(s, [], sampled)})
 

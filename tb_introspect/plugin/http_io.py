@@ -13,8 +13,8 @@ from tensorboard.backend import http_util
 from werkzeug import wrappers
 
 # One NaN -> null conversion for the routes, the findings and the CLI.
-from tb_introspect.json_values import int_list as int_list
-from tb_introspect.json_values import num_list as num_list
+from tb_introspect.read.json_values import int_list as int_list
+from tb_introspect.read.json_values import num_list as num_list
 
 JSON = "application/json"
 

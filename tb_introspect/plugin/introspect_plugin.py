@@ -27,7 +27,6 @@ from tb_introspect.plugin import (
     export,
     overview,
     probes,
-    reader,
     run_document,
     sampling,
     summaries,
@@ -46,6 +45,8 @@ from tb_introspect.plugin.http_io import (
     required,
     route,
 )
+from tb_introspect.read import provider
+from tb_introspect.read.series import RunSeries, TagInfo
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         eid = plugin_util.experiment_id(request.environ)
 
         def refresh() -> sampling.Listing:
-            infos, bad = reader.list_tags(
+            infos, bad = provider.list_tags(
                 self._provider, eid, ctx=plugin_util.context(request.environ), runs=[run]
             )
             if run not in infos and run not in bad:
@@ -191,14 +192,14 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
     def _list_all(
         self, request: wrappers.Request
-    ) -> tuple[dict[str, dict[str, reader.TagInfo]], dict[str, list[tuple[str, str]]]]:
+    ) -> tuple[dict[str, dict[str, TagInfo]], dict[str, list[tuple[str, str]]]]:
         """Every run's tags (one provider call); also refreshes the per-run listings."""
         self._check_provider()
         eid = plugin_util.experiment_id(request.environ)
 
         def refresh():
             started = self.clock()
-            infos, bad = reader.list_tags(
+            infos, bad = provider.list_tags(
                 self._provider, eid, ctx=plugin_util.context(request.environ)
             )
             took = self.clock() - started
@@ -225,7 +226,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
                 ctx=plugin_util.context(request.environ), points=points,
                 multiplexer=self._multiplexer,
             )
-            rs = reader.assemble_run(run, listing.infos, series, listing.bad + unreadable)
+            rs = provider.assemble_run(run, listing.infos, series, listing.bad + unreadable)
             return sampling.Sampled(rs, frozenset(sampled), points)
 
         return self._sampled.get((eid, run), listing.fingerprint, read)
@@ -242,7 +243,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
 
         def read() -> sampling.Sampled | None:
             metrics = [i for i in listing.infos.values()
-                       if i.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)]
+                       if i.kind in (provider.KIND_METRIC, provider.KIND_METRIC_EPOCH)]
             # The steps the per-tensor sample would give: the same Overview columns (its
             # JSON, a value per tensor and column, costs more than the read past ~300).
             points = sampling.sample_points(len(sampling.sampled_infos(listing)))
@@ -299,13 +300,13 @@ class IntrospectPlugin(base_plugin.TBPlugin):
             tags = infos.get(run, {}).values()
             views = {v: 0 for v in metadata.VIEWS}
             for t in tags:
-                if t.kind == reader.KIND_TENSOR_STATS:
+                if t.kind == provider.KIND_TENSOR_STATS:
                     views[t.view] = views.get(t.view, 0) + 1
             runs.append({
                 "run": run,
                 "views": views,
-                "metrics": sorted({t.name for t in tags
-                                   if t.kind in (reader.KIND_METRIC, reader.KIND_METRIC_EPOCH)}),
+                "metrics": sorted({t.name for t in tags if t.kind in (
+                    provider.KIND_METRIC, provider.KIND_METRIC_EPOCH)}),
                 "max_step": max((t.max_step for t in tags), default=None),
                 "format_version": max((t.version for t in tags), default=None),
             })
@@ -438,7 +439,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         def render() -> bytes:
             # A run without probes (format 1-3, probes off) is answered from its listing.
             rs = (self._sampled_run(request, run, listing).rs if probes.listing(listing.infos)
-                  else reader.RunSeries(run=run))
+                  else RunSeries(run=run))
             return gzip_bytes(encode(probes.document(run, rs, fields)))
 
         key = (plugin_util.experiment_id(request.environ), run, tuple(fields))

@@ -1,7 +1,7 @@
-"""The run overview, computed from a :class:`~tb_introspect.rundata.RunSeries`.
+"""The run overview, computed from a :class:`~tb_introspect.read.series.RunSeries`.
 
 Everything is vectorised over the (tensors x steps) matrices of
-:func:`tb_introspect.rundata.align`, so a run with hundreds of tensors and
+:func:`tb_introspect.read.series.align`, so a run with hundreds of tensors and
 thousands of steps takes milliseconds; the findings come from
 ``tb_introspect.diagnose``. The JSON shape is documented in
 ``docs/http_api.md`` (route ``./overview``); the whole path from the training
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from tb_introspect import diagnose, metadata
-from tb_introspect.json_values import int_list, num_list
-from tb_introspect.rundata import Aligned, RunSeries, Series, align
+from tb_introspect.read.json_values import int_list, num_list
+from tb_introspect.read.series import Aligned, RunSeries, Series, align
 
 logger = logging.getLogger(__name__)
 

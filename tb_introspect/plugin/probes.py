@@ -1,6 +1,6 @@
 """The ``./probes`` document: a run's transformer probes per row and field (format 4).
 
-The values come from :func:`tb_introspect.rundata.probes_of` (the one reader of the PROBES
+The values come from :func:`tb_introspect.read.series.probes_of` (the one reader of the PROBES
 tag, which the findings use too), with the massive-activation ratio max|a| / abs_median
 computed there from the output view. JSON shape: ``docs/http_api.md``.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tb_introspect import metadata
-from tb_introspect.json_values import int_list, num_list
-from tb_introspect.rundata import PROBE_DERIVED_FIELDS, Probes, RunSeries, TagInfo, probes_of
+from tb_introspect.read.json_values import int_list, num_list
+from tb_introspect.read.series import PROBE_DERIVED_FIELDS, Probes, RunSeries, TagInfo, probes_of
 
 #: Every field ``./probes`` can serve, in order.
 FIELDS: tuple[str, ...] = metadata.PROBE_VALUE_FIELDS + PROBE_DERIVED_FIELDS

@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 
 from tb_introspect import metadata
-from tb_introspect.plugin import activity, probes, reader
+from tb_introspect.plugin import activity, probes
 from tb_introspect.plugin.http_io import int_list, num_list
+from tb_introspect.read.series import RunSeries, Series, TagInfo
 
 
 def document(
-    rs: reader.RunSeries, sampled: frozenset[str], infos: dict[str, reader.TagInfo]
+    rs: RunSeries, sampled: frozenset[str], infos: dict[str, TagInfo]
 ) -> dict[str, Any]:
     """The ``./run`` JSON of a run (see docs/http_api.md); ``sampled``: tags read in part,
     ``infos``: the run's listing (activity maps are listed from it, never read here)."""
@@ -46,7 +47,7 @@ def last_finite(values) -> float:
     return float(finite[-1]) if finite.size else math.nan
 
 
-def tensor_entry(s: reader.Series, sampled: bool, i: reader.TagInfo) -> dict[str, Any]:
+def tensor_entry(s: Series, sampled: bool, i: TagInfo) -> dict[str, Any]:
     """``./run``'s entry of one tensor: ``i`` is its listing (the layout of its own tag;
     ``s`` may be a view summary's row)."""
     epochs = s.epochs
@@ -64,7 +65,7 @@ def tensor_entry(s: reader.Series, sampled: bool, i: reader.TagInfo) -> dict[str
 
 
 def metric_entry(
-    name: str, step: reader.Series | None, per_epoch: reader.Series | None,
+    name: str, step: Series | None, per_epoch: Series | None,
     sampled: frozenset[str],
 ) -> dict[str, Any]:
     main = step if step is not None else per_epoch

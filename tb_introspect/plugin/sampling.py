@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tb_introspect.plugin import activity, reader
+from tb_introspect.plugin import activity
 from tb_introspect.plugin.http_io import RequestError, not_found
+from tb_introspect.read import provider
+from tb_introspect.read.series import RunSeries, TagInfo
 
 #: Points per tag read for ``./run``, ``./overview`` and the grids: about one per
 #: pixel column of a wide chart. Bounds the first read of a run of any length.
@@ -26,32 +28,32 @@ def sample_points(tags: int) -> int:
 
 
 class Listing(NamedTuple):
-    infos: dict[str, reader.TagInfo]
+    infos: dict[str, TagInfo]
     bad: list[tuple[str, str]]
     fingerprint: tuple
 
 
-def listing_of(infos: dict[str, reader.TagInfo], bad: list[tuple[str, str]]) -> Listing:
-    return Listing(infos, bad, reader.fingerprint(infos))
+def listing_of(infos: dict[str, TagInfo], bad: list[tuple[str, str]]) -> Listing:
+    return Listing(infos, bad, provider.fingerprint(infos))
 
 
 class Sampled(NamedTuple):
     """A run read at ``points`` per tag; ``sampled``: tags with more points."""
 
-    rs: reader.RunSeries
+    rs: RunSeries
     sampled: frozenset[str]
     points: int
 
 
-def sampled_infos(listing: Listing) -> list[reader.TagInfo]:
+def sampled_infos(listing: Listing) -> list[TagInfo]:
     """The tags of a run's per-tensor sample: activity maps are read on demand (./activity:
     one point can hold 50k values), and view summaries repeat slots of the tensors' tags."""
     return [i for i in listing.infos.values()
-            if i.kind not in (reader.KIND_ACTIVITY_MAP, reader.KIND_VIEW_SUMMARY)]
+            if i.kind not in (provider.KIND_ACTIVITY_MAP, provider.KIND_VIEW_SUMMARY)]
 
 
 def series_tags(listing: Listing, run: str, tags: list[str]
-                 ) -> tuple[dict[str, reader.TagInfo], list[tuple[str, str]]]:
+                 ) -> tuple[dict[str, TagInfo], list[tuple[str, str]]]:
     """``tags`` of ``run`` as ``./series`` and ``./export`` read them: (the readable ones'
     infos, (tag, reason) of the unreadable ones). 404 for a tag the run does not have, 400
     for an activity map."""
@@ -64,11 +66,11 @@ def series_tags(listing: Listing, run: str, tags: list[str]
     maps = [t for t, i in infos.items() if activity.is_activity(i)]
     if maps:
         raise RequestError(f"tag {maps[0]!r} is an activity map; read it with ./activity")
-    held = [t for t, i in infos.items() if i.kind == reader.KIND_VIEW_SUMMARY]
+    held = [t for t, i in infos.items() if i.kind == provider.KIND_VIEW_SUMMARY]
     if held:
         raise RequestError(f"tag {held[0]!r} is a view summary; its rows are the tensors'"
                            " own tags, read those")
-    rows = [t for t, i in infos.items() if i.kind == reader.KIND_PROBES]
+    rows = [t for t, i in infos.items() if i.kind == provider.KIND_PROBES]
     if rows:
         raise RequestError(f"tag {rows[0]!r} holds the probes of many rows; read it with"
                            " ./probes")

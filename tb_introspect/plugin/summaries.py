@@ -19,8 +19,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from tb_introspect import metadata
-from tb_introspect.plugin import reader
-from tb_introspect.rundata import RunSeries, Series, TagInfo
+from tb_introspect.read import provider
+from tb_introspect.read.series import RunSeries, Series, TagInfo
 
 
 def covering(infos: Mapping[str, TagInfo]) -> dict[str, TagInfo] | None:
@@ -29,9 +29,9 @@ def covering(infos: Mapping[str, TagInfo]) -> dict[str, TagInfo] | None:
     tensors: dict[str, set[str]] = {}
     found: dict[str, TagInfo] = {}
     for info in infos.values():
-        if info.kind == reader.KIND_TENSOR_STATS:
+        if info.kind == provider.KIND_TENSOR_STATS:
             tensors.setdefault(info.view, set()).add(info.tag)
-        elif info.kind == reader.KIND_VIEW_SUMMARY:
+        elif info.kind == provider.KIND_VIEW_SUMMARY:
             found[info.view] = info
     if not tensors:
         return None
@@ -69,7 +69,7 @@ def expand(summary: Series, infos: Mapping[str, TagInfo]) -> list[Series]:
     out = []
     for r, tag in enumerate(summary.info.rows):
         info = infos.get(tag)
-        if info is None or info.kind != reader.KIND_TENSOR_STATS:
+        if info is None or info.kind != provider.KIND_TENSOR_STATS:
             continue  # a row whose tag is not listed (yet): nothing to place it under
         row_info = dataclasses.replace(info, fields=fields, quantiles=summary.info.quantiles)
         # A view of the summary's block, no copy: the rows share its memory.
@@ -82,4 +82,4 @@ def summary_run(run: str, infos: Mapping[str, TagInfo], summaries: Mapping[str, 
                 metrics: Mapping[str, Series], skipped: list[tuple[str, str]]) -> RunSeries:
     """The run as the first screen sees it: per view the summary's rows, and the metrics."""
     rows = {r.info.tag: r for s in summaries.values() for r in expand(s, infos)}
-    return reader.assemble_run(run, infos, {**metrics, **rows}, skipped)
+    return provider.assemble_run(run, infos, {**metrics, **rows}, skipped)

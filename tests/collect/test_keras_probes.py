@@ -14,21 +14,22 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tb_introspect import metadata, rundata  # noqa: E402
+from tb_introspect import metadata  # noqa: E402
 from tb_introspect.collect import capture, probes  # noqa: E402
 from tb_introspect.keras import Introspect, Introspector  # noqa: E402
-from tb_introspect.plugin import reader  # noqa: E402
+from tb_introspect.read import provider  # noqa: E402
+from tb_introspect.read.series import Probes, probes_of  # noqa: E402
 
 SEQ, VOCAB, WIDTH = 16, 30, 16
 
 
-def read_probes(log_dir: str) -> rundata.Probes | None:
-    runs = reader.read_logdir(log_dir)
+def read_probes(log_dir: str) -> Probes | None:
+    runs = provider.read_logdir(log_dir)
     assert len(runs) == 1
-    return rundata.probes_of(next(iter(runs.values())))
+    return probes_of(next(iter(runs.values())))
 
 
-def value(p: rundata.Probes, row: str, field: str, point: int = -1) -> float:
+def value(p: Probes, row: str, field: str, point: int = -1) -> float:
     return float(p.field(field)[p.rows.index(row), point])
 
 
@@ -245,9 +246,9 @@ def test_no_probes_without_a_head_or_when_off(tmp_path, case):
     cb = Introspect(str(tmp_path), every=2, **options)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
     cb.close()
-    run = next(iter(reader.read_logdir(str(tmp_path)).values()))
+    run = next(iter(provider.read_logdir(str(tmp_path)).values()))
     assert run.probes is None or not len(run.probes)
-    assert rundata.probes_of(run) is None
+    assert probes_of(run) is None
     assert len(run.tensors["output"]) == 2  # the views were written
 
 

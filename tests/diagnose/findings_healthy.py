@@ -84,7 +84,7 @@ class Live:
     def read_back(self) -> None:
         """Read the logdir (flushed by the caller) and judge it, as a live tab does."""
         from tb_introspect.diagnose import find_issues
-        from tb_introspect.plugin.reader import read_logdir
+        from tb_introspect.read import read_logdir
 
         self.point += 1
         for run in read_logdir(self.logdir).values():
@@ -821,7 +821,7 @@ def train_healthy(name: str, logdir: str, **override: Any) -> Outcome:
     import time
 
     from tb_introspect.diagnose import find_issues
-    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.read import read_logdir
 
     h = CORPUS[name]
     out = Outcome(name)

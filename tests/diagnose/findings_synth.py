@@ -7,14 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tb_introspect import metadata
-from tb_introspect.plugin.reader import (
-    KIND_METRIC,
-    KIND_METRIC_EPOCH,
-    KIND_TENSOR_STATS,
-    RunSeries,
-    Series,
-    TagInfo,
-)
+from tb_introspect.read.provider import KIND_METRIC, KIND_METRIC_EPOCH, KIND_TENSOR_STATS
+from tb_introspect.read.series import RunSeries, Series, TagInfo
 
 Q = metadata.DEFAULT_QUANTILES
 

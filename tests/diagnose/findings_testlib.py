@@ -215,7 +215,7 @@ def train_logged(
 
 def read_one(logdir: str) -> Any:
     """The single run of ``logdir`` as a ``RunSeries``."""
-    from tb_introspect.plugin.reader import read_logdir
+    from tb_introspect.read import read_logdir
 
     runs = read_logdir(logdir)
     assert len(runs) == 1, sorted(runs)

@@ -13,7 +13,7 @@ import pytest
 
 from tb_introspect.demo.models import get_scenario
 from tb_introspect.diagnose import find_issues
-from tb_introspect.plugin.reader import RunSeries
+from tb_introspect.read.series import RunSeries
 from tests.diagnose.findings_testlib import (
     build_exploding_mlp,
     build_saturated_tanh_mlp,
@@ -158,6 +158,6 @@ def test_the_first_two_epochs_are_too_few_to_judge(trained) -> None:
 
 
 def _head(s, n):
-    from tb_introspect.plugin.reader import Series
+    from tb_introspect.read.series import Series
 
     return Series(s.info, s.steps[:n], s.wall_times[:n], s.values[:n])

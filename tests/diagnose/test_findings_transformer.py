@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tb_introspect.diagnose import Finding, find_issues
-from tb_introspect.rundata import probes_of
+from tb_introspect.read.series import probes_of
 from tests.diagnose.findings_testlib import read_one
 
 #: The findings that say a transformer is going unstable.

@@ -3,7 +3,7 @@ diagnose/loss.py they read) on synthetic series: each rule's trigger, the step i
 and a healthy twin that must stay silent (no TensorFlow here).
 
 The probes are built as the pipeline writes them (``metadata.probes_matrix``, float32) and
-read back through ``rundata.probes_of``, the reader's one path to them.
+read back through ``read.series.probes_of``, the read side's one path to them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 
 from tb_introspect import metadata
 from tb_introspect.diagnose import Thresholds, find_issues
-from tb_introspect.plugin.reader import KIND_PROBES, RunSeries, Series, TagInfo
+from tb_introspect.read.provider import KIND_PROBES
+from tb_introspect.read.series import RunSeries, Series, TagInfo
 from tests.diagnose.findings_synth import kinds, metric, run, tensor
 
 NAN = math.nan

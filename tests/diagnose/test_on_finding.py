@@ -16,7 +16,7 @@ from tb_introspect.diagnose import find_issues
 from tb_introspect.diagnose.core import SEVERITY_RANK
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import Options, check_on_finding, check_severity
-from tb_introspect.plugin.reader import read_logdir
+from tb_introspect.read import read_logdir
 
 BATCH = 64
 ACTS = ("critical", "warning")  # what the default on_finding_severity="warning" acts on

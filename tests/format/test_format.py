@@ -192,9 +192,9 @@ def test_numpy_path_works_without_tensorflow(tmp_path):
 
 def test_version_1_data_is_read_as_version_2():
     """A real event file written by the last version-1 writer (tests/data/format_v1)."""
-    from tb_introspect.plugin import reader
+    from tb_introspect.read import provider
 
-    run = reader.read_logdir(os.path.join(ROOT, "tests", "data", "format_v1"))["adam_cnn"]
+    run = provider.read_logdir(os.path.join(ROOT, "tests", "data", "format_v1"))["adam_cnn"]
     assert run.format_version == 1
     assert {v: len(s) for v, s in run.tensors.items()} == {
         "variable": 4, "gradient": 4, "output": 3, "output_gradient": 3,
@@ -237,17 +237,17 @@ def test_activity_map_layout_and_metadata():
 
 
 def test_numpy_writer_activity_map_reads_back(tmp_path):
-    from tb_introspect.plugin import reader
+    from tb_introspect.read import provider
 
     with writer.NumpyWriter(str(tmp_path / "run")) as w:
         for epoch in range(2):
             w.add_activity("conv", [0.5, 0.0, 1.0 - epoch / 4], 10 * (epoch + 1),
                            spatial_rates=[0.25, 0.75, 1.0, 0.0], samples=64, epoch=epoch,
                            layer="conv", depth=2, shape=(None, 2, 2, 3))
-    run = reader.read_logdir(str(tmp_path))["run"]
+    run = provider.read_logdir(str(tmp_path))["run"]
     assert not run.tensors and not run.metrics and not run.metric_epochs
     amap = run.activity["conv"]
-    assert amap.info.kind == reader.KIND_ACTIVITY_MAP and amap.info.shape == (-1, 2, 2, 3)
+    assert amap.info.kind == provider.KIND_ACTIVITY_MAP and amap.info.shape == (-1, 2, 2, 3)
     assert amap.steps.tolist() == [10, 20]
     np.testing.assert_array_equal(amap.values[:, :5], [[0, 64, 0.5, 0.0, 1.0],
                                                        [1, 64, 0.5, 0.0, 0.75]])

@@ -15,7 +15,7 @@ per step), so a test can compute the expected numbers with numpy on its own.
 
 ``read`` reads a run's event files in this process with the reader's own functions
 (TensorBoard's loader would import TensorFlow here, seconds); ``read_logdir_elsewhere`` runs
-``plugin.reader.read_logdir`` and the ``diagnose`` rules in a subprocess without it.
+``read.read_logdir`` and the ``diagnose`` rules in a subprocess without it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from tb_introspect.pipeline.pipeline import Pipeline
 from tb_introspect.pipeline.plan import Monitored, Plan, is_sampled
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.pipeline.sink import EventSink
-from tb_introspect.rundata import RunSeries
+from tb_introspect.read.series import RunSeries
 
 #: The fake model's parameters: (name, layer, depth, shape).
 VARIABLES = (("dense/kernel", "dense", 0, (3, 5)), ("dense/bias", "dense", 0, (5,)),
@@ -279,7 +279,7 @@ import numpy as np
 from tb_introspect.cli import _read_without_tensorflow
 _read_without_tensorflow()
 from tb_introspect import diagnose
-from tb_introspect.plugin.reader import read_logdir
+from tb_introspect.read import read_logdir
 (run,) = read_logdir(sys.argv[1]).values()
 arrays = {}
 for tag, s in run.all_series().items():
@@ -292,7 +292,7 @@ np.savez(sys.argv[2], **arrays)
 
 
 def read_logdir_elsewhere(log_dir: Path, tmp: Path) -> tuple[dict, list, bool]:
-    """``plugin.reader.read_logdir`` of ``log_dir`` in a subprocess (about a second):
+    """``read.read_logdir`` of ``log_dir`` in a subprocess (about a second):
     ``{tag: (steps, values)}``, the findings' ``[kind, first_step]``, and whether
     TensorFlow was imported there."""
     out = tmp / "read.npz"

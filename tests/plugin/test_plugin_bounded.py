@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_introspect.plugin import bounded, reader, sampling
+from tb_introspect.plugin import bounded, sampling
+from tb_introspect.read import provider
+from tb_introspect.read.series import TagInfo
 from tests.plugin.plugin_testlib import LAYOUT, App, write_run
 
 STEPS = 300
@@ -50,7 +52,7 @@ def small_calls(monkeypatch):
 
 
 def test_plan_keeps_every_call_under_the_budget(small_calls) -> None:
-    infos = [reader.TagInfo(f"t{i}", reader.KIND_TENSOR_STATS, 1, f"t{i}", ("a",) * (i % 50 + 1),
+    infos = [TagInfo(f"t{i}", provider.KIND_TENSOR_STATS, 1, f"t{i}", ("a",) * (i % 50 + 1),
                             view="gradient") for i in range(200)]
     for points in (1, 7, 20):
         groups = bounded.plan(infos, points)
@@ -62,10 +64,10 @@ def test_plan_keeps_every_call_under_the_budget(small_calls) -> None:
 
 
 def test_reads_are_bounded_and_lose_nothing(logdir, small_calls, monkeypatch) -> None:
-    dp = reader.local_provider(logdir)
-    infos, _ = reader.list_tags(dp, "", runs=["long"])
+    dp = provider.local_provider(logdir)
+    infos, _ = provider.list_tags(dp, "", runs=["long"])
     infos = list(infos["long"].values())
-    whole, _ = reader.read_series(dp, "", "long", infos)  # one unbounded call, for reference
+    whole, _ = provider.read_series(dp, "", "long", infos)  # one unbounded call, for reference
     rec = Recording(dp, infos)
 
     # Full resolution: one tag per call, every point.
@@ -145,11 +147,11 @@ def test_a_run_longer_than_the_sample(logdir, monkeypatch) -> None:
 
 def test_python_loader_samples_from_the_multiplexer(logdir) -> None:
     """Its provider converts every point before sampling; the multiplexer path converts k."""
-    dp = reader.local_provider(logdir)
+    dp = provider.local_provider(logdir)
     mux = dp._multiplexer  # what TensorBoard hands plugins as TBContext.multiplexer
-    infos, _ = reader.list_tags(dp, "", runs=["long"])
+    infos, _ = provider.list_tags(dp, "", runs=["long"])
     infos = list(infos["long"].values())
-    whole, _ = reader.read_series(dp, "", "long", infos)
+    whole, _ = provider.read_series(dp, "", "long", infos)
     series, sampled, skipped = bounded.read(dp, "", "long", infos, points=40, multiplexer=mux)
     assert skipped == [] and sampled == {i.tag for i in infos if len(whole[i.tag]) > 40}
     for info in infos:

@@ -64,7 +64,7 @@ def test_a_metric_exports_its_value(app) -> None:
 
 
 def test_non_finite_values_read_back() -> None:
-    from tb_introspect.rundata import Series, TagInfo
+    from tb_introspect.read.series import Series, TagInfo
 
     info = TagInfo(tag="introspect/metric/x", kind="metric", version=1, name="x",
                    fields=("epoch", "value"))

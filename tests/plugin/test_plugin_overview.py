@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tb_introspect import metadata
-from tb_introspect.plugin import overview, reader
-from tb_introspect.rundata import RunSeries, Series, TagInfo
+from tb_introspect.plugin import overview
+from tb_introspect.read import provider
+from tb_introspect.read.series import RunSeries, Series, TagInfo
 
 
 def stack_reference(column: list[float]) -> list[float]:
@@ -60,7 +61,7 @@ def test_stack_fractions_have_the_toolkits_contrast() -> None:
 
 
 def test_stack_rows_pick_each_layers_largest_tensor_in_depth_order() -> None:
-    from tb_introspect.plugin.reader import Series, TagInfo
+    from tb_introspect.read.series import Series, TagInfo
 
     def tensor(name: str, layer: str, depth: int, count: float) -> Series:
         info = TagInfo(tag=f"introspect/variable/{name}", kind="tensor_stats", version=1,
@@ -145,7 +146,7 @@ def train_ilr_run(log_dir: Path, optimizer_name: str, views=None) -> RunSeries:
     kwargs = {} if views is None else {"views": views}
     model.fit(x, y, batch_size=32, epochs=3, verbose=0, shuffle=False,
               callbacks=[Introspect(str(log_dir), **kwargs)])
-    (run,) = reader.read_logdir(str(log_dir)).values()
+    (run,) = provider.read_logdir(str(log_dir)).values()
     return run
 
 
@@ -194,7 +195,7 @@ def test_no_ilr_row_without_the_gradient_view(tmp_path) -> None:
 
 
 def test_no_ilr_row_in_format_version_1_data() -> None:
-    run = reader.read_logdir(str(ROOT / "tests" / "data" / "format_v1"))["adam_cnn"]
+    run = provider.read_logdir(str(ROOT / "tests" / "data" / "format_v1"))["adam_cnn"]
     doc = overview.compute_overview(run)
     assert run.format_version == 1
     assert doc["views"]["variable"]["ilr"] is None

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from tb_introspect import metadata
-from tb_introspect.plugin import reader, summaries
+from tb_introspect.plugin import summaries
+from tb_introspect.read import provider
+from tb_introspect.read.series import TagInfo
 from tests.plugin.plugin_testlib import LAYOUT, App, write_run
 
 STEPS = range(0, 60)
@@ -132,17 +134,17 @@ def test_a_summary_tag_is_not_a_series(apps) -> None:
 
 def test_covering_needs_every_view_covered() -> None:
     def info(tag, kind, view, rows=()):
-        return reader.TagInfo(tag=tag, kind=kind, version=3, name=tag, fields=("rms",),
+        return TagInfo(tag=tag, kind=kind, version=3, name=tag, fields=("rms",),
                               view=view, rows=tuple(rows))
 
     a, b = metadata.stats_tag("output", "a"), metadata.stats_tag("output", "b")
     g = metadata.stats_tag("gradient", "a")
-    s_out = info("s_out", reader.KIND_VIEW_SUMMARY, "output", [a, b])
-    infos = {t.tag: t for t in (info(a, reader.KIND_TENSOR_STATS, "output"),
-                                info(b, reader.KIND_TENSOR_STATS, "output"), s_out)}
+    s_out = info("s_out", provider.KIND_VIEW_SUMMARY, "output", [a, b])
+    infos = {t.tag: t for t in (info(a, provider.KIND_TENSOR_STATS, "output"),
+                                info(b, provider.KIND_TENSOR_STATS, "output"), s_out)}
     assert summaries.covering(infos) == {"output": s_out}
-    infos[g] = info(g, reader.KIND_TENSOR_STATS, "gradient")
+    infos[g] = info(g, provider.KIND_TENSOR_STATS, "gradient")
     assert summaries.covering(infos) is None  # the gradient view has no summary
-    infos["s_g"] = info("s_g", reader.KIND_VIEW_SUMMARY, "gradient", [g])
+    infos["s_g"] = info("s_g", provider.KIND_VIEW_SUMMARY, "gradient", [g])
     assert set(summaries.covering(infos)) == {"output", "gradient"}
     assert summaries.covering({}) is None

@@ -393,7 +393,8 @@ def test_nan_explosion_same_trajectory_and_counted(tmp_path):
     import keras
 
     from tb_introspect.keras import Introspect
-    from tb_introspect.plugin import overview, reader
+    from tb_introspect.plugin import overview
+    from tb_introspect.read import provider
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(32 * 8, 8)).astype("float32") * 4
@@ -438,7 +439,7 @@ def test_nan_explosion_same_trajectory_and_counted(tmp_path):
         for path in a:
             np.testing.assert_array_equal(a[path], b[path], err_msg=f"step {k + 1} {path}")
 
-    run = reader.read_logdir(str(tmp_path))["nan"]
+    run = provider.read_logdir(str(tmp_path))["nan"]
     assert not run.skipped
     variables = {s.info.name: s for s in run.tensors["variable"]}
     assert len(variables) == 4

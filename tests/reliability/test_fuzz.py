@@ -30,9 +30,12 @@ from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
-from tb_introspect import json_values, metadata, stats_np, summary_pb
-from tb_introspect.plugin import http_io, overview, reader
+from tb_introspect import metadata, stats_np, summary_pb
+from tb_introspect.plugin import http_io, overview
 from tb_introspect.proto import plugin_data_pb2
+from tb_introspect.read import provider
+from tb_introspect.read.json_values import round_sig
+from tb_introspect.read.series import Series, TagInfo
 from tb_introspect.writer import NumpyWriter
 from tests.reliability import reliability_testlib as rl
 
@@ -189,11 +192,11 @@ def test_parser_on_arbitrary_bytes_gives_data_or_value_error(content):
         return
     assert isinstance(data, plugin_data_pb2.PluginData)
     try:
-        info = reader.parse_tag_info("introspect/x", content)
+        info = provider.parse_tag_info("introspect/x", content)
     except ValueError:
         return
-    assert info.fields and info.kind in (reader.KIND_TENSOR_STATS, reader.KIND_METRIC,
-                                         reader.KIND_METRIC_EPOCH)
+    assert info.fields and info.kind in (provider.KIND_TENSOR_STATS, provider.KIND_METRIC,
+                                         provider.KIND_METRIC_EPOCH)
 
 
 @st.composite
@@ -220,7 +223,7 @@ def plugin_data(draw):
 @given(content=plugin_data())
 def test_parser_on_arbitrary_messages_gives_info_or_value_error(content):
     try:
-        info = reader.parse_tag_info("introspect/x", content, max_step=3)
+        info = provider.parse_tag_info("introspect/x", content, max_step=3)
     except ValueError:
         return
     assert len(info.fields) > 0 and isinstance(info.depth, int)
@@ -253,11 +256,11 @@ def _good_bytes() -> tuple[bytes, str]:
 
 
 def _read_dir_bytes(data: bytes, name: str = "events.out.tfevents.1.fuzz") -> dict:
-    """Read ``data`` as the one event file of run ``r`` with the plugin's reader."""
+    """Read ``data`` as the one event file of run ``r`` with the read side (``read.provider``)."""
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         os.makedirs(os.path.join(tmp, "r"))
         Path(tmp, "r", name).write_bytes(data)
-        return reader.read_logdir(tmp)
+        return provider.read_logdir(tmp)
 
 
 def _assert_served_were_written(runs: dict, data: bytes) -> None:
@@ -322,7 +325,7 @@ def test_reader_on_arbitrary_tensors_serves_exactly_the_well_formed_tags(values)
                 s.value.add(tag="introspect/output/t", metadata=meta,
                             tensor=tensor_util.make_tensor_proto(v))
                 w.add_summary(s, step)
-        runs = reader.read_logdir(tmp)
+        runs = provider.read_logdir(tmp)
     rs = runs["r"]
     readable = all(v.size == width and v.dtype != object for v in values)
     series = rs.all_series().get("introspect/output/t")
@@ -352,16 +355,16 @@ def run_series(draw):
             fields = metadata.tensor_stats_fields(view)
             tag = metadata.stats_tag(view, f"t{k}")
             n = draw(st.integers(1, len(steps)))
-            info = reader.TagInfo(tag=tag, kind=reader.KIND_TENSOR_STATS, version=1,
+            info = TagInfo(tag=tag, kind=provider.KIND_TENSOR_STATS, version=1,
                                   name=f"t{k}", fields=fields, view=view, layer=f"l{k}",
                                   depth=k, quantiles=metadata.DEFAULT_QUANTILES)
             vals = np.array(draw(st.lists(st.lists(value, min_size=len(fields),
                                                    max_size=len(fields)),
                                           min_size=n, max_size=n)))
             infos[tag] = info
-            series[tag] = reader.Series(info, steps[:n], np.zeros(n), vals)
-    for kind, fields, make_tag in ((reader.KIND_METRIC, metadata.METRIC_FIELDS, False),
-                                   (reader.KIND_METRIC_EPOCH, metadata.METRIC_EPOCH_FIELDS,
+            series[tag] = Series(info, steps[:n], np.zeros(n), vals)
+    for kind, fields, make_tag in ((provider.KIND_METRIC, metadata.METRIC_FIELDS, False),
+                                   (provider.KIND_METRIC_EPOCH, metadata.METRIC_EPOCH_FIELDS,
                                     True)):
         if draw(st.booleans()):
             tag = metadata.metric_tag("loss", per_epoch=make_tag)
@@ -369,10 +372,10 @@ def run_series(draw):
             vals = np.array(draw(st.lists(st.lists(value, min_size=len(fields),
                                                    max_size=len(fields)),
                                           min_size=n, max_size=n)))
-            infos[tag] = reader.TagInfo(tag=tag, kind=kind, version=1, name="loss",
+            infos[tag] = TagInfo(tag=tag, kind=kind, version=1, name="loss",
                                         fields=fields)
-            series[tag] = reader.Series(infos[tag], steps, np.zeros(n), vals)
-    return reader.assemble_run("r", infos, series)
+            series[tag] = Series(infos[tag], steps, np.zeros(n), vals)
+    return provider.assemble_run("r", infos, series)
 
 
 @settings(SLOW, phases=(Phase.explicit, Phase.reuse, Phase.generate))  # shrinking: minutes
@@ -390,5 +393,5 @@ def test_overview_and_findings_on_arbitrary_values(rs):
 def test_rounding_keeps_every_finite_float(x):
     """The findings' JSON rounds to 4 significant digits: up to the float maximum, where
     rounding up would overflow (1.798e308 is out of range), the value stays finite and near."""
-    r = json_values.round_sig(x, 4)
+    r = round_sig(x, 4)
     assert np.isfinite(r) and abs(r - x) <= 5e-4 * abs(x), (x, r)

@@ -23,7 +23,7 @@ from tb_introspect.demo.evidence import (
     story_problems,
 )
 from tb_introspect.demo.models import SERIOUS
-from tb_introspect.plugin.reader import read_logdir
+from tb_introspect.read import read_logdir
 from tests.browser.browser_session import DEMO_RUNS, Probe
 
 CLI = str(Path(sys.executable).with_name("tb-introspect"))

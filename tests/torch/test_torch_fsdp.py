@@ -297,7 +297,7 @@ def test_points_written_before_the_writer_is_killed_stay_readable(tmp_path_facto
             if p.is_alive():
                 p.kill()
             p.join(timeout=30)
-    run = ts.read_run(log_dir)  # plugin.reader.read_logdir
+    run = ts.read_run(log_dir)  # read.read_logdir
     for view in metadata.VIEWS:
         tensors = ts.by_name(run, view)
         assert tensors and all(list(t.steps) == [worker.STEPS, 2 * worker.STEPS]

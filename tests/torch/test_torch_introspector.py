@@ -295,8 +295,8 @@ def test_the_lean_steps_hooks_are_timed_into_the_budget(tmp_path):
 def test_viewing_side_imports_no_torch():
     code = textwrap.dedent("""
         import sys
-        import tb_introspect.metadata, tb_introspect.rundata, tb_introspect.json_values
-        import tb_introspect.plugin.introspect_plugin, tb_introspect.plugin.reader
+        import tb_introspect.metadata, tb_introspect.read, tb_introspect.read.json_values
+        import tb_introspect.plugin.introspect_plugin
         import tb_introspect.diagnose, tb_introspect.cli
         bad = [m for m in ("torch", "tensorflow") if m in sys.modules]
         print(bad)

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from tb_introspect import metadata, stats_np
-from tb_introspect.plugin import reader
+from tb_introspect.read import provider
 
 #: Slots that are exact (counts, moments, extremes, rates): compared with a float tolerance.
 EXACT = ("count", "finite_count", "nan_count", "posinf_count", "neginf_count", "zero_fraction",
@@ -102,7 +102,7 @@ def train(model, opt, data, intro=None, recorder=None, epochs: int = 1, loss_fn=
 
 
 def read_run(log_dir: str):
-    runs = reader.read_logdir(log_dir)
+    runs = provider.read_logdir(log_dir)
     assert len(runs) == 1, runs.keys()
     return next(iter(runs.values()))
 

@@ -13,7 +13,7 @@ import pytest
 
 SCRIPT = """
 import sys
-import tb_introspect, tb_introspect.torch, tb_introspect.diagnose, tb_introspect.plugin.reader
+import tb_introspect, tb_introspect.torch, tb_introspect.diagnose, tb_introspect.read
 print("LOADED:" + ",".join(sorted(m for m in sys.modules
                                   if m.split(".")[0] in ("transformers", "lightning",
                                                          "pytorch_lightning", "accelerate"))))

@@ -1,9 +1,11 @@
 """Read tb-introspect summaries from a TensorBoard data provider into numpy series.
 
-This is the plugin side's only way to the data, and it is independent of HTTP:
-the routes, the overview and ``tb-introspect diagnose`` all use :func:`read_run`
-or :func:`read_logdir`, which return the run data model of
-:mod:`tb_introspect.rundata` (``RunSeries``). No TensorFlow is imported here.
+This is the only way to a run's data, and it is independent of HTTP: the plugin's routes
+and overview and ``tb-introspect diagnose`` all use :func:`read_run` or :func:`read_logdir`,
+which return the run data model of :mod:`tb_introspect.read.series` (``RunSeries``); the
+findings judged during training assemble what was written with the same
+:func:`parse_tag_info`, :func:`series_from_datums` and :func:`assemble_run`. No TensorFlow
+is imported here.
 """
 
 from __future__ import annotations
@@ -17,14 +19,13 @@ from tensorboard import context as tb_context
 from tensorboard.data import provider as tb_provider
 
 from tb_introspect import metadata
-from tb_introspect.rundata import RunSeries, Series, TagInfo
+from tb_introspect.read.series import RunSeries, Series, TagInfo
 
 __all__ = [
     "ALL_POINTS", "KIND_ACTIVITY_MAP", "KIND_METRIC", "KIND_METRIC_EPOCH", "KIND_PROBES",
-    "KIND_TENSOR_STATS", "KIND_VIEW_SUMMARY",
-    "RunSeries", "Series", "TagInfo", "assemble_run", "fingerprint", "list_tags", "local_provider",
-    "parse_tag_info", "read_logdir", "read_run", "read_series", "series_from_datums",
-    "warn_skipped_tag",
+    "KIND_TENSOR_STATS", "KIND_VIEW_SUMMARY", "assemble_run", "fingerprint", "list_tags",
+    "local_provider", "parse_tag_info", "read_logdir", "read_run", "read_series",
+    "series_from_datums", "warn_skipped_tag",
 ]
 
 logger = logging.getLogger(__name__)

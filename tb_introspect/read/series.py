@@ -1,6 +1,6 @@
 """The run data model: what tb-introspect logged for a run, as numpy series (no TensorFlow).
 
-``plugin.reader`` reads a run's summaries into a :class:`RunSeries`: per view, one
+``read.provider`` reads a run's summaries into a :class:`RunSeries`: per view, one
 :class:`Series` per tensor (a row of packed statistics per logged step, the layout of
 ``docs/format.md``), and the loss and metrics. :func:`align` puts the tensors of one view on
 one step axis as :class:`Aligned` (tensor x step) matrices; the run overview

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tb_introspect import metadata
-from tb_introspect.plugin import reader
+from tb_introspect.read import provider
 from tests.plugin.plugin_testlib import LAYOUT, write_bad_tags, write_run
 
 
@@ -22,7 +22,7 @@ def logdir(tmp_path_factory):
 
 def test_read_logdir_returns_every_point_by_field_name(logdir) -> None:
     root, written = logdir
-    runs = reader.read_logdir(root)
+    runs = provider.read_logdir(root)
     assert sorted(runs) == ["bad", "nested/run"]
     rs = runs["nested/run"]
     assert list(rs.tensors) == list(metadata.VIEWS)
@@ -51,9 +51,9 @@ def test_read_logdir_returns_every_point_by_field_name(logdir) -> None:
 
 def test_wrong_length_and_newer_version(logdir, caplog) -> None:
     root, _ = logdir
-    reader._warned.clear()
+    provider._warned.clear()
     with caplog.at_level(logging.WARNING):
-        rs = reader.read_logdir(root, runs=["bad"])["bad"]
+        rs = provider.read_logdir(root, runs=["bad"])["bad"]
     assert [t for t, _ in rs.skipped] == ["introspect/output/short"]
     width = len(metadata.tensor_stats_fields("output"))
     assert f"{width - 3} values, layout has {width} fields" in rs.skipped[0][1]
@@ -68,17 +68,17 @@ def test_wrong_length_and_newer_version(logdir, caplog) -> None:
 
 def test_unknown_run_and_missing_logdir(logdir, tmp_path) -> None:
     root, _ = logdir
-    dp = reader.local_provider(root)
+    dp = provider.local_provider(root)
     with pytest.raises(KeyError, match="no tb-introspect data"):
-        reader.read_run(dp, "", "nope")
-    assert reader.read_run(dp, "", "nested/run").metrics["loss"].info.name == "loss"
+        provider.read_run(dp, "", "nope")
+    assert provider.read_run(dp, "", "nested/run").metrics["loss"].info.name == "loss"
     with pytest.raises(FileNotFoundError):
-        reader.read_logdir(str(tmp_path / "absent"))
+        provider.read_logdir(str(tmp_path / "absent"))
 
 
 def test_parse_tag_info_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="malformed"):
-        reader.parse_tag_info("t", b"\xff\xff\xff")
+        provider.parse_tag_info("t", b"\xff\xff\xff")
     meta = metadata.create_metric_metadata("loss")
-    info = reader.parse_tag_info("introspect/metric/loss", meta.plugin_data.content, 7, 1.5)
+    info = provider.parse_tag_info("introspect/metric/loss", meta.plugin_data.content, 7, 1.5)
     assert info.kind == "metric" and info.fields == ("epoch", "value") and info.max_step == 7
