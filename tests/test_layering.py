@@ -78,7 +78,8 @@ def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -
 #: ``tb_introspect`` that names a part, or the part it belongs to.
 PARTS = {"keras": "collect", "summary": "collect", "transformers": "trainers",
          "lightning": "trainers", "metadata": "format", "proto": "format",
-         "summary_pb": "format", "schema": "format", "schema_js": "format"}
+         "summary_pb": "format", "schema": "format", "schema_js": "format",
+         "rundata": "read"}
 
 
 def _part(module: str) -> str | None:

@@ -22,6 +22,9 @@ def test_each_front_end_under_its_framework() -> None:
 @pytest.mark.parametrize(("module", "old", "new"), [
     ("tb_introspect", "Introspector", "tb_introspect.keras.Introspector"),
     ("tb_introspect.lightning", "Introspect", "tb_introspect.lightning.IntrospectCallback"),
+    ("tb_introspect.plugin.reader", "read_logdir", "tb_introspect.read.read_logdir"),
+    ("tb_introspect.plugin.reader", "read_run", "tb_introspect.read.read_run"),
+    ("tb_introspect.rundata", "RunSeries", "tb_introspect.read.RunSeries"),
 ])
 def test_an_old_name_warns_once_and_is_the_new_thing(module, old, new) -> None:
     import importlib
@@ -47,3 +50,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="Introspektor"):
         tb_introspect.lightning.Introspektor  # noqa: B018
+    import tb_introspect.plugin.reader
+
+    with pytest.raises(AttributeError, match="parse_tag_info"):  # internal: moved, not kept
+        tb_introspect.plugin.reader.parse_tag_info  # noqa: B018
