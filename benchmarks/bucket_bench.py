@@ -119,14 +119,14 @@ def first_screen(args, client) -> list[str]:
     from tensorboard.compat.proto import summary_pb2
 
     from tb_introspect import summary_pb
-    from tb_introspect.writer import NumpyWriter
+    from tb_introspect.writer import NumpyWriter, tensor_stats_pb_from_array
     from tests.browser.browser_support import tensorboard
 
     rng = np.random.default_rng(0)
     # One step's statistics (every step the same: what is timed is reading, not the values).
     stats = summary_pb2.Summary()
     for t in range(args.tensors):
-        stats.value.extend(summary_pb.tensor_stats_pb_from_array(
+        stats.value.extend(tensor_stats_pb_from_array(
             rng.normal(size=(16, 16)), view="gradient", name=f"layer{t}/kernel",
             layer=f"layer{t}", depth=t).value)
     rows = ["| objects | bytes | TensorBoard start to the run listed at its last step (s) |"

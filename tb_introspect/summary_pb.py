@@ -113,38 +113,6 @@ def activity_pb(
     return _summary(metadata.activity_tag(name), meta, [epoch, samples, *c, *p])
 
 
-def tensor_stats_pb_from_array(
-    array,
-    *,
-    view: str,
-    name: str,
-    layer: str = "",
-    depth: int = 0,
-    cadence: str = "step",
-    epoch: int = 0,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
-    sample_size: int | None = None,
-    seed: int | None = None,
-    extras: dict[str, float] | None = None,
-) -> summary_pb2.Summary:
-    """Compute the statistics of ``array`` with numpy and wrap them in a Summary.
-
-    ``sample_size=None`` (the default here) gives exact percentiles; ``extras``
-    fills view slots such as ``update_ratio`` / ``cos_prev`` by name.
-    """
-    from tb_introspect import stats_np  # numpy only; imported here to keep this module light
-
-    a = np.asarray(array)
-    vec = stats_np.tensor_stats(
-        a, view, quantiles=quantiles, sample_size=sample_size, seed=seed, name=name
-    )
-    vec = fill_slots(vec, view, quantiles, epoch=epoch, **(extras or {}))
-    return tensor_stats_pb(
-        vec, view=view, name=name, layer=layer, depth=depth, shape=a.shape,
-        dtype=str(a.dtype), cadence=cadence, quantiles=quantiles,
-    )
-
-
 def fill_slots(
     vector, view: str, quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES, **values: float
 ) -> np.ndarray:
@@ -187,10 +155,9 @@ def view_summary_pb(
     Example:
         >>> import numpy as np
         >>> from tensorboard.util import tensor_util
-        >>> from tb_introspect import metadata, summary_pb
+        >>> from tb_introspect import metadata, stats_np, summary_pb
         >>> rows = [metadata.stats_tag("gradient", n) for n in ("dense/kernel", "dense/bias")]
-        >>> vecs = [summary_pb.vector_of(summary_pb.tensor_stats_pb_from_array(
-        ...     np.ones(4), view="gradient", name=n)) for n in ("dense/kernel", "dense/bias")]
+        >>> vecs = [stats_np.tensor_stats(np.ones(4), "gradient") for _ in rows]
         >>> pb = summary_pb.view_summary_pb("gradient", rows, vecs)
         >>> pb.value[0].tag, tensor_util.make_ndarray(pb.value[0].tensor).shape
         ('introspect/summary/gradient', (2, 9))
@@ -318,3 +285,9 @@ class ViewSummaries:
         self._described.add(view)
         return view_summary_pb(view, self.rows[view], packed, quantiles=quantiles,
                                cadence=cadence, with_metadata=first)
+
+
+def __getattr__(name: str):
+    if name == "tensor_stats_pb_from_array":  # it computes statistics: the engine's side
+        raise AttributeError(f"{__name__}.{name} moved to tb_introspect.writer.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,8 +23,39 @@ from types import TracebackType
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, stats_np, summary_pb
 from tb_introspect.pipeline.sink import EventSink
+
+
+def tensor_stats_pb_from_array(
+    array,
+    *,
+    view: str,
+    name: str,
+    layer: str = "",
+    depth: int = 0,
+    cadence: str = "step",
+    epoch: int = 0,
+    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    sample_size: int | None = None,
+    seed: int | None = None,
+    extras: dict[str, float] | None = None,
+) -> summary_pb2.Summary:
+    """Compute the statistics of ``array`` with numpy (``stats_np``) and wrap them in a
+    Summary (``summary_pb.tensor_stats_pb``), for ``add_summary`` or any other writer.
+
+    ``sample_size=None`` (the default here) gives exact percentiles; ``extras``
+    fills view slots such as ``update_ratio`` / ``cos_prev`` by name.
+    """
+    a = np.asarray(array)
+    vec = stats_np.tensor_stats(
+        a, view, quantiles=quantiles, sample_size=sample_size, seed=seed, name=name
+    )
+    vec = summary_pb.fill_slots(vec, view, quantiles, epoch=epoch, **(extras or {}))
+    return summary_pb.tensor_stats_pb(
+        vec, view=view, name=name, layer=layer, depth=depth, shape=a.shape,
+        dtype=str(a.dtype), cadence=cadence, quantiles=quantiles,
+    )
 
 
 class NumpyWriter:
@@ -89,7 +120,7 @@ class NumpyWriter:
         extras: dict[str, float] | None = None,
     ) -> np.ndarray:
         """Compute and write the statistics of ``array``; returns the packed vector."""
-        summary = summary_pb.tensor_stats_pb_from_array(
+        summary = tensor_stats_pb_from_array(
             array, view=view, name=name, layer=layer, depth=depth, cadence=cadence,
             epoch=epoch, quantiles=quantiles, sample_size=sample_size, seed=seed,
             extras=extras,

@@ -7,8 +7,11 @@ judged during training all use them and none depends on the plugin that serves t
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 SCRIPT = """
 import sys
@@ -89,31 +92,90 @@ def _part(module: str) -> str | None:
     return PARTS.get(names[1], names[1])
 
 
-def test_the_design_documents_every_dependency_between_parts() -> None:
-    import ast
-    import re
-    from pathlib import Path
+REPO = Path(__file__).resolve().parents[1]
 
-    repo = Path(__file__).resolve().parents[1]
-    block = re.search(r"Dependencies point one way.*?```text\n(.*?)```",
-                      (repo / "docs" / "design.md").read_text(encoding="utf-8"), re.S).group(1)
-    documented = {(line.split("->")[0].strip(), target) for line in block.splitlines()
-                  for target in line.split("->")[1].split()}
-    imported = set()
-    for path in (repo / "tb_introspect").rglob("*.py"):
-        module = ".".join(path.relative_to(repo).with_suffix("").parts)
-        source = _part(module.removesuffix(".__init__"))
-        if source is None:
-            continue
+
+def design_block() -> dict[str, set[str]]:
+    """docs/design.md's dependency block: each part and the parts it may import (a part that
+    imports none, named only on the right, with none)."""
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    block = re.search(r"Dependencies point one way.*?```text\n(.*?)```", text, re.S).group(1)
+    parts = {line.split("->")[0].strip(): set(line.split("->")[1].split())
+             for line in block.splitlines() if "->" in line}
+    return {p: parts.get(p, set()) for p in sorted({*parts, *set().union(*parts.values())})}
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Every module of ``tb_introspect`` and the package's modules it imports (anywhere in
+    it, a function's import too): ``from p import m`` names the module ``p.m`` where there is
+    one, else ``p``."""
+    paths = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (REPO / "tb_introspect").rglob("*.py")}
+
+    def known(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        targets = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [_part(node.module)]
-                if node.module == "tb_introspect":
-                    targets = [_part(f"tb_introspect.{n.name}") for n in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets |= {known(f"{node.module}.{n.name}") for n in node.names}
             elif isinstance(node, ast.Import):
-                targets = [_part(n.name) for n in node.names]
-            else:
-                continue
-            imported |= {(source, t) for t in targets if t not in (None, source, "__version__")}
+                targets |= {known(n.name) for n in node.names}
+        edges[module] = targets - {None, module}
+    return edges
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph ``edges`` (its nodes in order, the first again at the end), or
+    [] when the graph has a topological order."""
+    state: dict[str, int] = {}  # 1: on the path being followed, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_design_documents_every_dependency_between_parts() -> None:
+    documented = {(source, t) for source, targets in design_block().items() for t in targets}
+    imported = {(source, t) for module, targets in module_imports().items()
+                if (source := _part(module)) is not None
+                for t in map(_part, targets) if t not in (None, source)}
     assert sorted(imported - documented) == [], "imports the design does not list"
     assert sorted(documented - imported) == [], "the design lists imports that are gone"
+
+
+def test_the_parts_have_an_order_no_import_goes_back_up() -> None:
+    """The design's block has a topological order: no two parts import each other, however
+    indirectly (with the test above, neither do the modules of different parts)."""
+    block = design_block()
+    assert cycle(block) == [], "parts that import each other"
+    order: list[str] = []  # lowest first: a part comes after every part it imports
+    while len(order) < len(block):
+        order += sorted(p for p, targets in block.items()
+                        if p not in order and targets <= set(order))
+    assert order.index("format") < order.index("stats_np") < order.index("pipeline")
+    assert order.index("read") < order.index("diagnose") < order.index("plugin")
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """Within a part too: no import loop between modules (a function's import counts), so
+    each module can be read, tested and moved after the ones it imports."""
+    assert cycle(module_imports()) == []

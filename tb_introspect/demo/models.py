@@ -26,8 +26,9 @@ Keras is imported inside the builders so that listing the scenarios stays cheap.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Defaults shared by every scenario.
@@ -103,6 +104,24 @@ class Scenario:
         if kinds & self.contradicts:
             problems.append(f"{sorted(kinds & self.contradicts)} tell another story")
         return problems
+
+
+@dataclass
+class RunResult:
+    """What one scenario's training produced (Keras's ``demo/run.py`` and PyTorch's
+    ``demo/torch_run.py`` alike)."""
+
+    scenario: Scenario
+    run_name: str
+    path: str
+    epochs: int
+    seconds: float
+    history: dict[str, list[float]] = field(default_factory=dict)
+
+    def final(self, key: str) -> float:
+        """Last epoch's value of a Keras history entry (NaN when absent)."""
+        values = self.history.get(key) or [math.nan]
+        return float(values[-1])
 
 
 def _cnn(name: str) -> Any:

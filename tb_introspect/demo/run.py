@@ -13,28 +13,17 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from tb_introspect.demo.data import load_digits
-from tb_introspect.demo.models import BATCH_SIZE, EPOCHS, SCENARIOS, Scenario, get_scenario
-
-
-@dataclass
-class RunResult:
-    """What one scenario's training produced."""
-
-    scenario: Scenario
-    run_name: str
-    path: str
-    epochs: int
-    seconds: float
-    history: dict[str, list[float]] = field(default_factory=dict)
-
-    def final(self, key: str) -> float:
-        """Last epoch's value of a Keras history entry (NaN when absent)."""
-        values = self.history.get(key) or [math.nan]
-        return float(values[-1])
+from tb_introspect.demo.models import (
+    BATCH_SIZE,
+    EPOCHS,
+    SCENARIOS,
+    RunResult,
+    Scenario,
+    get_scenario,
+)
 
 
 def run_names(logdir: str, scenarios: Sequence[Scenario]) -> list[str]:

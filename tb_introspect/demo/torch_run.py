@@ -13,19 +13,18 @@ from typing import TextIO
 import numpy as np
 
 from tb_introspect.demo.data import Digits
-from tb_introspect.demo.models import BATCH_SIZE, EPOCHS, Scenario
+from tb_introspect.demo.models import BATCH_SIZE, EPOCHS, RunResult, Scenario
 
 
 def train_scenarios(
     chosen: Sequence[Scenario], paths: Sequence[str], data: Digits, *, epochs: int | None,
     quick: bool, every: str | int, seed: int, progress: bool, stream: TextIO,
-) -> list:
+) -> list[RunResult]:
     """Train each scenario into its run directory; the ``RunResult`` of each."""
     import torch
     import torch.nn.functional as F
 
     from tb_introspect.demo import torch_models
-    from tb_introspect.demo.run import RunResult
     from tb_introspect.torch import Introspector
 
     x_train = torch.from_numpy(np.moveaxis(data.x_train, -1, 1).copy())  # NCHW

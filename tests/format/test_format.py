@@ -125,7 +125,7 @@ def test_view_summaries_describe_a_tag_once_per_event_file():
 
 def test_tensor_stats_pb_from_array_fills_epoch_and_extras():
     x = np.arange(12, dtype=np.float32).reshape(3, 4) - 4
-    s = summary_pb.tensor_stats_pb_from_array(
+    s = writer.tensor_stats_pb_from_array(
         x, view="variable", name="w", layer="dense", depth=2, epoch=3,
         extras={"update_ratio": 0.01},
     )

@@ -36,7 +36,7 @@ from tb_introspect.proto import plugin_data_pb2
 from tb_introspect.read import provider
 from tb_introspect.read.json_values import round_sig
 from tb_introspect.read.series import Series, TagInfo
-from tb_introspect.writer import NumpyWriter
+from tb_introspect.writer import NumpyWriter, tensor_stats_pb_from_array
 from tests.reliability import reliability_testlib as rl
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -236,7 +236,7 @@ def _write_small_run(run_dir: Path, steps: int = 6) -> Path:
     with NumpyWriter(run_dir) as w:
         rng = np.random.default_rng(0)
         for step in range(1, steps + 1):
-            s = summary_pb.tensor_stats_pb_from_array(
+            s = tensor_stats_pb_from_array(
                 rng.normal(size=(4, 3)), view="gradient", name="d/kernel", layer="d", epoch=0)
             s.value.extend(summary_pb.metric_pb("loss", 1.0 / step).value)
             w.add_summary(s, step)
