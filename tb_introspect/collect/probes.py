@@ -1,11 +1,13 @@
 """The Keras side's transformer probes: a few extra numbers per layer, on statistics steps.
 
-Per monitored layer output, the median of |a| (of a sample of at most ``MEDIAN_SAMPLE``
-values of the batch) and the kurtosis m4 / m2**2 of all its values; per
-``MultiHeadAttention`` layer, the largest |pre-softmax logit| of a sample of query rows
+Per monitored layer output, the lower median of its finite |a| (of a sample of at most
+``MEDIAN_SAMPLE`` values of the batch) and the kurtosis m4 / m2**2 of all its values; per
+``MultiHeadAttention`` layer, the largest |pre-softmax logit| at evenly spread query rows
 against every key, the mask applied; for the output head (the last Dense layer of a
 classifier or language model), its largest logit and the mean over rows of the logits'
-logsumexp (``metadata.PROBE_FIELDS``, ``docs/format.md``).
+logsumexp (``metadata.PROBE_FIELDS``, ``docs/format.md``). The definitions, the window
+state and its reduction over replicas are the probes' contract, shared with PyTorch
+(``pipeline/probe_window.py``).
 
 They are computed where the statistics states are (``step.StepRecorder._fold_stats``), so
 only on statistics steps and under the same ``tf.cond`` as they are: the wrappers here only
@@ -15,10 +17,10 @@ recomputes the logits of the sampled rows, so it also sees the layers that run a
 ``dot_product_attention`` that never materialises them. The head's logits are its
 pre-activation (its ``activation`` is wrapped), the logits even under a softmax.
 
-``ProbeStates`` is the device state: per row the window's sums and counts of the averaged
-probes and the running maxima, one ON_READ variable each replica writes alone; a logged
-point reads every replica's copy (maxima: the largest, means: over all replicas' steps) and
-resets them (``read``).
+``ProbeStates`` is the device state, in ``probe_window``'s layout: per row the window's sums
+and counts of the averaged probes and the running maxima, one ON_READ variable each replica
+writes alone; a logged point gathers every replica's copy, resets them and reduces them with
+``probe_window.combine`` (``read``).
 """
 
 from __future__ import annotations
@@ -34,19 +36,20 @@ import tensorflow as tf
 
 from tb_introspect import metadata
 from tb_introspect.collect import capture, kernels, private
+from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.stats.numeric import to_float, uniform
 
-VALUE_FIELDS = metadata.PROBE_VALUE_FIELDS
+VALUE_FIELDS = probe_window.VALUE_FIELDS
 #: The averaged probes (a sum and a count each in the state), then the maxima.
-MEANS = ("abs_median", "kurtosis", "logit_lse")
-MAXIMA = ("attn_logit_max", "logit_max")
-_WIDTH = 2 * len(MEANS) + len(MAXIMA)
-MEDIAN_SAMPLE = metadata.PROBE_SAMPLE_SIZE
+MEANS = probe_window.MEANS
+MAXIMA = probe_window.MAXIMA
+_WIDTH = probe_window.WIDTH
+MEDIAN_SAMPLE = probe_window.SAMPLE_SIZE
 #: Query rows (positions) of a batch whose attention logits are recomputed: every row of a
-#: sequence up to this length, else this many drawn at random on each statistics step.
-QUERY_ROWS = 64
+#: sequence up to this length, else this many evenly spread (``probe_window.query_rows``).
+QUERY_ROWS = probe_window.QUERY_ROWS
 #: Activations whose pre-activation is what the head's loss takes as logits.
 _PROBABILITIES = frozenset({"softmax", "sigmoid", "log_softmax"})
 
@@ -55,8 +58,9 @@ _PROBABILITIES = frozenset({"softmax", "sigmoid", "log_softmax"})
 
 
 def abs_median(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """The median of |x| (float64): exact up to ``MEDIAN_SAMPLE`` values, else of that many
-    drawn with replacement (``seed``: an int64 pair). Non-finite values sort last."""
+    """``probe_window.abs_median`` of |x| (float64), the lower median of the finite values:
+    exact up to ``MEDIAN_SAMPLE`` values, else of that many drawn with replacement
+    (``seed``: an int64 pair); NaN where none is finite."""
     flat = tf.reshape(x, [-1])
     n = tf.size(flat, out_type=tf.int64)
     # One fixed-size sample whatever the batch (a branch per size made XLA sort every
@@ -68,11 +72,12 @@ def abs_median(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     sample = tf.cond(n > 0, lambda: tf.gather(flat, index),
                      lambda: tf.zeros([MEDIAN_SAMPLE], flat.dtype))
     sample = tf.abs(to_float(sample))
-    m = tf.minimum(n, MEDIAN_SAMPLE)
+    kept = (slots < tf.minimum(n, MEDIAN_SAMPLE)) & tf.math.is_finite(sample)
     inf = tf.constant(np.inf, sample.dtype)  # the padding and non-finite values: last
-    ordered = tf.sort(tf.where((slots < m) & tf.math.is_finite(sample), sample, inf))
-    middle = (tf.gather(ordered, tf.maximum(m - 1, 0) // 2) + tf.gather(ordered, m // 2)) / 2
-    return tf.where(m > 0, tf.cast(middle, tf.float64), np.nan)
+    ordered = tf.sort(tf.where(kept, sample, inf))
+    m = tf.reduce_sum(tf.cast(kept, tf.int64))  # the finite values of the sample
+    lower = tf.gather(ordered, tf.maximum(m - 1, 0) // 2)
+    return tf.where(m > 0, tf.cast(lower, tf.float64), np.nan)
 
 
 def kurtosis(x: tf.Tensor) -> tf.Tensor:
@@ -95,23 +100,31 @@ def head_logits(logits: tf.Tensor) -> tf.Tensor:
 
 
 def attention_logit_max(query: tf.Tensor, key: tf.Tensor, mask: tf.Tensor | None,
-                        causal: bool, scale: float, seed: tf.Tensor) -> tf.Tensor:
-    """The largest |q . k * scale| of ``query`` ``[B, T, N, H]`` against ``key``
-    ``[B, S, N, H]``, over the heads, every key and ``QUERY_ROWS`` query rows (all of a
-    shorter sequence), the positions ``mask`` (broadcastable to ``[B, T, S]``, true: attend)
-    and the causal mask leave out excluded (float64)."""
+                        causal: bool, scale: float) -> tf.Tensor:
+    """``probe_window.attention_logit_max``: the largest |q . k * scale| of ``query``
+    ``[B, T, N, H]`` against ``key`` ``[B, S, N, H]``, over the heads, every key, the query
+    rows ``probe_window.query_rows`` picks (all of a sequence up to ``QUERY_ROWS``, else
+    that many evenly spread) and the first ``probe_window.batch_elements`` batch elements,
+    the positions ``mask`` (broadcastable to ``[B, T, S]``, true: attend) and the causal
+    mask leave out excluded (float64)."""
     q = to_float(query) * scale
     k = to_float(key)
     t_static = q.shape[1]
-    t = tf.shape(q, out_type=tf.int64)[1]
-    if t_static is not None and t_static <= QUERY_ROWS:
-        rows = tf.range(t)
-    elif t_static is not None:
-        rows = tf.math.top_k(uniform([t_static], seed, 1), QUERY_ROWS).indices
-        rows = tf.cast(rows, tf.int64)
-    else:  # an unknown length: drawn with replacement
-        rows = tf.minimum(tf.cast(uniform([QUERY_ROWS], seed, 1) * tf.cast(t, tf.float64),
-                                  tf.int64), t - 1)
+    if t_static is not None:
+        rows = tf.constant(probe_window.query_rows(t_static), tf.int64)
+    else:  # a traced length: the same integer rule
+        t = tf.shape(q, out_type=tf.int64)[1]
+        n = tf.minimum(t, QUERY_ROWS)
+        rows = tf.range(n) * (t - 1) // tf.maximum(n - 1, 1)
+    heads, keys = q.shape[2], k.shape[1]
+    if heads is not None and keys is not None and t_static is not None:
+        b = probe_window.batch_elements(heads * min(t_static, QUERY_ROWS) * keys)
+    else:
+        shape_q, shape_k = tf.shape(q, out_type=tf.int64), tf.shape(k, out_type=tf.int64)
+        per = shape_q[2] * tf.size(rows, out_type=tf.int64) * shape_k[1]
+        b = tf.maximum(tf.constant(1, tf.int64),
+                       probe_window.LOGIT_BUDGET // tf.maximum(per, 1))
+    q, k = q[:b], k[:b]
     q = tf.gather(q, rows, axis=1)
     scores = tf.abs(tf.einsum("brnh,bsnh->bnrs", q, k))  # [B, N, rows, S]
     keep = None
@@ -119,6 +132,7 @@ def attention_logit_max(query: tf.Tensor, key: tf.Tensor, mask: tf.Tensor | None
         m = tf.cast(mask, tf.bool)
         while m.shape.rank < 3:
             m = m[tf.newaxis]
+        m = m[:b]  # the kept batch elements (a mask of one broadcasts)
         if m.shape[1] != 1:  # a mask per query row: the sampled rows'
             m = tf.gather(m, rows, axis=1)
         keep = m[:, tf.newaxis]  # broadcasts against [B, N, rows, S]
@@ -183,8 +197,7 @@ class ProbeStates:
         self.rows = list(rows)
         self.index = {name: i for i, name in enumerate(self.rows)}
         self.strategy = strategy
-        self.empty = np.zeros([len(self.rows), _WIDTH])
-        self.empty[:, 2 * len(MEANS):] = -np.inf
+        self.empty = probe_window.empty(len(self.rows))
         self.state = tf.Variable(self.empty, dtype=tf.float64, trainable=False,
                                  name="probes",
                                  synchronization=tf.VariableSynchronization.ON_READ,
@@ -215,47 +228,39 @@ class ProbeStates:
         return tf.stack(columns, axis=1)
 
     def fold(self, update: tf.Tensor) -> None:
-        """Add a step's ``update`` to this replica's state (a NaN maximum stays NaN)."""
+        """Add a step's ``update`` to this replica's state, as ``probe_window.fold`` does
+        (a NaN maximum stays NaN, +inf is kept)."""
         old = self.state.read_value()
-        split = 2 * len(MEANS)
+        split = probe_window.MAXIMA_AT
         a, b = old[:, split:], update[:, split:]
         highest = tf.where(tf.math.is_nan(a) | tf.math.is_nan(b),
                            tf.constant(np.nan, tf.float64), tf.maximum(a, b))
         self.state.assign(tf.concat([old[:, :split] + update[:, :split], highest], 1))
 
     def read(self) -> dict[str, np.ndarray]:
-        """The window's probes, row name -> ``VALUE_FIELDS`` values (NaN: none), over every
-        replica; the state starts again."""
+        """The window's probes, row name -> ``VALUE_FIELDS`` values (NaN: none), of every
+        replica's state (gathered in replica context, as the output states are:
+        ``point_graph.gather_outputs``), reduced by ``probe_window.combine``; the state
+        starts again."""
         if self._read is None:
             empty = tf.constant(self.empty)
 
             def take():
                 value = self.state.read_value()
-                with tf.control_dependencies([value]):
+                context = tf.distribute.get_replica_context()
+                if context is not None and context.num_replicas_in_sync > 1:
+                    states = context.all_gather(value[tf.newaxis], axis=0)  # [R, rows, W]
+                else:
+                    states = value[tf.newaxis]
+                with tf.control_dependencies([states]):
                     self.state.assign(empty)
-                return tf.identity(value)
+                return tf.identity(states)
 
             self._read = tf.function(lambda: self.strategy.run(take), autograph=False)
         with self.strategy.scope(), private.without_graph_optimization():
             result = self._read()
-        return combine([np.asarray(v) for v in self.strategy.experimental_local_results(result)],
-                       self.rows)
-
-
-def combine(replicas: Sequence[np.ndarray], rows: Sequence[str]) -> dict[str, np.ndarray]:
-    """Every replica's ``[rows, 8]`` state -> row name -> ``VALUE_FIELDS`` values: the means
-    over all replicas' counted steps, the maxima over replicas; NaN where nothing counted."""
-    stacked = np.stack(replicas).astype(np.float64)
-    split = 2 * len(MEANS)
-    sums = stacked[:, :, :split].sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = np.where(sums[:, 1::2] > 0, sums[:, 0::2] / sums[:, 1::2], np.nan)
-    highest = stacked[:, :, split:].max(axis=0)
-    highest = np.where(np.isneginf(highest), np.nan, highest)
-    by_name = dict(zip(MEANS, means.T, strict=True)) | dict(
-        zip(MAXIMA, highest.T, strict=True))
-    table = np.stack([by_name[f] for f in VALUE_FIELDS], axis=1)
-    return {name: table[i] for i, name in enumerate(rows)}
+        states = np.asarray(self.strategy.experimental_local_results(result)[0])
+        return probe_window.combine(states, self.rows)
 
 
 # ------------------------------------------------------------------ in one traced step
@@ -338,8 +343,7 @@ class ProbeStep:
                 self.failures.fail(Part("probes", rows[i]), e)
         for i, (q, k, mask, causal, scale) in self.attention_inputs.items():
             try:
-                add("attn_logit_max", [i], attention_logit_max(
-                    q, k, mask, causal, scale, seed + tf.constant([1, i], tf.int64)))
+                add("attn_logit_max", [i], attention_logit_max(q, k, mask, causal, scale))
             except Exception as e:
                 self.failures.fail(Part("probes", rows[i]), e)
         for i, z in self.logits.items():

@@ -266,7 +266,8 @@ class Introspector:
         rank 0's numpy finalize comes back as a callable the pipeline's worker runs
         (every rank calls it at the same steps, the output buffers are gathered)."""
         out = Point(window=self._window, stats_steps=self._stats_steps)
-        out.probes = self.pipeline.guard(PROBES.view, self.probes.take) or {}
+        # this rank's probe window and the rows seen so far (None: the probes are off)
+        probes = self.pipeline.guard(PROBES.view, self.probes.take)
         if self.ranks.writes and self._stats_steps:
             # A leaf no training forward pass called (a transformer's attention dropout
             # inside scaled_dot_product_attention) has no output to show: said once.
@@ -276,24 +277,31 @@ class Introspector:
                 self.failures.warn_once("uncalled", f"{len(idle)} layer output(s) not"
                                         " monitored: no training forward pass called them"
                                         f" before the first point ({', '.join(idle)})")
-        finish = self._exchange(out, seed=self.options.seed + self.step_count)
+        finish = self._exchange(out, seed=self.options.seed + self.step_count, probes=probes)
         self._window = self._stats_steps = 0
         return out if finish is None else finish
 
-    def _exchange(self, out: Point, seed: int) -> Callable[[], Point] | None:
+    def _exchange(self, out: Point, seed: int,
+                  probes: tuple[np.ndarray, list[str]] | None = None
+                  ) -> Callable[[], Point] | None:
         """The point's one exchange between ranks (``Ranks.exchange``): every rank's output
-        states and sharded parameters' states, and rank 0's governor spacing; a part that
-        failed on any rank switches the statistics off on every rank (``ranks.Broken``).
-        The writing rank gets the blocks' numpy work back as a callable (None elsewhere):
-        it reads host copies only, never a buffer training writes to."""
+        states, sharded parameters' states and probe window (``probes``: this rank's
+        ``Probes.take``, None when its probes are off: an empty window takes its place),
+        and rank 0's governor
+        spacing; a part of the statistics that failed on any rank switches them off on
+        every rank (``ranks.Broken``). The writing rank gets the blocks' numpy work back as
+        a callable (None elsewhere): it reads host copies only, never a buffer training
+        writes to."""
         ranks, failed = self.ranks, self._failed
-        payload, n_out, layout, params = None, 0, None, None
+        payload, n_out, n_params, layout, params = None, 0, 0, None, None
         if failed is None:
             try:
                 payload, layout = self.output_states.local_payload()
                 n_out = payload.size
                 local, params = self.parameter_views.local_payload(seed)
-                payload = np.concatenate([payload, local])
+                n_params = local.size
+                window = self.probes.empty_state() if probes is None else probes[0]
+                payload = np.concatenate([payload, local, window.reshape(-1)])
             except Exception as e:
                 failed = e
                 payload = None
@@ -310,9 +318,13 @@ class Introspector:
             return None
 
         def finish() -> Point:
+            if probes is not None:  # every rank's window (probe_window.combine)
+                out.probes = self.pipeline.guard(PROBES.view, self.probes.values,
+                                                 copies[:, n_out + n_params:], probes[1]) or {}
             try:
                 self.output_states.add_blocks(out, copies[:, :n_out], layout)
-                self.parameter_views.add_blocks(out, copies[:, n_out:], seed, params)
+                self.parameter_views.add_blocks(out, copies[:, n_out:n_out + n_params], seed,
+                                                params)
             except Exception as e:
                 if ranks.world == 1:
                     raise

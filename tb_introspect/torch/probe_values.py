@@ -1,7 +1,9 @@
 """The numbers the PyTorch transformer probes take (``probes.Probes`` hooks them): the
 largest |pre-softmax logit| of an attention call from its own q and k (``logit_peak``, and
 ``mha_logit_peak`` from ``multi_head_attention_forward``'s arguments), at the query rows
-``query_rows`` picks, and the median |a| of a layer output's sample (``abs_median``)."""
+``query_rows`` picks, and a layer output's median |a| on the device (``abs_median``). Their
+definitions are the contract's (``pipeline/probe_window.py``: the query rows, the batch
+elements, the masks, the median)."""
 
 from __future__ import annotations
 
@@ -9,26 +11,26 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-#: At most this many query rows of each attention call give its logits (evenly spread).
-QUERY_ROWS = 64
-#: At most about this many logits are made per call: fewer batch elements past it.
-LOGIT_BUDGET = 2**22
-#: A float mask value at or below this excludes its position (``-inf``, ``finfo.min``).
-MASKED = -1e30
+from tb_introspect.pipeline.probe_window import LOGIT_BUDGET, MASKED, QUERY_ROWS, batch_elements
 
 
 def query_rows(length: int, rows: int = QUERY_ROWS,
                device: torch.device | str = "cpu") -> torch.Tensor:
-    """The query rows a call of ``length`` queries is probed at: all of them up to ``rows``,
-    else ``rows`` evenly spread from the first to the last (integer steps of at least one,
-    made on ``device``: no copy to wait for)."""
-    if length <= rows:
-        return torch.arange(length, device=device)
-    return torch.arange(rows, device=device) * (length - 1) // (rows - 1)
+    """``probe_window.query_rows``, made on ``device`` (no copy to wait for): all of the
+    ``length`` query rows up to ``rows``, else ``rows`` evenly spread."""
+    n = min(length, rows)
+    return torch.arange(n, device=device) * (length - 1) // max(n - 1, 1)
+
+
+def abs_median(sample: torch.Tensor) -> torch.Tensor:
+    """``probe_window.abs_median`` on the device, a scalar: the lower median of the finite
+    ``|sample|`` by selection (``nanmedian``, not a sort), ±inf left out as NaN is; NaN
+    where none is finite."""
+    a = sample.abs()
+    return torch.where(a == math.inf, math.nan, a).nanmedian()
 
 
 def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] = (), *,
@@ -39,14 +41,14 @@ def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] =
     ``masks``: as ``scaled_dot_product_attention`` takes them, broadcastable to
     ``(..., L, S)``: a bool mask keeps its True positions, a float one is added and excludes
     positions at or below ``MASKED``; ``is_causal``: the top-left causal mask; ``scale``:
-    default ``1 / sqrt(E)``. Over ``query_rows(L, rows)`` and, past ``budget`` logits,
-    over fewer elements of the first batch dim."""
+    default ``1 / sqrt(E)``. Over ``query_rows(L, rows)`` and the first
+    ``probe_window.batch_elements`` elements of the first batch dim (``budget`` logits)."""
     length, width = q.shape[-2:]
     keys = k.shape[-2]
     scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
     r = query_rows(length, rows, q.device)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    b = max(1, budget // max(1, math.prod(lead[1:]) * len(r) * keys))
+    b = batch_elements(math.prod(lead[1:]) * len(r) * keys, budget)
     rank = len(lead) + 2
 
     def first(t: torch.Tensor) -> torch.Tensor:  # the kept batch elements of a full-rank t
@@ -75,17 +77,6 @@ def logit_peak(q: torch.Tensor, k: torch.Tensor, masks: Sequence[torch.Tensor] =
         logits.masked_fill_(~keep, 0.0)
     lo, hi = torch.aminmax(logits)
     return torch.maximum(hi, -lo)
-
-
-def abs_median(sample: np.ndarray) -> float:
-    """The lower median of ``|sample|``, NaN left out (``torch.nanmedian``'s): numpy's
-    selection puts NaN last."""
-    a = np.abs(sample)
-    m = a.size - int(np.count_nonzero(np.isnan(a)))
-    if not m:
-        return math.nan
-    j = (m - 1) // 2
-    return float(np.partition(a, j)[j])
 
 
 def mha_logit_peak(*, query: torch.Tensor, key: torch.Tensor, num_heads: int,

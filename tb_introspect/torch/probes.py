@@ -13,8 +13,11 @@ On statistics steps only, and only while one runs, this module hooks:
   ``Linear`` leaf, kept once its output is seen to be the model's): its largest logit and
   the mean logsumexp of its rows.
 
-Each value stays on the device (a few device scalars per row, no host sync), folded into a
-mean or a maximum over the window; a logged point copies them to the host once (``take``).
+Each value stays on the device (a few device scalars per row, no host sync), folded into the
+window state of the probes' contract (``pipeline/probe_window.py``: a sum and a count per
+mean, a running maximum per maximum); a logged point copies it to the host once (``take``),
+joins the point's one exchange between ranks, and the writing rank reduces every rank's
+state with ``probe_window.combine`` (``values``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tb_introspect import metadata
+from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.pipeline.plan import Plan, sanitize
@@ -41,10 +45,7 @@ from tb_introspect.torch.probe_values import abs_median, logit_peak, mha_logit_p
 from tb_introspect.torch.ranks import host
 from tb_introspect.torch.state import hash_uniform, scratch
 
-_ABS_MEDIAN, _KURTOSIS, _ATTN, _LOGIT_MAX, _LSE = range(len(metadata.PROBE_VALUE_FIELDS))
-#: Probes averaged over the window's statistics steps; the others are maxima.
-_MEANS = (_ABS_MEDIAN, _KURTOSIS, _LSE)
-_WIDTH = len(metadata.PROBE_VALUE_FIELDS)
+_WIDTH = probe_window.WIDTH
 PROBES = Part("probes")
 
 
@@ -86,9 +87,10 @@ def _tensors(output: Any) -> list[torch.Tensor]:
 
 
 class Probes:
-    """The probes of one model: their rows, hooks and patches, and the window's values on
-    the device. ``follow(phase)`` turns the hooks on for statistics steps only; ``take()``
-    gives a point's ``Point.probes`` and starts the window again."""
+    """The probes of one model: their rows, hooks and patches, and the window's state on
+    the device (``probe_window``'s layout). ``follow(phase)`` turns the hooks on for
+    statistics steps only; ``take()`` copies the state to the host and starts the window
+    again, ``values(states)`` makes a point's ``Point.probes`` of every rank's copy."""
 
     def __init__(self, model: nn.Module, outputs: Sequence[OutputSpec], plan: Plan,
                  device: torch.device, passes: ForwardPasses, *,
@@ -110,11 +112,8 @@ class Probes:
         if self.on and head is not None:
             name, module, self._head_certain = head
             self._head = (self._row(by_module.get(id(module), sanitize(name))), module)
-        n = len(self.rows)
-        self.sums = torch.zeros(n, len(metadata.PROBE_VALUE_FIELDS), dtype=torch.float64,
-                                device=device)
-        self.counts = torch.zeros_like(self.sums)
-        self.peaks = torch.full_like(self.sums, -math.inf)
+        self._empty = torch.from_numpy(probe_window.empty(len(self.rows))).to(device)
+        self.state = self._empty.clone()  # [rows, probe_window.WIDTH]
         self.seen: set[int] = set()  # rows with a value since the start (host bookkeeping)
         # uniform positions in [0, 1) of the median's sample, without the user's RNG
         self.draws = hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
@@ -192,19 +191,19 @@ class Probes:
 
     # ------------------------------------------------------------------ folds
 
-    def _mean(self, i: int, col: int, value: torch.Tensor | float) -> None:
-        self._pending.append((i * _WIDTH + col, value, True))
+    def _mean(self, i: int, field: str, value: torch.Tensor | float) -> None:
+        self._pending.append((i * _WIDTH + probe_window.SUM[field], value, True))
         self.seen.add(i)
 
-    def _peak(self, i: int, col: int, value: torch.Tensor) -> None:
-        self._pending.append((i * _WIDTH + col, value, False))
+    def _peak(self, i: int, field: str, value: torch.Tensor) -> None:
+        self._pending.append((i * _WIDTH + probe_window.PEAK[field], value, False))
         self.seen.add(i)
 
     def settle(self) -> None:
         """Fold the values of the statistics steps so far (device scalars) into the window's
-        sums, counts and maxima: a few ops for all of them, not a few per value. A
-        non-finite value is left out of a mean; a NaN out of a maximum. An error switches
-        the probes off (training goes on)."""
+        state, as ``probe_window.fold`` does: a few ops for all of them, not a few per
+        value. A non-finite value is left out of a mean; a maximum keeps +inf, and a NaN
+        makes it NaN. An error switches the probes off (training goes on)."""
         pending, self._pending = self._pending, []
         try:
             self._fold(pending)
@@ -227,13 +226,19 @@ class Probes:
                 v = torch.tensor([float(v) for _, v in chosen], dtype=torch.float64)
             else:
                 v = torch.stack([v.reshape(()) for _, v in chosen]).double()
-            if mean:
+            flat = self.state.view(-1)
+            if mean:  # the sum's slot, then its count's
                 finite = torch.isfinite(v)
-                self.sums.view(-1).index_add_(0, at, torch.where(finite, v, 0.0))
-                self.counts.view(-1).index_add_(0, at, finite.double())
+                flat.index_add_(0, at, torch.where(finite, v, 0.0))
+                flat.index_add_(0, at + 1, finite.double())
             else:
-                v = torch.where(torch.isnan(v), -math.inf, v)
-                self.peaks.view(-1).scatter_reduce_(0, at, v, reduce="amax")
+                # the largest of the others, then NaN added where a NaN came (adding 0
+                # leaves a maximum, ±inf too); a slot already NaN stays NaN
+                nan = torch.isnan(v)
+                was_nan = torch.isnan(flat)
+                flat.scatter_reduce_(0, at, torch.where(nan, -math.inf, v), reduce="amax")
+                flat.index_add_(0, at, torch.where(nan, v, 0.0))
+                flat.masked_fill_(was_nan, math.nan)
 
     def _guarded(self, fn: Callable, *args: Any) -> None:
         if not self.active:
@@ -270,21 +275,20 @@ class Probes:
             sample = flat.index_select(0, pick)
         d = scratch(flat, n, 1)[0]
         if flat.device.type == "cpu":  # numbers on the host: a few numpy calls, not kernels
-            self._mean(i, _ABS_MEDIAN, abs_median(sample.numpy()))
+            self._mean(i, "abs_median", probe_window.abs_median(sample.numpy()))
             torch.sub(flat, float(flat.sum()) / n, out=d)
             m2 = float(torch.dot(d, d)) / n
             d.square_()
             m4 = float(torch.dot(d, d)) / n
-            self._mean(i, _KURTOSIS, m4 / (m2 * m2) if m2 * m2 > 0 else math.nan)
+            self._mean(i, "kurtosis", m4 / (m2 * m2) if m2 * m2 > 0 else math.nan)
             return
-        # the lower median, by selection (not a sort), NaN left out
-        self._mean(i, _ABS_MEDIAN, sample.abs().nanmedian())
+        self._mean(i, "abs_median", abs_median(sample))  # by selection, on the device
         # kurtosis: two passes from the mean, the sums of powers as dot products (fused); the
         # deviations in the CPU's reused work buffer (a fresh one costs its page faults)
         torch.sub(flat, flat.mean(), out=d)
         m2 = torch.dot(d, d) / n
         d.square_()
-        self._mean(i, _KURTOSIS, torch.dot(d, d) / n / (m2 * m2))
+        self._mean(i, "kurtosis", torch.dot(d, d) / n / (m2 * m2))
 
     def _head_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
         x = modules.first_tensor(output)
@@ -297,9 +301,9 @@ class Probes:
 
     def _logits(self, i: int, x: torch.Tensor) -> None:
         x = x if x.dtype == torch.float64 else x.float()
-        self._peak(i, _LOGIT_MAX, x.amax())
+        self._peak(i, "logit_max", x.amax())
         rows = x.reshape(-1, x.shape[-1]) if x.dim() > 1 else x.reshape(1, -1)
-        self._mean(i, _LSE, torch.logsumexp(rows, dim=-1).mean())
+        self._mean(i, "logit_lse", torch.logsumexp(rows, dim=-1).mean())
 
     def _model_hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
         """The first training forward pass tells whether the head candidate's output is the
@@ -319,10 +323,10 @@ class Probes:
         if not any(t is made for t in _tensors(output)):
             self.settle()
             i = self._head[0]
-            for col in (_LOGIT_MAX, _LSE):  # the candidate's values are no head's
-                self.peaks[i, col] = -math.inf
-                self.sums[i, col] = 0.0
-                self.counts[i, col] = 0.0
+            # the candidate's values are no head's
+            self.state[i, probe_window.PEAK["logit_max"]] = -math.inf
+            self.state[i, probe_window.SUM["logit_lse"]] = 0.0
+            self.state[i, probe_window.COUNT["logit_lse"]] = 0.0
             if all(j != i for j, _ in self._outputs):
                 self.seen.discard(i)  # no layer output's row either
             self._head = None
@@ -383,33 +387,38 @@ class Probes:
         if a.get("enable_gqa") and q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         mask = a.get("attn_mask")
-        self._peak(i, _ATTN, logit_peak(q, k, () if mask is None else (mask.detach(),),
+        self._peak(i, "attn_logit_max", logit_peak(q, k, () if mask is None else (mask.detach(),),
                                         is_causal=bool(a.get("is_causal")),
                                         scale=a.get("scale")))
 
     def _mha_logits(self, i: int, arguments: dict) -> None:
-        self._peak(i, _ATTN, mha_logit_peak(**arguments))
+        self._peak(i, "attn_logit_max", mha_logit_peak(**arguments))
 
     # ------------------------------------------------------------------ a point
 
-    def take(self) -> dict[str, np.ndarray]:
-        """The window's probes, row name -> ``PROBE_VALUE_FIELDS`` (NaN where one does not
-        apply), of every row seen so far; one host copy. The window starts again."""
+    def take(self) -> tuple[np.ndarray, list[str]]:
+        """This rank's window state, ``[rows, probe_window.WIDTH]`` (one host copy; the same
+        shape on every rank: it joins the point's exchange between ranks), and the rows
+        this rank has seen a value of so far. The window starts again."""
         self.settle()
-        if not self.seen:
-            return {}
-        copy = host(torch.stack([self.sums, self.counts, self.peaks]))
-        self.sums.zero_()
-        self.counts.zero_()
-        self.peaks.fill_(-math.inf)
-        sums, counts, peaks = copy
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values = np.where(counts > 0, sums / counts, np.nan)
-        peaked = np.isfinite(peaks)
-        maxima = [c for c in range(values.shape[1]) if c not in _MEANS]
-        values[:, maxima] = np.where(peaked[:, maxima], peaks[:, maxima], np.nan)
+        copy = host(self.state)
+        self.state.copy_(self._empty)
         names = {i: name for name, i in self.rows.items()}
-        return {names[i]: values[i] for i in sorted(self.seen)}
+        return copy, [names[i] for i in sorted(self.seen)]
+
+    def empty_state(self) -> np.ndarray:
+        """A window with no value: this rank's part of the exchange when ``take`` gave none."""
+        return probe_window.empty(len(self.rows))
+
+    def values(self, states: np.ndarray, seen: list[str]) -> dict[str, np.ndarray]:
+        """A point's probes from every rank's ``take`` (``[ranks, rows * WIDTH]``; ``seen``:
+        the writing rank's rows): row name -> ``PROBE_VALUE_FIELDS`` (NaN where one does
+        not apply), by ``probe_window.combine``. Runs beside training: host copies only."""
+        if not seen:
+            return {}
+        names = sorted(self.rows, key=self.rows.__getitem__)
+        point = probe_window.combine(np.reshape(states, (-1, len(names), _WIDTH)), names)
+        return {name: point[name] for name in seen}
 
     def close(self) -> None:
         """Remove every hook and patch."""

@@ -1,7 +1,9 @@
 """The Keras front-end's transformer probes (``collect/probes.py``) against direct
-computations on the same batch: layer outputs' median |a| and kurtosis, MultiHeadAttention's
-largest |logit| with and without a causal mask, the head's largest logit and logsumexp; only
-from statistics steps; none with ``probes=False``."""
+computations on the same batch, by the probes' contract (``pipeline/probe_window.py``):
+layer outputs' lower median |a| and kurtosis, MultiHeadAttention's largest |logit| with and
+without a causal mask, at the contract's query rows, the head's largest logit and
+logsumexp; only from statistics steps; none with ``probes=False``. The contract's reduction
+and the parity with PyTorch: ``tests/stats/test_probe_parity.py``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 from tb_introspect import metadata  # noqa: E402
 from tb_introspect.collect import capture, probes  # noqa: E402
 from tb_introspect.keras import Introspect, Introspector  # noqa: E402
+from tb_introspect.pipeline import probe_window  # noqa: E402
 from tb_introspect.read import provider  # noqa: E402
 from tb_introspect.read.series import Probes, probes_of  # noqa: E402
 
@@ -58,8 +61,7 @@ def test_abs_median_and_kurtosis_of_a_batch():
     rng = np.random.default_rng(0)
     small = rng.standard_t(5, size=(8, 16, 32)).astype("float32")  # 4096 values: exact
     seed = tf.constant([3, 4], tf.int64)
-    assert float(probes.abs_median(small, seed)) == pytest.approx(
-        np.median(np.abs(small)), rel=1e-6)
+    assert float(probes.abs_median(small, seed)) == probe_window.abs_median(small)
     assert float(probes.kurtosis(small)) == pytest.approx(kurtosis(small), rel=1e-4)
     gauss = rng.normal(size=(64, 4096)).astype("float32")  # sampled: 4096 of 262144
     assert float(probes.abs_median(gauss, seed)) == pytest.approx(0.6745, rel=0.05)
@@ -77,30 +79,26 @@ def test_attention_logit_max_with_padding_and_causal_masks():
     keys[:, -3:] = False
     mask = np.broadcast_to(keys[:, None, :], (3, 10, 10))
     causal = np.tril(np.ones((10, 10), bool))
-    seed = tf.constant([0, 1], tf.int64)
     for m, c, want in [(None, False, logits), (None, True, logits * causal),
                        (mask, False, logits * mask[:, None]),
                        (mask, True, logits * (mask & causal)[:, None])]:
-        got = float(probes.attention_logit_max(q, k, m, c, 0.5, seed))
+        got = float(probes.attention_logit_max(q, k, m, c, 0.5))
         assert got == pytest.approx(want.max(), rel=1e-5)
 
 
-def test_a_sample_of_query_rows_of_a_long_sequence():
+def test_the_contract_s_query_rows_of_a_long_sequence():
     rng = np.random.default_rng(2)
     q = rng.normal(size=(2, 512, 2, 8)).astype("float32")
     k = rng.normal(size=(2, 512, 2, 8)).astype("float32")
     full = np.abs(np.einsum("btnh,bsnh->bnts", q, k)).max()
-    got = float(probes.attention_logit_max(q, k, None, False, 1.0, tf.constant([5, 6],
-                                                                               tf.int64)))
-    assert 0.7 * full <= got <= full * (1 + 1e-6)  # 64 of 512 rows, every key
-
-
-def test_replicas_combine_maxima_and_pooled_means():
-    # rows x [abs_median sum, n, kurtosis sum, n, lse sum, n, attn max, logit max]
-    a = np.array([[2.0, 1, 6.0, 2, 0, 0, 5.0, -np.inf]])
-    b = np.array([[4.0, 1, 3.0, 1, 0, 0, 9.0, -np.inf]])
-    got = probes.combine([a, b], ["x"])["x"]
-    np.testing.assert_allclose(got, [3.0, 3.0, 9.0, np.nan, np.nan])
+    want = probe_window.attention_logit_max(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
+                                            scale=1.0)  # 64 of 512 rows, evenly spread
+    spec = tf.TensorSpec([None, None, 2, 8], tf.float32)  # a length known when it runs
+    traced = tf.function(lambda q, k: probes.attention_logit_max(q, k, None, False, 1.0),
+                         input_signature=[spec, spec])
+    for got in (probes.attention_logit_max(q, k, None, False, 1.0), traced(q, k)):
+        assert float(got) == pytest.approx(want, rel=1e-5)
+    assert want <= full * (1 + 1e-6)
     assert probes.VALUE_FIELDS == metadata.PROBE_VALUE_FIELDS
 
 
@@ -175,7 +173,8 @@ def test_every_probe_of_a_one_step_fit_is_the_batch_s(gpt_run):
     outs = dict(zip(names, (np.asarray(o) for o in tap(x)), strict=True))
     assert set(names) <= set(p.rows)
     for name, a in outs.items():  # every output holds at most 4096 values: exact medians
-        assert value(p, name, "abs_median") == pytest.approx(np.median(np.abs(a)), rel=1e-5)
+        assert value(p, name, "abs_median") == pytest.approx(probe_window.abs_median(a),
+                                                             rel=1e-5)
         assert value(p, name, "kurtosis") == pytest.approx(kurtosis(a), rel=1e-3)
     causal = np.tril(np.ones((SEQ, SEQ), bool))
     want = np.abs(logits_of(model.get_layer("causal"), outs["embed"])) * causal
@@ -225,7 +224,7 @@ def test_probes_come_from_statistics_steps_only(tmp_path, jit):
     h = [np.asarray(hidden(b)) for b in stats]
     z = [h_ @ np.asarray(head.kernel) + np.asarray(head.bias) for h_ in h]  # pre-softmax
     assert value(p, "hidden", "abs_median") == pytest.approx(
-        np.mean([np.median(np.abs(a)) for a in h]), rel=1e-5)
+        np.mean([probe_window.abs_median(a) for a in h]), rel=1e-5)
     assert value(p, "hidden", "kurtosis") == pytest.approx(
         np.mean([kurtosis(a) for a in h]), rel=1e-3)
     assert value(p, "head", "logit_max") == pytest.approx(max(a.max() for a in z), rel=1e-5)
@@ -295,7 +294,7 @@ def test_custom_loop_probes_of_its_statistics_steps(tmp_path):
     zs = [np.asarray(model(x)) for x in stats]
     causal = np.tril(np.ones((8, 8), bool))
     assert value(p, "proj", "abs_median") == pytest.approx(
-        np.mean([np.median(np.abs(h_)) for h_ in hs]), rel=1e-5)
+        np.mean([probe_window.abs_median(h_) for h_ in hs]), rel=1e-5)
     assert value(p, "mha", "attn_logit_max") == pytest.approx(
         max((np.abs(logits_of(mha, h_)) * causal).max() for h_ in hs), rel=1e-4)
     assert value(p, "logits", "logit_max") == pytest.approx(max(z.max() for z in zs), rel=1e-5)

@@ -75,3 +75,27 @@ def test_ddp_equals_single_process_on_the_global_batch(runs):
             rectifier = view == "output" and name in RECTIFIERS
             ts.check_vector(got, values, every if rectifier else None, view, rtol=2e-4,
                             rank_tol=6.0)
+
+
+def probe_series(run) -> dict[str, dict[str, np.ndarray]]:
+    """Each probe row's fields over the run's points (the PROBES matrix as written)."""
+    s = run.probes
+    fields, rows = list(s.info.fields), list(s.info.rows)
+    cube = np.asarray(s.values).reshape(len(s), len(rows), len(fields))
+    return {r: {f: cube[:, i, j] for j, f in enumerate(fields)} for i, r in enumerate(rows)}
+
+
+def test_probes_cover_every_rank(runs):
+    """The ranks' probe windows join the point's exchange (pipeline/probe_window.py): the
+    head's largest logit is the global batch's, the largest over both ranks, and its mean
+    logsumexp the mean over both ranks' rows (each holds half), as one process on the
+    global batches gives them."""
+    _, ddp, single, _ = runs
+    got, want = probe_series(ddp), probe_series(single)
+    assert set(got) == set(want)
+    head = "8"  # the last Linear of worker.plain_cnn
+    assert list(ddp.probes.steps) == list(single.probes.steps)
+    for field in ("logit_max", "logit_lse"):
+        assert np.isfinite(want[head][field]).all()
+        np.testing.assert_allclose(got[head][field], want[head][field], rtol=1e-5,
+                                   err_msg=field)

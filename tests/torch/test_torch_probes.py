@@ -2,8 +2,9 @@
 computation on the same batches: a model calling ``F.scaled_dot_product_attention``,
 ``nn.MultiheadAttention`` (both of its paths), a Hugging Face GPT-2 (its default "sdpa"
 attention), the output head's largest logit and logsumexp, the layer outputs' median |a| and
-kurtosis; taken on statistics steps only and aggregated over the window; ``probes=False``
-writes none."""
+kurtosis; taken on statistics steps only and aggregated over the window as the probes'
+contract says (``pipeline/probe_window.py``); ``probes=False`` writes none. The contract's
+reduction and the parity with Keras: ``tests/stats/test_probe_parity.py``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tb_introspect import metadata
+from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.torch import Introspector
 from tb_introspect.torch.probe_values import logit_peak, query_rows
@@ -74,12 +76,6 @@ def lm_loss(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def kurtosis(x: np.ndarray) -> float:
     d = x.astype(np.float64).ravel() - x.mean(dtype=np.float64)
     return float(np.mean(d**4) / np.mean(d**2) ** 2)
-
-
-def abs_median(x: np.ndarray) -> float:
-    """The lower median of |x| (of an even count, the smaller middle value)."""
-    a = np.sort(np.abs(x.astype(np.float64)).ravel())
-    return float(a[(len(a) - 1) // 2])
 
 
 def logit_lse(logits: np.ndarray) -> float:
@@ -151,7 +147,8 @@ def sdpa_run(tmp_path_factory):
                     "logit_max": float(logits.detach().max()),
                     "lse": logit_lse(logits.detach().numpy()),
                     **{f"{n}/{f}": fn(seen[n].numpy()) for n in ("emb", "ln", "head")
-                       for f, fn in (("abs_median", abs_median), ("kurtosis", kurtosis))},
+                       for f, fn in (("abs_median", probe_window.abs_median),
+                                     ("kurtosis", kurtosis))},
                 })
             intro.end_epoch()
     for h in handles:
@@ -362,6 +359,7 @@ def test_logit_peak_samples_query_rows_and_applies_masks():
     q, k = torch.randn(2, 3, 200, 8, generator=g), torch.randn(2, 3, 150, 8, generator=g)
     rows = query_rows(200).numpy()
     assert len(rows) == 64 and rows[0] == 0 and rows[-1] == 199
+    np.testing.assert_array_equal(rows, probe_window.query_rows(200))
     keep = np.random.default_rng(0).random((2, 1, 200, 150)) > 0.3
     bias = np.where(keep, 0.5, -np.inf).astype(np.float32)
     for masks, expect_keep, add in (((torch.from_numpy(keep),), keep, 0.0),
