@@ -29,6 +29,7 @@ from tb_introspect.diagnose import Finding, find_issues
 from tb_introspect.diagnose.core import SEVERITY_RANK
 from tb_introspect.pipeline.failures import Failures, Part, short_error
 from tb_introspect.pipeline.options import check_on_finding, check_severity
+from tb_introspect.pipeline.worker import Job, WorkerThread
 from tb_introspect.read import provider
 from tb_introspect.read.series import RunSeries, Series
 
@@ -40,8 +41,6 @@ FINDINGS = "findings"
 NOT_A_FINDING = ("insufficient_data",)
 #: How long the end of training waits for the last judgement before giving up on it.
 SETTLE_SECONDS = 60.0
-#: A worker with nothing to judge for this long ends (the next point starts another).
-IDLE_SECONDS = 30.0
 
 Batches = Sequence[tuple[int, Sequence[summary_pb2.Summary]]]
 
@@ -150,7 +149,10 @@ class Watch:
         self._ready: list[Finding] = []
         self._fired: set[str] = set()
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        # Ends when nothing was asked for worker.IDLE_SECONDS (the next point starts one),
+        # after a failure (reported from the training thread, in take()) and once off.
+        self._worker = WorkerThread("tb_introspect-findings", self._cv, self._take,
+                                    stop=lambda: self._error is not None or self.off)
         #: Seconds the worker spent per judgement (for the overhead benchmark).
         self.seconds: list[float] = []
 
@@ -176,19 +178,17 @@ class Watch:
             return
         with self._cv:
             self._asked += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, daemon=True,
-                                                name="tb_introspect-findings")
-                self._thread.start()
-            self._cv.notify_all()
+            self._worker.wake()
 
     def take(self) -> list[Finding]:
         """The findings judged since the last call that act, each rule once."""
         with self._cv:
             ready, self._ready = self._ready, []
-            error, self._error = self._error, None
+            error = self._error
         if error is not None:
-            self.failures.switch_off(Part(FINDINGS))
+            self.failures.switch_off(Part(FINDINGS))  # before the error is cleared: no
+            with self._cv:  # point asked meanwhile is judged
+                self._error = None
             self.failures.warn_once(
                 FINDINGS, f"judging the findings during training failed ({type(error).__name__}:"
                 f" {short_error(error)}); on_finding is off for the rest of training, training"
@@ -237,29 +237,29 @@ class Watch:
 
     # ------------------------------------------------------------ the worker thread
 
-    def _work(self) -> None:
-        while True:
+    def _take(self) -> Job | None:
+        if self._asked <= self._answered or self._error is not None or self.off:
+            return None
+        asked, pending, self._pending = self._asked, self._pending, []
+        return lambda: self._judge(asked, pending)
+
+    def _judge(self, asked: int, pending: list[tuple[Batches, float]]) -> None:
+        try:
+            t0 = time.perf_counter()
+            for batches, wall_time in pending:
+                self.run.add(batches, wall_time)
+            found = [f for f in find_issues(self.run.series()) if self.acts_on(f)]
+            self.seconds.append(time.perf_counter() - t0)
+        except Exception as e:  # reported from the training thread, in take()
             with self._cv:
-                if not self._cv.wait_for(lambda: self._asked > self._answered, IDLE_SECONDS):
-                    self._thread = None  # no thread left behind; the next point starts one
-                    return
-                asked, pending, self._pending = self._asked, self._pending, []
-            try:
-                t0 = time.perf_counter()
-                for batches, wall_time in pending:
-                    self.run.add(batches, wall_time)
-                found = [f for f in find_issues(self.run.series()) if self.acts_on(f)]
-                self.seconds.append(time.perf_counter() - t0)
-            except Exception as e:  # reported from the training thread, in take()
-                with self._cv:
-                    self._error = e
-                    self._answered = asked
-                    self._cv.notify_all()
-                return
-            with self._cv:
-                for f in found:
-                    if f.kind not in self._fired:
-                        self._fired.add(f.kind)
-                        self._ready.append(f)
+                self._error = e
                 self._answered = asked
                 self._cv.notify_all()
+            return
+        with self._cv:
+            for f in found:
+                if f.kind not in self._fired:
+                    self._fired.add(f.kind)
+                    self._ready.append(f)
+            self._answered = asked
+            self._cv.notify_all()

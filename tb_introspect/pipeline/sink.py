@@ -28,6 +28,7 @@ import google_crc32c
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
 from tb_introspect.pipeline import storage
+from tb_introspect.pipeline.worker import Job, WorkerThread
 
 _uid_lock = threading.Lock()
 _uid = 0
@@ -211,7 +212,11 @@ class Roller:
         self._seq = 0
         self._time = 0
         self._last_put = -float("inf")
-        self._thread: threading.Thread | None = None
+        # Woken by a flush and by the interval's clock, never idle: it ends when the sink
+        # closes (close puts the rest itself) or an upload failed.
+        self._worker = WorkerThread("tb_introspect-upload", self._cond, self._take_due,
+                                    stop=lambda: self._closing or self._error is not None,
+                                    due_in=self._due_in, idles=False)
         try:
             self.path = self._put(b"")
         except Exception as e:
@@ -257,11 +262,7 @@ class Roller:
                 return
             self._due = True
             self._now = self._now or now
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="tb_introspect-upload")
-                self._thread.start()
-            self._cond.notify_all()
+            self._worker.wake()
             while now and (self._buf or self._busy) and self._error is None:
                 self._cond.wait()
             if self._error is not None:
@@ -282,19 +283,24 @@ class Roller:
                 self._lost.update(steps, self._steps)
                 self._buf, self._steps = [], []
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._closing or self._error is not None:
-                        return  # close puts the rest itself
-                    wait = self._last_put + self.every - time.monotonic()
-                    if self._due and (wait <= 0 or self._now):
-                        break
-                    self._cond.wait(wait if self._due else None)
-                data, steps = self._take()
-                self._busy, self._now = True, False
+    def _due_in(self) -> float | None:
+        """Seconds until the buffer may go up (None: not asked for)."""
+        return self._last_put + self.every - time.monotonic() if self._due else None
+
+    def _take_due(self) -> Job | None:
+        if self._closing or self._error is not None:
+            return None  # close puts the rest itself
+        wait = self._due_in()
+        if wait is None or (wait > 0 and not self._now):
+            return None
+        data, steps = self._take()
+        self._busy, self._now = True, False
+        return lambda: self._upload_taken(data, steps)
+
+    def _upload_taken(self, data: bytes, steps: list[int]) -> None:
+        try:
             self._upload(data, steps)
+        finally:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
@@ -306,8 +312,7 @@ class Roller:
                 return
             self.closed = self._closing = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
+        self._worker.join()
         with self._cond:
             pending = self._error is None and bool(self._buf)
             data, steps = self._take()

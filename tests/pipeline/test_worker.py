@@ -155,3 +155,51 @@ def test_the_clock_flush_hands_its_work_over_and_never_waits_for_a_point(tmp_pat
 
 def written_steps(log_dir, tag="introspect/metric/loss"):
     return [e.step for e in events_of(log_dir) for v in e.summary.value if v.tag == tag]
+
+
+
+def _ends(thread) -> bool:
+    """Whether the ``WorkerThread`` ``thread`` ends within 20 s."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while thread.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not thread.running
+
+
+def test_each_background_thread_ends_when_idle_and_the_next_job_starts_another(monkeypatch):
+    """The host worker and the findings' judge are a ``WorkerThread`` each: none is left
+    behind once it has had nothing to do for ``IDLE_SECONDS``, and the next job starts
+    another; a failed judgement ends the judge and turns ``on_finding`` off, warning once."""
+    import warnings
+
+    from tb_introspect.pipeline import findings, worker
+    from tb_introspect.pipeline.failures import Failures
+
+    monkeypatch.setattr(worker, "IDLE_SECONDS", 0.2)
+    host, ran = HostWorker(), []
+    for n in (1, 2):
+        host.submit(ran.append, n)
+        assert host.wait(20) and ran[-1] == n
+        assert _ends(host._worker)
+
+    monkeypatch.setattr(findings, "find_issues", lambda run: [])
+    watch = findings.Watch(lambda f: None, "warning", Failures())
+    for _ in range(2):
+        watch.point()
+        assert watch.settle(20) == [] and not watch.off
+        assert _ends(watch._worker)
+
+    def fails(run):
+        raise RuntimeError("a rule's own error")
+
+    monkeypatch.setattr(findings, "find_issues", fails)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        watch.point()
+        assert watch.settle(20) == [] and watch.off
+    assert ["a rule's own error" in str(w.message) for w in said] == [True]
+    assert _ends(watch._worker)
+    watch.point()  # off: nothing is judged, no thread starts
+    assert not watch._worker.running
