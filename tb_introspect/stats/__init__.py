@@ -12,14 +12,14 @@ vector. ``tensor_stats`` is the state of one tensor, finalized. A logged point r
 states to the host and finalizes them there with the numpy twin (``finalize_rows``,
 ``host.py``).
 
-Example::
+Example (a training step's batches, each ``[rows, channels]``, its canonical shape)::
 
     import tensorflow as tf
     from tb_introspect import stats
 
-    state = stats.empty_state([None, 16])
+    state = stats.empty_state([None, 16], sample_size=1024)
     for _ in range(3):
-        state = stats.update_state(state, tf.random.normal([32, 16]))
+        state = stats.merge_pair(state, stats.batch_state(tf.random.normal([32, 16]), 1024))
     vector = stats.finalize(state, "output")   # same layout as stats.tensor_stats
 """
 
@@ -32,10 +32,7 @@ from tb_introspect.stats.state import (
     batch_state,
     empty_state,
     merge_pair,
-    merge_replicas,
     merge_stacked,
-    merge_states,
-    update_state,
 )
 from tb_introspect.stats.vector import finalize, tensor_stats, with_extra_slots
 
@@ -50,12 +47,9 @@ __all__ = [
     "finalize",
     "finalize_rows",
     "merge_pair",
-    "merge_replicas",
     "merge_stacked",
-    "merge_states",
     "numpy_states",
     "tensor_stats",
     "to_float",
-    "update_state",
     "with_extra_slots",
 ]

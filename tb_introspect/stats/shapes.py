@@ -15,14 +15,12 @@ import numpy as np
 import tensorflow as tf
 
 
-def canonical_shape(shape: Sequence[int | None], *, spatial: bool = True
-                    ) -> tuple[int | None, ...]:
+def canonical_shape(shape: Sequence[int | None]) -> tuple[int | None, ...]:
     """The canonical shape (rows unknown) of a tensor of static ``shape``.
 
     ``[rows, channels]``, or ``[rows, positions, channels]`` when there are axes
-    between the first and the last whose sizes are all known (and ``spatial``; a
-    weight's kernel axes are not positions). A channel count of 0 means the
-    channels are unknown and not tracked.
+    between the first and the last whose sizes are all known. A channel count of 0
+    means the channels are unknown and not tracked.
     """
     shape = list(shape)
     rank = len(shape)
@@ -32,7 +30,7 @@ def canonical_shape(shape: Sequence[int | None], *, spatial: bool = True
         return (None, shape[0] if shape[0] is not None else 0)
     c = shape[-1]
     middle = shape[1:-1]
-    if spatial and rank >= 3 and c is not None and all(d is not None for d in middle):
+    if rank >= 3 and c is not None and all(d is not None for d in middle):
         return (None, int(np.prod(middle, dtype=np.int64)), c)
     return (None, c if c is not None else 0)
 
@@ -49,8 +47,3 @@ def as_canonical(x: tf.Tensor, canonical: Sequence[int | None]) -> tf.Tensor:
     if canonical[1] == 0:  # unknown channel count: one row per leading index, untracked
         return tf.reshape(x, [tf.shape(x)[0], -1])
     return tf.reshape(x, [-1, canonical[1]])
-
-
-def channels(shape: Sequence[int | None]) -> int:
-    """The channel count of a tensor of static ``shape`` (0: unknown, untracked)."""
-    return int(canonical_shape(shape, spatial=False)[-1])

@@ -21,18 +21,16 @@ from tb_introspect.stats.numeric import (
     check_sample_size,
     content_seed,
     count,
-    describe,
     in_xla_context,
     no_autograph,
     pow2,
     scale_exponent,
-    seed_pair,
     sum_of_squares,
     to_float,
     where,
 )
 
-#: How each key of a state merges (see ``merge_states``): ``sum`` adds
+#: How each key of a state merges (see ``merge_pair``): ``sum`` adds
 #: (``channel_nnz`` / ``spatial_nnz`` are the non-zero counts of each channel and of each
 #: spatial position, over ``activity_count`` elements, so the activation rates and both dead
 #: rates follow), ``min``/``max`` take the extreme (``channels`` / ``positions`` are the
@@ -272,41 +270,6 @@ def empty_state(x_shape, *, sample_size: int = DEFAULT_SAMPLE_SIZE) -> dict[str,
     }
 
 
-@no_autograph
-def update_state(
-    state: Mapping[str, tf.Tensor], x, seed=None, *, name: str | None = None
-) -> dict[str, tf.Tensor]:
-    """``state`` with the tensor ``x`` (one batch / step) folded in.
-
-    The same two functions do this in the training step, for all monitored
-    tensors at once: ``batch_state`` (one pass set over ``x``) and
-    ``merge_pair`` (vectorised over a leading tensor axis).
-    """
-    check_state(state)
-    k = int(state["sample_keys"].shape[-1])
-    x = to_float(x, name)
-    if x.shape.rank is None:
-        raise ValueError(f"tensor {describe(x, name)!r} must have a known rank")
-    with tf.name_scope("update_state"):
-        canonical = shapes.canonical_shape(x.shape.as_list())
-        if seed is None:
-            seed = content_seed(state["count"], tf.cast(tf.size(x), F64))
-        parts = batch_state(shapes.as_canonical(x, canonical), k, seed_pair(seed))
-        for key, units in (("channel_nnz", "channels"), ("spatial_nnz", "positions")):
-            want = state[key].shape
-            if want.num_elements() == 0:
-                parts[key] = tf.zeros(want, F64)
-                parts[units] = tf.constant(0.0, F64)
-            elif parts[key].shape.num_elements() != want.num_elements():
-                raise ValueError(
-                    f"tensor {describe(x, name)!r} of shape {x.shape} does not match the"
-                    f" state's {key} counts of shape {want}"
-                )
-            else:
-                parts[key] = tf.reshape(parts[key], want)
-        return merge_pair(state, parts)
-
-
 def _rescale_m2(m2, e_from, e_to):
     """m2 in units of 4**e_from -> units of 4**e_to (two steps: 4**d may overflow)."""
     f = pow2(e_from - e_to)
@@ -360,37 +323,3 @@ def merge_stacked(stacked: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     for i in range(1, r):
         out = merge_pair(out, {key: stacked[key][i] for key in STATE_MERGE})
     return out
-
-
-@no_autograph
-def merge_states(a: Mapping[str, tf.Tensor], b: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """Associative, commutative merge of two states (steps of an epoch, replicas)."""
-    check_state(a)
-    check_state(b)
-    return merge_pair(a, b)
-
-
-@no_autograph
-def merge_replicas(state: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """In replica context under ``tf.distribute``: every replica gets the merged state.
-
-    Uses ``all_gather`` (min/max/bottom-k are not all-reduce sums). Outside a
-    strategy, or with one replica, returns ``state`` unchanged.
-    """
-    check_state(state)
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:
-        raise ValueError("merge_replicas must be called in replica context (inside strategy.run)")
-    if ctx.num_replicas_in_sync == 1:
-        return dict(state)
-    r = ctx.num_replicas_in_sync
-    stacked = {}
-    for key in STATE_MERGE:
-        shape = [r, *state[key].shape.as_list()]
-        if state[key].shape.num_elements() == 0:
-            # Untracked counts: gathering a zero-sized tensor crashes TF's CPU collectives.
-            stacked[key] = tf.zeros(shape, F64)
-        else:
-            # all_gather loses the static shape that merge_stacked needs (top_k's k).
-            stacked[key] = tf.reshape(ctx.all_gather(state[key][tf.newaxis], axis=0), shape)
-    return merge_stacked(stacked)

@@ -12,7 +12,11 @@ server (``tensorboard_data_server`` spawned by TensorBoard's own
 
 from __future__ import annotations
 
+import doctest
+import inspect
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,6 +239,32 @@ def test_summary_ops_in_a_tf_function_with_default_step(tmp_path):
     step, vec = points[0]
     fields = metadata.tensor_stats_fields("variable")
     assert step == 3 and vec[fields.index("update_ratio")] == 0.25 and vec[0] == 0
+
+
+def test_docstring_examples_run():
+    """The runnable examples of the module's and the public ops' docstrings pass."""
+    result = doctest.testmod(summary)
+    assert result.failed == 0 and result.attempted > 0
+    documented = [f for f in (summary.tensor_stats_summary, summary.write_stats_vector,
+                              summary.metric_summary, summary.metric_epoch_band,
+                              summary.metric_epoch_summary) if ">>> " in (f.__doc__ or "")]
+    assert len(documented) == 5 and ">>> " in summary.__doc__
+
+
+def test_format_doc_shows_the_ops_signatures():
+    """docs/format.md's signatures of the ops name their parameters in order, ``*`` included."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text(encoding="utf-8")
+    ops = ("tensor_stats_summary", "write_stats_vector", "metric_summary", "metric_epoch_summary")
+    for op in ops:
+        shown = re.search(rf"`{op}\((.*?)\)`", doc, flags=re.S)
+        assert shown, f"docs/format.md shows no signature of {op}"
+        names = [part.split("=")[0].strip() for part in shown.group(1).split(",")]
+        want = []
+        for param in inspect.signature(getattr(summary, op)).parameters.values():
+            if param.kind == param.KEYWORD_ONLY and "*" not in want:
+                want.append("*")
+            want.append(param.name)
+        assert names == want, op
 
 
 def test_summary_ops_reject_bad_input(tmp_path):

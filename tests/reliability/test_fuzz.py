@@ -173,8 +173,8 @@ def test_tensorflow_stats_counts_and_ranges(tf_stats, x):
 def test_tensorflow_accumulated_counts_equal_the_concatenation(tf_stats, batches):
     tf, stats = tf_stats
     state = stats.empty_state(tf.TensorShape([None, 3]), sample_size=4)
-    for b in batches:
-        state = stats.update_state(state, tf.constant(b))
+    for b in batches:  # the training step's fold: a batch's state merged into the window's
+        state = stats.merge_pair(state, stats.batch_state(tf.constant(b), 4))
     x = np.concatenate(batches)
     check_invariants(stats.finalize(state, "output").numpy(), flush_subnormals(x),
                      sampled_min_abs=True)

@@ -1,9 +1,11 @@
 """The producers of the packed statistics vector agree slot by slot on the same tensors.
 
-Four producers: the TensorFlow engine (``stats``, the summary op's), its numpy twin
-(``stats_np``, the hub every other producer is compared with), the Keras point (the
-training step's TensorFlow states finalized on the host, ``stats.finalize_rows``) and
-PyTorch's device segments (``torch/state.fold``, finalized through ``stats_np``). Each slot
+Five producers: the TensorFlow engine (``stats``), its numpy twin (``stats_np``, the hub
+every other producer is compared with), the TensorFlow summary op (``summary.tensor_stats_summary``:
+the engine's in-graph finalize in a ``tf.function`` step, written to a real event file and read
+back as the plugin reads it), the Keras point (the training step's TensorFlow states finalized
+on the host, ``stats.finalize_rows``) and PyTorch's device segments (``torch/state.fold``,
+finalized through ``stats_np``). Each slot
 has the tolerance its arithmetic allows: counts, extremes and rates of counts exact, moments
 to their floating-point precision, percentiles exact while the sample holds every value.
 Where a producer differs on purpose (``docs/statistics.md``), the difference is spelled out
@@ -86,6 +88,43 @@ def tf_vector(x: np.ndarray, k: int = K) -> np.ndarray:
 
 def np_vector(x: np.ndarray, k: int | None = K) -> np.ndarray:
     return stats_np.tensor_stats(x, VIEW, quantiles=Q, sample_size=k, seed=5)
+
+
+#: What the summary op is given besides the tensor: the ``epoch`` slot it fills is checked,
+#: then blanked (NaN) as the other producers leave it.
+SUMMARY_STEP, SUMMARY_EPOCH = 7, 3
+
+
+def summary_vectors(arrays: dict[str, np.ndarray], k: int, logdir) -> dict[str, np.ndarray]:
+    """The summary op's producer: ``summary.tensor_stats_summary`` of every array, called in
+    one ``tf.function`` step as a custom training loop calls it, written by a file writer to a
+    real event file and read back through the read layer (``read.provider``, the plugin's)."""
+    import tensorflow as tf
+
+    from tb_introspect import summary
+    from tb_introspect.read import provider
+
+    @tf.function(autograph=False)
+    def step(tensors):
+        return [summary.tensor_stats_summary(name, t, SUMMARY_STEP, view=VIEW, quantiles=Q,
+                                             epoch=SUMMARY_EPOCH, sample_size=k, seed=5)
+                for name, t in tensors.items()]
+
+    writer = tf.summary.create_file_writer(str(logdir))
+    with writer.as_default():
+        written = step({name: tf.constant(x) for name, x in arrays.items()})
+    writer.close()
+    assert all(bool(ok) for ok in written)
+    (run,) = provider.read_logdir(str(logdir)).values()
+    out = {}
+    for series in run.tensors[VIEW]:
+        assert series.info.fields == tuple(FIELDS) and series.steps.tolist() == [SUMMARY_STEP]
+        vector = series.values[0].copy()
+        assert vector[FIELDS.index("epoch")] == SUMMARY_EPOCH
+        vector[FIELDS.index("epoch")] = np.nan
+        out[series.info.name] = vector
+    assert sorted(out) == sorted(arrays)
+    return out
 
 
 def channels_first(x: np.ndarray) -> np.ndarray:
@@ -182,6 +221,20 @@ def test_tensorflow_matches_numpy(case):
     assert not mismatches(tf_vector(x), want, x, tol=1e-12)
 
 
+@pytest.fixture(scope="module")
+def summary_op_vectors(tmp_path_factory) -> dict[str, np.ndarray]:
+    return summary_vectors(CASES, K, tmp_path_factory.mktemp("summary_op"))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_summary_op_matches_numpy(case, summary_op_vectors):
+    """What ``tb_introspect.summary.tensor_stats_summary`` wrote, as the plugin reads it: the
+    TensorFlow engine's slots (its flush-to-zero, its float64 moments), every percentile exact."""
+    x = CASES[case]
+    want = as_dict(np_vector(tf_input(case, x)))
+    assert not mismatches(summary_op_vectors[case], want, x, tol=1e-12)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pytorch_matches_numpy(case):
     x = CASES[case]
@@ -231,14 +284,15 @@ def rank_error(data: np.ndarray, value: float, q: float) -> float:
     return max(0.0, lo - q, q - hi)
 
 
-@pytest.mark.parametrize("producer", ["tensorflow", "numpy", "pytorch"])
-def test_sampled_percentiles(producer):
+@pytest.mark.parametrize("producer", ["tensorflow", "summary", "numpy", "pytorch"])
+def test_sampled_percentiles(producer, tmp_path):
     """More values than the sample holds: every slot but the inner percentiles as exact as
     above, those within six sigma of rank (sigma = 50 / sqrt(k) percentile points)."""
     k = 1024
     x = RNG.standard_t(3, size=(200, 100)).astype(np.float32)
     x[x < -1.0] = 0.0
     run = {"tensorflow": lambda: tf_vector(x, k), "numpy": lambda: np_vector(x, k),
+           "summary": lambda: summary_vectors({"x": x}, k, tmp_path)["x"],
            "pytorch": lambda: torch_vector(x, k)}[producer]
     got = as_dict(run())
     want = as_dict(np_vector(x, None))
@@ -263,7 +317,8 @@ def test_sampled_percentiles(producer):
 def test_merged_states_match_the_whole():
     """Steps and ranks merged by each producer's own algebra give the statistics of their
     concatenation: numpy's ``merge_states`` (Chan's moments, bottom-k sample), TensorFlow's
-    ``update_state``, PyTorch's folds and ``merge_ranks``."""
+    training-step fold (each batch's ``batch_state`` merged by ``merge_pair``), PyTorch's folds
+    and ``merge_ranks``."""
     x = CASES["relu_conv"].copy()
     x[1, 0, 0, 0] = np.nan
     x[5] += 100.0  # one batch far from the others: the spread between steps matters
@@ -275,9 +330,11 @@ def test_merged_states_match_the_whole():
         st = stats_np.merge_states(st, stats_np.tensor_state(p, sample_size=K))
     assert not mismatches(stats_np.finalize(st, VIEW, quantiles=Q), want, x, tol=1e-12)
 
+    canonical = stats.canonical_shape(x.shape)
     tf_state = stats.empty_state([None, *x.shape[1:]], sample_size=K)
     for p in parts:
-        tf_state = stats.update_state(tf_state, p)
+        batch = stats.batch_state(stats.as_canonical(stats.to_float(p), canonical), K)
+        tf_state = stats.merge_pair(tf_state, batch)
     # the training step's sums are float32 (docs/statistics.md)
     assert not mismatches(stats.finalize(tf_state, VIEW, quantiles=Q).numpy(), want, x,
                           tol=1e-6)

@@ -105,10 +105,11 @@ xla_stats = tf.function(lambda t: stats.tensor_stats(t, "output"), jit_compile=T
 def test_xla_sampled_relu_and_state_accumulation():
     x = make("relu", 3_000_000, seed=8).reshape(XLA_SHAPE)  # ~360k non-zero values
     check(x, xla_stats(x).numpy())
-    # Same accuracy after folding 4 batches into a state (bottom-k merges).
+    # Same accuracy after folding 4 batches into a state (bottom-k merges), as a training
+    # step does: each batch's state (``batch_state``) merged into the window's (``merge_pair``).
     state = stats.empty_state([None, 3000])
     for part in np.split(x, 4):
-        state = stats.update_state(state, part)
+        state = stats.merge_pair(state, stats.batch_state(part, stats.DEFAULT_SAMPLE_SIZE))
     check(x, stats.finalize(state, "output").numpy())
 
 
