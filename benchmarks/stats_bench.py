@@ -21,7 +21,7 @@ A second table times the numpy twin's exact statistics of one tensor
 (``stats_np.tensor_stats``, what a logged point computes for each weight and gradient sum,
 in Keras as in PyTorch)
 with its percentiles from sorts and from ``np.partition``: which is the faster depends on the
-CPU, and ``stats_np`` times both once per process to choose (``stats_np.PARTITION``).
+CPU, and ``stats_np`` times both once per process to choose (``stats_np.quantiles.PARTITION``).
 
 The baseline computes only the same percentiles (9 value percentiles of the finite
 values and 9 percentiles of log10|x| of the finite non-zero values) with
@@ -175,9 +175,9 @@ def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
     """``stats_np.tensor_stats`` of one tensor, percentiles by sort or by partition."""
     from tb_introspect import stats_np
 
-    threshold = stats_np.PARTITION_FROM
-    chosen = stats_np._partition_wins()
-    print(f"\n(this CPU: arrays of {stats_np.PARTITION_FROM:,} values or more are"
+    threshold = stats_np.quantiles.PARTITION_FROM
+    chosen = stats_np.quantiles.partition_wins()
+    print(f"\n(this CPU: arrays of {stats_np.quantiles.PARTITION_FROM:,} values or more are"
           f" {'partitioned' if chosen else 'sorted'})")
     print("\n| elements | numpy twin, exact | sort ms | partition ms |")
     print("|---:|---|---:|---:|")
@@ -187,8 +187,8 @@ def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
             times: dict[str, list[float]] = {"sort": [], "partition": []}
             for _ in range(max(repeats, 3)):
                 for way in times:
-                    stats_np.PARTITION = way == "partition"
-                    stats_np.PARTITION_FROM = 0
+                    stats_np.quantiles.PARTITION = way == "partition"
+                    stats_np.quantiles.PARTITION_FROM = 0
                     t0 = time.perf_counter()
                     stats_np.tensor_stats(x, "gradient", sample_size=None)
                     times[way].append(time.perf_counter() - t0)
@@ -196,17 +196,17 @@ def numpy_rows(repeats: int, rng: np.random.Generator) -> None:
             print(f"| {n:,} | `tensor_stats` | {med['sort']:.2f} | {med['partition']:.2f} |",
                   flush=True)
     finally:
-        stats_np.PARTITION, stats_np.PARTITION_FROM = chosen, threshold
+        stats_np.quantiles.PARTITION, stats_np.quantiles.PARTITION_FROM = chosen, threshold
     magnitude_rows(repeats, rng)
 
 
 def magnitude_rows(repeats: int, rng: np.random.Generator) -> None:
     """The log10|x| order statistics of a group of sorted rows of one width (a point's
     samples): sorted again by magnitude, or found by ``_Magnitudes``' binary search; the
-    smaller groups are sorted (``stats_np.SORT_MAGNITUDES_UP_TO``)."""
+    smaller groups are sorted (``stats_np.quantiles.SORT_MAGNITUDES_UP_TO``)."""
     from tb_introspect import stats_np
 
-    bound = stats_np.SORT_MAGNITUDES_UP_TO
+    bound = stats_np.quantiles.SORT_MAGNITUDES_UP_TO
     p = np.asarray(Q) / 100.0
     print(f"\n(groups of at most {bound:,} values are sorted by magnitude)")
     print("\n| rows x width | sort ms | binary search ms |")
@@ -216,11 +216,11 @@ def magnitude_rows(repeats: int, rng: np.random.Generator) -> None:
                             (2, 65536)):
             samples = [rng.normal(size=width) for _ in range(rows)]
             at = np.repeat(p[None, :] * (width - 1), rows, 0)
-            magnitudes = stats_np._Sorted(samples).magnitudes()
+            magnitudes = stats_np.Sorted(samples).magnitudes()
             times: dict[str, list[float]] = {"sort": [], "search": []}
             for _ in range(max(repeats, 3)):
                 for way in times:
-                    stats_np.SORT_MAGNITUDES_UP_TO = 2**62 if way == "sort" else 0
+                    stats_np.quantiles.SORT_MAGNITUDES_UP_TO = 2**62 if way == "sort" else 0
                     t0 = time.perf_counter()
                     magnitudes.select(at, np.log10)
                     times[way].append(time.perf_counter() - t0)
@@ -228,7 +228,7 @@ def magnitude_rows(repeats: int, rng: np.random.Generator) -> None:
             print(f"| {rows} x {width:,} | {med['sort']:.3f} | {med['search']:.3f} |",
                   flush=True)
     finally:
-        stats_np.SORT_MAGNITUDES_UP_TO = bound
+        stats_np.quantiles.SORT_MAGNITUDES_UP_TO = bound
 
 
 if __name__ == "__main__":

@@ -461,13 +461,14 @@ def test_two_point_slots_match_their_definitions():
 
 
 @pytest.mark.parametrize("partition", [False, True])
-@pytest.mark.parametrize("n", [stats_np.PARTITION_FROM - 1, stats_np.PARTITION_FROM * 2])
+@pytest.mark.parametrize("n", [stats_np.quantiles.PARTITION_FROM - 1,
+                               stats_np.quantiles.PARTITION_FROM * 2])
 def test_numpy_percentiles_are_numpys_on_either_side_of_the_partition_threshold(
         monkeypatch, n, partition):
     """Below ``PARTITION_FROM`` values the numpy producer sorts its sample, from it on it
     sorts or partitions at the order statistics it reads, whichever this CPU runs faster:
     each way gives numpy's own percentiles."""
-    monkeypatch.setattr(stats_np, "PARTITION", partition)
+    monkeypatch.setattr(stats_np.quantiles, "PARTITION", partition)
     x = RNG.standard_cauchy(n)
     x[::7] = 0.0
     got = as_dict(stats_np.tensor_stats(x, VIEW, quantiles=Q, sample_size=None))

@@ -181,8 +181,8 @@ def test_numpy_magnitudes_sorted_or_searched_are_exact(monkeypatch, negatives):
     at = np.floor(np.array([0.0, 0.01, 0.3, 0.5, 0.99, 1.0]) * (m - 1))
     want = np.stack([np.sort(np.abs(r))[a.astype(int)] for r, a in zip(rows, at, strict=True)])
     for bound in (0, 2**62):  # every group searched, then every group sorted
-        monkeypatch.setattr(stats_np, "SORT_MAGNITUDES_UP_TO", bound)
-        got = stats_np._Sorted(rows).magnitudes().select(at)
+        monkeypatch.setattr(stats_np.quantiles, "SORT_MAGNITUDES_UP_TO", bound)
+        got = stats_np.Sorted(rows).magnitudes().select(at)
         np.testing.assert_array_equal(got, want)
 
 
