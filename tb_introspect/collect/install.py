@@ -17,6 +17,8 @@ from typing import Any
 import keras
 
 from tb_introspect.collect import capture, private
+from tb_introspect.collect.step import StepRecorder
+from tb_introspect.pipeline.failures import Part
 
 
 class KerasRetracing(logging.Filter):
@@ -85,3 +87,23 @@ class Installation:
             self.model.train_function = self.original_fn
         self.active = False
         logging.getLogger("tensorflow").removeFilter(self._quiet)
+
+
+def gradients_to_recorder(optimizer: Any) -> Callable:
+    """The wrapper of ``optimizer.apply`` that hands the gradients to the step recorder
+    recording (``capture.active_recorder``) before they are applied."""
+    def wrap(original):
+        def apply(grads, trainable_variables=None):
+            rec = capture.active_recorder()
+            if isinstance(rec, StepRecorder):
+                variables = trainable_variables
+                if variables is None:
+                    variables = private.optimizer_variables(optimizer)
+                try:
+                    rec.gradients(list(grads), list(variables))
+                except Exception as e:
+                    rec.fail(Part("gradient"), e)
+            return original(grads, trainable_variables)
+        return apply
+
+    return wrap

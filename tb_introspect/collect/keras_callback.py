@@ -33,10 +33,15 @@ import tensorflow as tf
 from tb_introspect import metadata
 from tb_introspect.collect import capture, private, probes
 from tb_introspect.collect import loss as compiled_loss
+from tb_introspect.collect.discovery import any_batch, batch_spec, discover_outputs, mean_metrics
 from tb_introspect.collect.front_end import KerasFrontEnd
-from tb_introspect.collect.install import Installation
-from tb_introspect.collect.step import StepRecorder
-from tb_introspect.collect.workers import MULTI_WORKER, is_chief, is_multi_worker, tf_config_tasks
+from tb_introspect.collect.install import Installation, gradients_to_recorder
+from tb_introspect.collect.workers import (
+    is_chief,
+    is_multi_worker,
+    tf_config_tasks,
+    warn_multi_worker,
+)
 from tb_introspect.pipeline.failures import METRICS, Part, warn
 from tb_introspect.pipeline.governor import Governor, StepMode
 from tb_introspect.pipeline.options import (
@@ -46,7 +51,7 @@ from tb_introspect.pipeline.options import (
     check_log_dir,
 )
 from tb_introspect.pipeline.pipeline import Pipeline
-from tb_introspect.pipeline.plan import Monitored, sampled_between, sanitize
+from tb_introspect.pipeline.plan import sampled_between
 from tb_introspect.pipeline.sink import EventSink
 
 if TYPE_CHECKING:
@@ -54,91 +59,6 @@ if TYPE_CHECKING:
 
 _CONTROL_FLOW = (StopIteration, tf.errors.OutOfRangeError)
 logger = logging.getLogger("tb_introspect")
-
-
-class _Discovery:
-    """Recorder used while tracing the forward pass once to learn what there is to capture."""
-
-    def __init__(self) -> None:
-        self.specs: list[Monitored] = []
-        self.first_index: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-        self.skipped: list[str] = []
-
-    def fail(self, part: Part, error: BaseException) -> None:
-        warn(f"{part}: not monitored ({type(error).__name__}: {error})")
-
-    def layer_output(self, name: str, outputs: Any) -> Any:
-        count = self.calls.get(name, 0)
-        self.calls[name] = count + 1
-        base = name if count == 0 else f"{name}@{count}"
-        self.first_index.setdefault(name, len(self.specs))
-        new = []
-        for leaf_name, leaf in capture.leaves_with_names(base, outputs):
-            if not capture.capturable(leaf):
-                if leaf is not None and not isinstance(leaf, (int, float, bool, str)):
-                    self.skipped.append(leaf_name)
-                new.append(leaf)
-                continue
-            # has_grad: learnt from the statistics step's own backward pass (_check_trace)
-            self.specs.append(Monitored(
-                view="output", name=sanitize(leaf_name), layer=name, depth=0,
-                shape=tuple(leaf.shape.as_list()), dtype=leaf.dtype.name, has_grad=False,
-            ))
-            new.append(leaf)
-        return capture.replace_leaves(outputs, new)
-
-
-def _batch_spec(iterator: Any) -> Any:
-    """One replica's spec of a batch (x, y, sample_weight structure) from Keras' iterator."""
-    return tf.nest.map_structure(private.replica_spec, iterator.element_spec)
-
-
-def _any_batch(spec: Any) -> Any:
-    """The spec with an unknown batch size (batches differ: last one, per replica)."""
-    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
-        return tf.TensorSpec([None] + spec.shape.as_list()[1:], spec.dtype, spec.name)
-    return spec
-
-
-def discover_outputs(model: keras.Model, x_spec: Any) -> _Discovery:
-    """Trace ``model(x, training=True)`` once (nothing runs): the outputs there are to
-    capture. Which of them a gradient reaches, the statistics step's trace tells: a
-    backward pass here as well cost MobileNetV2 2 of its 4 CPU-seconds of discovery."""
-    discovery = _Discovery()
-
-    def forward(x):
-        with capture.recording(discovery):
-            model(x, training=True)
-        return tf.constant(0)
-
-    tf.function(forward, autograph=False).get_concrete_function(
-        tf.nest.map_structure(lambda s: s, x_spec)
-    )
-    return discovery
-
-
-def _mean_metrics(model: keras.Model) -> list[Any]:
-    """Mean-like metrics (``total`` and ``count`` variables), the loss tracker first."""
-    found: list[Any] = []
-
-    def walk(m: Any) -> None:
-        if hasattr(m, "total") and hasattr(m, "count"):
-            found.append(m)
-            return
-        subs = getattr(m, "metrics", None)
-        if isinstance(subs, (list, tuple)):
-            for s in subs:
-                walk(s)
-
-    for m in model.metrics:
-        walk(m)
-    out, names = [], set()
-    for m in found:
-        if m.name not in names and getattr(m, "count", None) is not None:
-            names.add(m.name)
-            out.append(m)
-    return out
 
 
 _live: weakref.WeakSet = weakref.WeakSet()
@@ -151,17 +71,6 @@ def _flush_all() -> None:  # a crash outside fit() still leaves readable event f
             cb._flush()
         except Exception:
             pass
-
-
-_multi_worker_warned = False
-
-
-def _warn_multi_worker() -> None:
-    """``MULTI_WORKER``, once per process."""
-    global _multi_worker_warned
-    if not _multi_worker_warned:
-        _multi_worker_warned = True
-        warn(MULTI_WORKER)
 
 
 class Introspect(keras.callbacks.Callback):
@@ -221,13 +130,13 @@ class Introspect(keras.callbacks.Callback):
         self.installation: Installation | None = None
         _live.add(self)
         if tf_config_tasks() > 1:  # fit() fails before any callback hook under it
-            _warn_multi_worker()
+            warn_multi_worker()
 
     # ------------------------------------------------------------------ set-up
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if is_multi_worker(self.model.distribute_strategy):  # off: fit() is Keras' own
-            _warn_multi_worker()
+            warn_multi_worker()
             self.front_end = self.pipeline = None
             return
         try:
@@ -298,7 +207,7 @@ class Introspect(keras.callbacks.Callback):
             self.pipeline.set_sink(self.writer)
         installation = self.installation
         installation.keep_original()
-        installation.patch(layers=self.options.wants_outputs, apply=self._apply_wrapper())
+        installation.patch(layers=self.options.wants_outputs, apply=self._gradients_wrapper())
         self.pipeline.start(self.front_end.current_step())
         installation.route(self._run)
 
@@ -321,8 +230,8 @@ class Introspect(keras.callbacks.Callback):
     def _build(self, iterator: Any) -> bool:
         model, front_end = self.model, self.front_end
         want_outputs = self.options.wants_outputs
-        batch_spec = _batch_spec(iterator)
-        private.symbolic_build(model, batch_spec)  # the variables and metrics, now
+        spec = batch_spec(iterator)
+        private.symbolic_build(model, spec)  # the variables and metrics, now
         if not model.trainable_variables and (
             self.options.want("variable") or self.options.want("gradient")
         ):
@@ -344,8 +253,8 @@ class Introspect(keras.callbacks.Callback):
         if want_outputs:
             installation.patch(layers=True, apply=None)
             try:
-                x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
-                discovery = discover_outputs(model, tf.nest.map_structure(_any_batch, x_spec))
+                x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(spec)
+                discovery = discover_outputs(model, tf.nest.map_structure(any_batch, x_spec))
             except Exception as e:
                 discovery = None
                 warn(f"layer outputs of {type(model).__name__} could not be traced"
@@ -380,7 +289,7 @@ class Introspect(keras.callbacks.Callback):
         layers = [owner.get(id(v), model.name) for v in variables]
         front_end.set_variables(variables, names, layers,
                                 [depth_of.get(n, len(ranked)) for n in layers])
-        self._metrics = _mean_metrics(model)
+        self._metrics = mean_metrics(model)
         initial = 0
         if installation.optimizer is not None:
             initial = int(installation.optimizer.iterations.numpy())
@@ -389,7 +298,7 @@ class Introspect(keras.callbacks.Callback):
                         initial_step=initial)
         self.pipeline.start(initial)
         self._steps_done = initial
-        installation.patch(layers=False, apply=self._apply_wrapper())
+        installation.patch(layers=False, apply=self._gradients_wrapper())
         # One traced train function; the device switch picks its statistics or lean part
         # per execution (two traced variants cost a fresh process's first fit a second
         # trace and graph optimization of the whole model).
@@ -429,28 +338,11 @@ class Introspect(keras.callbacks.Callback):
             private.del_instance_attr(model, "train_step")
         return model.train_function
 
-    def _apply_wrapper(self) -> Any:
-        """The optimizer ``apply`` wrapper that hands the gradients to the step recorder
-        (None without the gradient view)."""
+    def _gradients_wrapper(self) -> Any:
         opt = self.installation.optimizer
         if opt is None or not self.options.want("gradient"):
             return None
-
-        def wrap(original):
-            def apply(grads, trainable_variables=None):
-                rec = capture.active_recorder()
-                if isinstance(rec, StepRecorder):
-                    variables = trainable_variables
-                    if variables is None:
-                        variables = private.optimizer_variables(opt)
-                    try:
-                        rec.gradients(list(grads), list(variables))
-                    except Exception as e:
-                        rec.fail(Part("gradient"), e)
-                return original(grads, trainable_variables)
-            return apply
-
-        return wrap
+        return gradients_to_recorder(opt)
 
     def _loss_scale(self) -> tf.Tensor | None:
         opt = self.installation.optimizer

@@ -7,6 +7,8 @@ import os
 
 import tensorflow as tf
 
+from tb_introspect.pipeline.failures import warn
+
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """True unless this is a non-chief worker of a multi-worker strategy."""
@@ -47,3 +49,14 @@ def tf_config_tasks() -> int:
         return sum(len(v) if isinstance(v, (list, dict)) else 1 for v in spec.values())
     except (ValueError, AttributeError, TypeError):
         return 0
+
+
+_multi_worker_warned = False
+
+
+def warn_multi_worker() -> None:
+    """``MULTI_WORKER``, once per process."""
+    global _multi_worker_warned
+    if not _multi_worker_warned:
+        _multi_worker_warned = True
+        warn(MULTI_WORKER)

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tb_introspect import metadata  # noqa: E402
-from tb_introspect.collect import capture, probes  # noqa: E402
+from tb_introspect.collect import capture, probe_values, probes  # noqa: E402
 from tb_introspect.keras import Introspect, Introspector  # noqa: E402
 from tb_introspect.pipeline import probe_window  # noqa: E402
 from tb_introspect.read import provider  # noqa: E402
@@ -61,12 +61,12 @@ def test_abs_median_and_kurtosis_of_a_batch():
     rng = np.random.default_rng(0)
     small = rng.standard_t(5, size=(8, 16, 32)).astype("float32")  # 4096 values: exact
     seed = tf.constant([3, 4], tf.int64)
-    assert float(probes.abs_median(small, seed)) == probe_window.abs_median(small)
-    assert float(probes.kurtosis(small)) == pytest.approx(kurtosis(small), rel=1e-4)
+    assert float(probe_values.abs_median(small, seed)) == probe_window.abs_median(small)
+    assert float(probe_values.kurtosis(small)) == pytest.approx(kurtosis(small), rel=1e-4)
     gauss = rng.normal(size=(64, 4096)).astype("float32")  # sampled: 4096 of 262144
-    assert float(probes.abs_median(gauss, seed)) == pytest.approx(0.6745, rel=0.05)
-    assert float(probes.kurtosis(gauss)) == pytest.approx(3.0, rel=0.03)
-    assert np.isnan(float(probes.kurtosis(np.ones((4, 3), "float32"))))
+    assert float(probe_values.abs_median(gauss, seed)) == pytest.approx(0.6745, rel=0.05)
+    assert float(probe_values.kurtosis(gauss)) == pytest.approx(3.0, rel=0.03)
+    assert np.isnan(float(probe_values.kurtosis(np.ones((4, 3), "float32"))))
 
 
 def test_attention_logit_max_with_padding_and_causal_masks():
@@ -82,7 +82,7 @@ def test_attention_logit_max_with_padding_and_causal_masks():
     for m, c, want in [(None, False, logits), (None, True, logits * causal),
                        (mask, False, logits * mask[:, None]),
                        (mask, True, logits * (mask & causal)[:, None])]:
-        got = float(probes.attention_logit_max(q, k, m, c, 0.5))
+        got = float(probe_values.attention_logit_max(q, k, m, c, 0.5))
         assert got == pytest.approx(want.max(), rel=1e-5)
 
 
@@ -94,9 +94,9 @@ def test_the_contract_s_query_rows_of_a_long_sequence():
     want = probe_window.attention_logit_max(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
                                             scale=1.0)  # 64 of 512 rows, evenly spread
     spec = tf.TensorSpec([None, None, 2, 8], tf.float32)  # a length known when it runs
-    traced = tf.function(lambda q, k: probes.attention_logit_max(q, k, None, False, 1.0),
+    traced = tf.function(lambda q, k: probe_values.attention_logit_max(q, k, None, False, 1.0),
                          input_signature=[spec, spec])
-    for got in (probes.attention_logit_max(q, k, None, False, 1.0), traced(q, k)):
+    for got in (probe_values.attention_logit_max(q, k, None, False, 1.0), traced(q, k)):
         assert float(got) == pytest.approx(want, rel=1e-5)
     assert want <= full * (1 + 1e-6)
     assert probes.VALUE_FIELDS == metadata.PROBE_VALUE_FIELDS

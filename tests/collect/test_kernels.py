@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_introspect.collect import kernels, probes
+from tb_introspect.collect import kernels, probe_values, probes
 from tb_introspect.collect.accumulators import BatchLayout
 
 SAMPLE = 64
@@ -63,10 +63,10 @@ def test_one_call_per_group_gives_each_tensor_its_own_probes():
     for group in kernels.group_by_dtype(tensors):
         seeds = seed[tf.newaxis] + tf.constant([[0, 7919 * (j + 1)] for j in group.rows],
                                                tf.int64)
-        got = probes.output_probes_many_fn(group.dtype)(group.values, group.sizes, seeds)
+        got = probe_values.output_probes_many_fn(group.dtype)(group.values, group.sizes, seeds)
         for n, j in enumerate(group.rows):
             t = tensors[j]
-            own = probes.output_probes_fn(t.shape.rank, t.dtype.name, False)
+            own = probe_values.output_probes_fn(t.shape.rank, t.dtype.name, False)
             want = own(t, seed + tf.constant([0, 7919 * (j + 1)], tf.int64)).numpy()
             np.testing.assert_array_equal(got[n].numpy(), want, err_msg=f"row {j}")
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from tb_introspect import metadata  # noqa: E402
+from tb_introspect.collect import probe_values as keras_values  # noqa: E402
 from tb_introspect.collect import probes as keras_probes  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 from tb_introspect.pipeline import probe_window as pw  # noqa: E402
@@ -150,7 +151,7 @@ def test_abs_median_of_every_producer(case):
     want = lower_median(x)
     got = {
         "numpy": pw.abs_median(x),
-        "keras": float(keras_probes.abs_median(tf.constant(x), tf.constant([1, 2], tf.int64))),
+        "keras": float(keras_values.abs_median(tf.constant(x), tf.constant([1, 2], tf.int64))),
         "torch": float(torch_values.abs_median(torch.from_numpy(x.reshape(-1)))),
     }
     for producer, g in got.items():
@@ -170,7 +171,7 @@ KURTOSIS_CASES: dict[str, np.ndarray] = {
 def test_kurtosis_of_both_front_ends(case):
     x = KURTOSIS_CASES[case]
     want = pw.kurtosis(x)
-    got = float(keras_probes.kurtosis(tf.constant(x)))
+    got = float(keras_values.kurtosis(tf.constant(x)))
     assert got == pytest.approx(want, rel=1e-4, nan_ok=True)
     if np.isfinite(want):
         d = x.astype(np.float64) - x.mean(dtype=np.float64)
@@ -195,7 +196,7 @@ def test_attention_logit_max_of_every_producer(length, causal, masked):
     want = pw.attention_logit_max(q, k, keep, scale=0.5)
     # Keras: [B, T, N, H], a mask [B, T, S] (true: attend) and its causal flag; PyTorch:
     # scaled_dot_product_attention's arguments (the causal part of a mask given again)
-    got_keras = float(keras_probes.attention_logit_max(
+    got_keras = float(keras_values.attention_logit_max(
         q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), keep[:, 0] if masked else None,
         causal, 0.5))
     got_torch = float(torch_values.logit_peak(
@@ -211,7 +212,7 @@ def test_attention_logit_max_of_every_producer(length, causal, masked):
 def test_head_logits_of_both_front_ends():
     z = (RNG.normal(size=(3, 7, 11)) * 20).astype(np.float32)
     want = pw.head_logits(z)
-    got = keras_probes.head_logits(tf.constant(z)).numpy()
+    got = keras_values.head_logits(tf.constant(z)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5)
     top = z.astype(np.float64).reshape(-1, 11).max(axis=1)
     assert want[1] > top.mean()  # the logsumexp of a row is above its largest logit
