@@ -26,7 +26,7 @@ from tb_introspect.collect import private
 _SEED = tf.TensorSpec([2], tf.int64)
 # Outside XLA, nested function calls are inlined into the caller before graph
 # optimisation, which makes that cost grow with the number of call sites again
-# (14 s instead of 2.4 s for 20 tensors, measured); "_noinline" keeps one copy.
+# (docs/benchmarks.md, the first fit); "_noinline" keeps one copy.
 _NOINLINE = {"_noinline": True}
 
 
@@ -84,9 +84,9 @@ def pad_state(state: dict[str, tf.Tensor], channels: int, positions: int
 class Segments:
     """Tensors of one float dtype, flattened one after the other into one vector: what the
     batched kernels below read. A nested function's call site cost the first call of the
-    step tens of milliseconds each (TensorFlow instantiates and optimizes each call op:
-    MobileNetV2's 465 of them took 13 s of its first fit); one call per group of tensors
-    costs that once, however large the model.
+    step its own instantiation and optimization (a model with hundreds of tensors paid
+    seconds of its first fit for them); one call per group of tensors costs that once,
+    however large the model.
 
     ``tensors``: (row, canonical tensor) pairs, all of ``dtype`` after ``stats.to_float``.
     ``units``: ``[N, 2]`` (positions, channels) of each canonical shape (positions 0: a

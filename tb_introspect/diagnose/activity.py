@@ -33,7 +33,7 @@ def _first_trainable_depth(rv: RunView) -> int | None:
     return min(depths) if depths else None
 
 
-def _model_rows(rv: RunView, a: Aligned) -> list[int]:
+def model_rows(rv: RunView, a: Aligned) -> list[int]:
     """Output tensors of the model's hidden layers.
 
     Layers before the first weighted layer (Flatten, Rescaling, UpSampling of
@@ -70,7 +70,7 @@ def _relu_like_rows(rv: RunView, a: Aligned) -> list[int]:
     q0 = a.field("min")
     zero = a.field("zero_fraction")
     rows = []
-    for i in _model_rows(rv, a):
+    for i in model_rows(rv, a):
         lo = nanmin(q0[i])
         if np.isfinite(lo) and lo >= 0 and np.nanmax(np.nan_to_num(zero[i], nan=0.0)) > 0:
             rows.append(i)
@@ -336,7 +336,7 @@ def saturated_units(rv: RunView) -> list[Finding]:
         return []
     k = rv.sustain_points(a.n_points)
     flagged = []
-    for i in _model_rows(rv, a):
+    for i in model_rows(rv, a):
         s = a.series[i]
         kind = _squashing_kind(s)
         if kind is None:

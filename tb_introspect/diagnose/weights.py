@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect.diagnose.activity import _model_rows
+from tb_introspect.diagnose.activity import model_rows
 from tb_introspect.diagnose.core import (
     Finding,
     RunView,
@@ -136,7 +136,7 @@ def poor_initialization(rv: RunView) -> list[Finding]:
         return []
     # A hidden softmax (attention weights built from layers, a gate over experts) has the
     # scale 1/width by construction, not by its initialisation.
-    rows = [i for i in _model_rows(rv, a) if not _softmax_like(a.series[i])]
+    rows = [i for i in model_rows(rv, a) if not _softmax_like(a.series[i])]
     if len(rows) < 2:
         return []
     logs_all = log10_pos(a.field("rms")[rows])

@@ -19,7 +19,7 @@ Every point stays on disk and in the provider (``samples_per_plugin`` stays
 
 TensorBoard's Python loader (``--load_fast=false``) converts *every* point of
 a tag to numpy before it applies ``downsample``, so through its data provider
-a sample costs as much as the whole run (about 40 s for 5M points). Where
+a sample costs as much as the whole run. Where
 TensorBoard hands plugins its in-memory multiplexer (that loader only,
 ``TBContext.multiplexer``), :func:`read` picks the sampled events there and
 converts only those.

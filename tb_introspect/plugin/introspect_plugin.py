@@ -174,8 +174,8 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         """Tags, skipped tags and fingerprint of one run; 404 when it has no data.
 
         A listing is reused for ``LISTING_TTL_S``: the frontend sends bursts of
-        requests for one run, and each provider call costs a round trip (about
-        40 ms to the Rust data server). TensorBoard itself reloads far less often.
+        requests for one run, and each provider call costs a round trip (to the
+        Rust data server). TensorBoard itself reloads far less often.
         """
         self._check_provider()
         eid = plugin_util.experiment_id(request.environ)

@@ -16,7 +16,7 @@ from tb_introspect.read.series import RunSeries, TagInfo
 SAMPLED_POINTS = 1000
 #: Points of all tags together in that read: runs with many tags get fewer per
 #: tag (781 tags: 320, about a grid panel's width), never under MIN_SAMPLED_POINTS.
-#: Each point costs the data provider ~12 µs of Python (docs/benchmarks.md).
+#: Each point costs the data provider Python time (docs/benchmarks.md).
 RUN_SAMPLED_POINTS = 250_000
 MIN_SAMPLED_POINTS = 200
 

@@ -91,8 +91,8 @@ class OutputStates:
     def _count(self, spec: OutputSpec, x: torch.Tensor) -> bool:
         """A lean call's exact activity counts the short way: an eager CPU float32 output
         of a shape a lean call already counted (``add`` checked it all then), finite. Its
-        three kernels cost a small output less than the checks around them (a digits CNN's
-        step, 3 ms, spent 0.15 ms in its three ReLUs' lean calls). False: ``add``'s way."""
+        three kernels cost a small output less than the checks around them. False:
+        ``add``'s way."""
         if torch.compiler.is_compiling() or self.failures.is_off("output", spec.name):
             return False
         xf = x.detach()
