@@ -48,12 +48,12 @@ def per_field(series: list[Series]) -> None:
         a.raw(name)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tensors", type=int, default=300)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     series = synthetic_view(args.tensors, args.steps)
     times: dict[str, list[float]] = {"raws (one pass)": [], "raw per field": [],
                                      "view_overview": []}

@@ -5,11 +5,11 @@ for every seed, thread count and emulated kernel path, and judge every run.
     python benchmarks/demo_robustness.py --frameworks torch --seeds 0 1 --jobs 2
     python benchmarks/demo_robustness.py --cells torch/aten-avx2/seed1/2t keras/onednn-off/seed3/1t
 
-A cell is one ``tb-introspect demo --quick`` (all four scenarios) in a fresh process;
-``--jobs`` cells run at a time (each with its own thread count). A scenario's entry in the
-table is the number of cells where it told its story with margin (``tb_introspect.demo.
-robustness``), out of the cells run; every failure is listed with its reasons below it.
-Exits 1 when any cell fails.
+A cell is one ``tb-introspect demo --quick`` (all four scenarios, or those of ``--scenarios``)
+in a fresh process; ``--jobs`` cells run at a time (each with its own thread count). A
+scenario's entry in the table is the number of cells where it told its story with margin
+(``tb_introspect.demo.robustness``), out of the cells run; every failure is listed with its
+reasons below it. Exits 1 when any cell fails.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from tb_introspect.demo.models import scenario_names
 from tb_introspect.demo.robustness import PATHS, SEEDS, THREADS, Cell, Outcome, matrix, run_cell
 
 
-def _table(outcomes: list[Outcome]) -> str:
+def _table(outcomes: list[Outcome], scenarios: list[str]) -> str:
     """Markdown: one row per framework and scenario, one column per kernel path."""
     paths = [(f, p) for f in PATHS for p in PATHS[f]]
     lines = ["| framework | scenario | " + " | ".join(p for _, p in paths) + " |",
              "|---|---|" + "---|" * len(paths)]
     for framework in PATHS:
-        for name in scenario_names():
+        for name in scenarios:
             cells = []
             for f, p in paths:
                 runs = [o for o in outcomes if o.cell.framework == f == framework
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", nargs="+", type=int, default=list(THREADS))
     ap.add_argument("--cells", nargs="+", metavar="LABEL",
                     help="only these cells (framework/path/seedN/Nt), instead of the matrix")
+    ap.add_argument("--scenarios", nargs="+", default=scenario_names(),
+                    choices=scenario_names(), help="the scenarios each cell trains (default all)")
     ap.add_argument("--jobs", type=int, default=2, help="cells run at a time (default 2)")
     ap.add_argument("--json", help="also write every cell's outcome to this file")
     args = ap.parse_args(argv)
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     outcomes: list[Outcome] = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run_cell, c) for c in cells]
+        scenarios = () if args.scenarios == scenario_names() else args.scenarios
+        futures = [pool.submit(run_cell, c, scenarios=scenarios) for c in cells]
         for n, fut in enumerate(as_completed(futures), start=1):
             o = fut.result()
             outcomes.append(o)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{n}/{len(cells)}] {o.cell.label}: {state} ({o.seconds:.0f} s)", flush=True)
     minutes = (time.perf_counter() - start) / 60
     print()
-    print(_table(outcomes))
+    print(_table(outcomes, args.scenarios))
     print(f"\n{len(cells)} cells in {minutes:.1f} min")
     failed = [o for o in outcomes if not o.ok]
     for o in sorted(failed, key=lambda o: o.cell.label):

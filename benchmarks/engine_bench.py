@@ -25,6 +25,8 @@ third as many (at least 3).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import statistics
 import subprocess
@@ -52,11 +54,26 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
-def batch_state_rows(repeats: int) -> None:
+#: Elements of the activation the batch-state and counting rows read: [64, 1024, 32].
+ELEMENTS = 64 * 1024 * 32
+
+
+def _shape(elements: int) -> tuple[int, int, int]:
+    """A [64, P, 32] activation of about ``elements`` values."""
+    return 64, max(elements // (64 * 32), 1), 32
+
+
+def _size(elements: int) -> str:
+    n = int(np.prod(_shape(elements)))
+    return f"{n / 2**20:g}M" if n >= 2**20 else f"{n / 2**10:g}K"
+
+
+def batch_state_rows(repeats: int, elements: int = ELEMENTS) -> None:
     rng = np.random.default_rng(0)
     seed = tf.constant([1, 2], tf.int64)
-    for kind, x in (("ReLU-like", np.maximum(rng.normal(size=(64, 1024, 32)), 0)),
-                    ("normal", rng.normal(size=(64, 1024, 32)))):
+    shape = _shape(elements)
+    for kind, x in (("ReLU-like", np.maximum(rng.normal(size=shape), 0)),
+                    ("normal", rng.normal(size=shape))):
         v = tf.Variable(x.astype("float32"))
         # A skipped step's exact activity counts, and the floor of any full read.
         for what, f in (("stats.batch_state", lambda t: stats.batch_state(t, 2048, seed)),
@@ -64,12 +81,13 @@ def batch_state_rows(repeats: int) -> None:
                         ("tf.reduce_sum", tf.reduce_sum)):
             fn = tf.function(lambda v=v, f=f: f(v.read_value()), autograph=False)
             w, c = timed(lambda fn=fn: tf.nest.map_structure(lambda t: t.numpy(), fn()), repeats)
-            print(f"| `{what}`, 2M elements, {kind} | {w:.1f} | {c:.1f} |", flush=True)
+            print(f"| `{what}`, {_size(elements)} elements, {kind} | {w:.1f} | {c:.1f} |",
+                  flush=True)
 
 
-def counting_rows(repeats: int) -> None:
+def counting_rows(repeats: int, elements: int = ELEMENTS) -> None:
     """Per-column non-zero counts of a [64, 32768] ReLU-like activation, interleaved."""
-    x = np.maximum(np.random.default_rng(0).normal(size=(64, 1024, 32)), 0).astype("float32")
+    x = np.maximum(np.random.default_rng(0).normal(size=_shape(elements)), 0).astype("float32")
     v = tf.Variable(x.reshape(64, -1))
 
     def cast_sum(t):
@@ -126,10 +144,17 @@ def xla_compile_child(n: int) -> None:
     print(f"{time.perf_counter() - t0:.1f} {peak:.0f}")
 
 
-def xla_compile_rows(sizes: tuple[int, ...]) -> None:
+def xla_compile_rows(sizes: tuple[int, ...], in_process: bool = False) -> None:
     print("\n| XLA step with N `batch_state` | compile + first run s | peak RSS MiB |")
     print("|---:|---:|---:|")
     for n in sizes:
+        if in_process:  # a smoke run: this process's peak, TensorFlow already imported
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                xla_compile_child(n)
+            s, mib = out.getvalue().split()[-2:]
+            print(f"| {n} | {s} | {mib} |", flush=True)
+            continue
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--xla-compile-child",
                             str(n)], capture_output=True, text=True, timeout=1800)
         s, mib = r.stdout.split()[-2:] if r.returncode == 0 else ("failed", "-")
@@ -226,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the logged-point rows")
     p.add_argument("--profile-points", type=int, default=0, metavar="N",
                    help="with the logged-point rows: cProfile of N later points per model")
+    p.add_argument("--elements", type=int, default=ELEMENTS,
+                   help="elements of the batch-state and counting rows' activation")
+    p.add_argument("--in-process", action="store_true",
+                   help="compile the XLA rows in this process instead of fresh ones (a smoke"
+                        " run of the benchmark's own code: not a fresh process's figures)")
     p.add_argument("--xla-compile-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.xla_compile_child:
@@ -235,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
           f" median of {args.repeats}")
     print("| what | wall ms | CPU ms |\n|---|---:|---:|")
     if not args.only_points:
-        batch_state_rows(args.repeats)
-        counting_rows(2 * args.repeats)
+        batch_state_rows(args.repeats, args.elements)
+        counting_rows(2 * args.repeats, args.elements)
     log_rows(args.repeats, [m for m in args.log_model.split(",") if m], args.profile_points)
     if not args.only_points:
-        xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n))
+        xla_compile_rows(tuple(int(n) for n in args.xla_sizes.split(",") if n),
+                         args.in_process)
     return 0
 
 

@@ -103,7 +103,8 @@ def renderer_cpu_s() -> float:
     return total
 
 
-def wait_loaded(tb, run: str, tensors: int, steps: int, timeout: float = 3600.0) -> float:
+def wait_loaded(tb, run: str, tensors: int, steps: int, timeout: float = 3600.0,
+                poll: float = 2.0) -> float:
     t = time.monotonic()
     while True:
         try:
@@ -116,7 +117,7 @@ def wait_loaded(tb, run: str, tensors: int, steps: int, timeout: float = 3600.0)
             pass
         if time.monotonic() - t > timeout:
             raise TimeoutError("TensorBoard did not load the benchmark run")
-        time.sleep(2)
+        time.sleep(poll)
 
 
 def measure_once(browser, tb, tensors: int) -> dict[str, float]:
@@ -204,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="5m: 195 tensors x 4 views x 6,400 steps (sets --tensors/--steps)")
     parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
+    parser.add_argument("--poll", type=float, default=2.0,
+                        help="seconds between checks while TensorBoard loads the run (each"
+                             " check reads the run's sample)")
     args = parser.parse_args(argv)
     if args.preset:
         args.tensors, args.steps = PRESETS[args.preset]
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
             write_bench_run(str(run_dir), args.tensors, args.steps)
             print(f"wrote the run in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         with tensorboard(logdir, extra_args=(f"--load_fast={args.load_fast}",)) as tb:
-            load_s = wait_loaded(tb, "bench", 4 * args.tensors, args.steps)
+            load_s = wait_loaded(tb, "bench", 4 * args.tensors, args.steps, poll=args.poll)
             print(f"TensorBoard loaded every point in {load_s:.1f} s", file=sys.stderr)
             with sync_playwright() as p:
                 browser = launch_chromium(p)

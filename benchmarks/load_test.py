@@ -178,7 +178,7 @@ def complete(entry: dict, steps: int) -> bool:
     return entry["last_step"] == steps - 1 and entry["num_points"] in (steps, None)
 
 
-def wait_loaded(tb, run: str, tags: int, steps: int, timeout: float) -> float:
+def wait_loaded(tb, run: str, tags: int, steps: int, timeout: float, poll: float = 1.0) -> float:
     """Seconds until the plugin lists ``tags`` tags of ``run`` with all ``steps`` points."""
     t0 = time.monotonic()
     while True:
@@ -194,15 +194,16 @@ def wait_loaded(tb, run: str, tags: int, steps: int, timeout: float) -> float:
             pass
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"run {run!r} not fully loaded after {timeout:.0f} s")
-        time.sleep(1.0)
+        time.sleep(poll)
 
 
 def load_against(logdir: Path, load_fast: str, tensors: int, steps: int, clients: int,
-                 requests: int, seed: int = 0, load_timeout: float = 1800) -> LoadResult:
+                 requests: int, seed: int = 0, load_timeout: float = 1800,
+                 poll: float = 1.0) -> LoadResult:
     """Start TensorBoard with one loader over ``logdir`` (run ``bench``) and run the load."""
     tags = bench_tags(tensors)
     with serve(logdir, load_fast) as tb:
-        loaded = wait_loaded(tb, "bench", len(tags), steps, load_timeout)
+        loaded = wait_loaded(tb, "bench", len(tags), steps, load_timeout, poll)
         print(f"[load_fast={load_fast}] run loaded {loaded:.1f} s after TensorBoard started",
               file=sys.stderr)
         result = run_load(tb.plugin_url(""), "bench", tags, steps, clients=clients,
@@ -236,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaders", default="false,true", help="--load_fast values to test")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logdir", help="reuse/keep this logdir (default: a temporary one)")
+    parser.add_argument("--poll", type=float, default=1.0,
+                        help="seconds between checks while TensorBoard loads the run")
     args = parser.parse_args(argv)
 
     logdir = Path(args.logdir or tempfile.mkdtemp(prefix="introspect-load-"))
@@ -247,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {points:,} points in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         for load_fast in args.loaders.split(","):
             r = load_against(logdir, load_fast, args.tensors, args.steps, args.clients,
-                             args.requests, args.seed)
+                             args.requests, args.seed, poll=args.poll)
             rows.append((load_fast, r))
             for route, message in r.errors[:10]:
                 print(f"  error [{route}]: {message}", file=sys.stderr)

@@ -80,6 +80,17 @@ def cifar_cnn(head: str = "gap") -> keras.Model:
     return keras.Model(inp, keras.layers.Dense(10)(x))
 
 
+def tiny_cnn() -> keras.Model:
+    """A smoke run's model (``tests/test_benchmarks.py``): one conv-BN-ReLU block, pooled, a
+    head; quick to trace."""
+    x = inp = keras.Input((32, 32, 3))
+    x = keras.layers.Conv2D(8, 3, use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, keras.layers.Dense(10)(x))
+
+
 class PositionEmbedding(keras.layers.Layer):
     """A learned vector per position, added to the token embeddings."""
 
@@ -118,6 +129,7 @@ MODELS = {
         weights=None, input_shape=(32, 32, 3), classes=10), 64, False),
     "resnet50": ("ResNet50 32x32, weights=None", lambda: keras.applications.ResNet50(
         weights=None, input_shape=(32, 32, 3), classes=10), 64, False),
+    "tiny": ("tiny CNN (one conv block; smoke runs)", tiny_cnn, 16, True),
 }
 
 

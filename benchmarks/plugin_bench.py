@@ -269,7 +269,7 @@ def time_route(url: str, repeats: int, isolated: int) -> tuple[float, float, flo
 
 def bench_loader(
     logdir: str, load_fast: str, tensors: int, steps: int, repeats: int, isolated: int,
-    cold: int = 3,
+    cold: int = 3, poll: float = 2.0,
 ) -> list:
     rows = []
     t0 = time.perf_counter()
@@ -280,7 +280,7 @@ def bench_loader(
             return runs and runs[0]["max_step"] >= steps - 1 and \
                 sum(runs[0]["views"].values()) == 4 * tensors
 
-        wait_for(loaded, timeout=3600, interval=2.0)
+        wait_for(loaded, timeout=3600, interval=poll)
         # TensorBoard may still be ingesting the last points of some tags.
         read_ms: list[float] = []
 
@@ -293,7 +293,7 @@ def bench_loader(
             return all(t["last_step"] == steps - 1 and t["num_points"] in (None, steps)
                        for v in doc["views"].values() for t in v)
 
-        wait_for(complete, timeout=3600, interval=2.0)
+        wait_for(complete, timeout=3600, interval=poll)
         load_s = time.perf_counter() - t0
         tag = metadata.stats_tag("gradient", "layer_100/kernel" if tensors > 100
                                  else "layer_000/kernel")
@@ -340,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--format-version", type=int, choices=(2, 3, 4),
                         default=metadata.PROTO_VERSION,
                         help="3: with the view summaries (default); 2: without them")
+    parser.add_argument("--poll", type=float, default=2.0,
+                        help="seconds between checks while TensorBoard loads the run (each"
+                             " check reads the run's sample)")
     args = parser.parse_args(argv)
     if args.preset:
         args.tensors, args.steps = PRESETS[args.preset]
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for load_fast in args.loaders.split(","):
             rows += bench_loader(logdir, load_fast, args.tensors, args.steps, args.repeats,
-                                 args.isolated, args.cold)
+                                 args.isolated, args.cold, args.poll)
     finally:
         if not args.logdir:
             shutil.rmtree(logdir, ignore_errors=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue as queues
 import statistics
 import sys
 import tempfile
@@ -75,9 +76,9 @@ class Variant:
 def rank_main(rank: int, init: str, root: str, args: argparse.Namespace, queue) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     g = torch.Generator().manual_seed(0)
-    share = args.batch // WORLD
+    share = args.batch // args.ranks
     data = [tuple(t[rank * share:(rank + 1) * share] for t in tokens(args.batch, g))
             for _ in range(args.steps)]
     variants = [Variant("plain", None), Variant("Introspector()", os.path.join(root, "run"))]
@@ -110,23 +111,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32, help="global batch (split over 2 ranks)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median over them)")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round")
+    p.add_argument("--ranks", type=int, default=WORLD,
+                   help="ranks; 1 runs in this process (a smoke run of the benchmark's own"
+                        " code: no exchange between ranks)")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 4, 1
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as root:
         init = f"file://{root}/store"
-        procs = [ctx.Process(target=rank_main, args=(r, init, root, args, queue))
-                 for r in range(WORLD)]
-        for proc in procs:
-            proc.start()
-        results = dict(queue.get(timeout=3600) for _ in procs)
-        for proc in procs:
-            proc.join()
-        if any(proc.exitcode for proc in procs):
-            print(f"a rank exited {[proc.exitcode for proc in procs]}", file=sys.stderr)
-            return 1
+        if args.ranks == 1:
+            queue = queues.SimpleQueue()
+            rank_main(0, init, root, args, queue)
+            results = dict([queue.get()])
+        else:
+            queue = ctx.Queue()
+            procs = [ctx.Process(target=rank_main, args=(r, init, root, args, queue))
+                     for r in range(args.ranks)]
+            for proc in procs:
+                proc.start()
+            results = dict(queue.get(timeout=3600) for _ in procs)
+            for proc in procs:
+                proc.join()
+            if any(proc.exitcode for proc in procs):
+                print(f"a rank exited {[proc.exitcode for proc in procs]}", file=sys.stderr)
+                return 1
     r0 = results[0]
     if any(r["broken"] for r in results.values()):
         print(f"the tool switched itself off: {r0['broken']}", file=sys.stderr)
@@ -136,21 +145,22 @@ def main(argv: list[str] | None = None) -> int:
     wall_ratio = statistics.median(a / b for a, b in zip(r0["wall"][1], r0["wall"][0],
                                                          strict=True))
     cpu_ratio = statistics.median(a / b for a, b in zip(cpu[1], cpu[0], strict=True))
-    ms = statistics.median((a - b) * 1000 / args.steps / WORLD
+    ms = statistics.median((a - b) * 1000 / args.steps / args.ranks
                            for a, b in zip(cpu[1], cpu[0], strict=True))
     plain_ms = statistics.median(r0["wall"][0]) * 1000 / args.steps
     per_point = r0["gathered"] / max(r0["points"], 1)
-    print(f"\nGPT-style ({r0['params']:,} parameters), FSDP2 on {WORLD} CPU ranks (gloo, 1"
+    print(f"\nGPT-style ({r0['params']:,} parameters), FSDP2 on {args.ranks} CPU ranks (gloo, 1"
           f" thread each), {args.steps} steps per epoch, global batch {args.batch}, median of"
           f" {args.rounds} interleaved rounds, torch {torch.__version__}, load average"
           f" {os.getloadavg()[0]:.1f}\n")
     print("| model | configuration | wall | CPU | added CPU ms/step per rank | bytes per point"
           " (gathered on each rank) | target |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    print(f"| GPT-style, FSDP2 × {WORLD} | `Introspector()` (every='epoch') | {wall_ratio:.2f}×"
-          f" | {cpu_ratio:.2f}× | {ms:.0f} | {per_point:,.0f} | ≤ {TARGET_CPU:.2f}× CPU |")
+    print(f"| GPT-style, FSDP2 × {args.ranks} | `Introspector()` (every='epoch') |"
+          f" {wall_ratio:.2f}× | {cpu_ratio:.2f}× | {ms:.0f} | {per_point:,.0f} |"
+          f" ≤ {TARGET_CPU:.2f}× CPU |")
     print(f"\nplain loop: {plain_ms:.0f} ms/step; the point's exchange: {r0['exchange']:,}"
-          f" bytes ({r0['exchange'] // WORLD:,} from each rank); {r0['points']} points")
+          f" bytes ({r0['exchange'] // args.ranks:,} from each rank); {r0['points']} points")
     return 0
 
 

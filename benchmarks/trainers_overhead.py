@@ -231,12 +231,12 @@ def lightning_setups(root: Path, steps: int) -> dict[str, Callable[[], None]]:
             "WandbLogger.watch(log='all')": run("wandb")}
 
 
-def measure(setups: dict[str, Callable[[], None]], rounds: int, steps: int
-            ) -> dict[str, dict]:
+def measure(setups: dict[str, Callable[[], None]], rounds: int, steps: int,
+            warm_up: bool = True) -> dict[str, dict]:
     names = list(setups)
     times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     points: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds + 1):  # round 0 warms up
+    for r in range(0 if warm_up else 1, rounds + 1):  # round 0 warms up
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             POINTS.clear()
@@ -294,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per epoch")
     p.add_argument("--quick", action="store_true", help="smoke run: one round of 16 steps")
     p.add_argument("--no-wandb", action="store_true", help="leave the wandb setups out")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="time the first round too (a smoke run: its figures include the"
+                        " first-run costs)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     rounds, steps = (1, 16) if a.quick else (a.rounds, a.steps)
@@ -304,10 +307,12 @@ def main(argv: list[str] | None = None) -> None:
             if a.only in (None, "hf"):
                 setups = hf_setups(root, steps)
                 print(table("tiny GPT-2, transformers.Trainer",
-                            measure(pick(setups, a), rounds, steps), POINT_TARGET_MS["hf"]))
+                            measure(pick(setups, a), rounds, steps, not a.no_warm_up),
+                            POINT_TARGET_MS["hf"]))
             if a.only in (None, "lightning"):
                 setups = lightning_setups(root, steps)
-                print(table("digits CNN, Lightning", measure(pick(setups, a), rounds, steps),
+                print(table("digits CNN, Lightning",
+                            measure(pick(setups, a), rounds, steps, not a.no_warm_up),
                             POINT_TARGET_MS["lightning"]))
     finally:
         restore()

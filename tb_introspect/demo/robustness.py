@@ -111,8 +111,9 @@ def _cli() -> str:
             or shutil.which("tb-introspect") or "tb-introspect")
 
 
-def run_cell(cell: Cell, timeout: float = 1800) -> Outcome:
-    """Train the quick demo of ``cell`` into a temporary logdir and judge every run."""
+def run_cell(cell: Cell, timeout: float = 1800, scenarios: Iterable[str] = ()) -> Outcome:
+    """Train the quick demo of ``cell`` (``scenarios``, default all) into a temporary logdir
+    and judge every run."""
     from tb_introspect.demo.evidence import collect, margin_problems, scenario_of, serious_kinds
     from tb_introspect.demo.models import get_scenario
     from tb_introspect.read import read_logdir
@@ -120,6 +121,7 @@ def run_cell(cell: Cell, timeout: float = 1800) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="demo_cell_") as tmp:
         cmd = [_cli(), "demo", "--framework", cell.framework, "--quick", "--no-progress",
                "--seed", str(cell.seed), "--logdir", tmp]
+        cmd += [a for name in scenarios for a in ("--scenario", name)]
         start = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                            env=cell.environment())
