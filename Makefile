@@ -32,12 +32,12 @@ OLDEST_VENV := .venv-oldest
 DEV_PINS := ml_dtypes==0.6.0
 OLDEST_PINS := tensorflow-cpu==2.20.0 keras==3.10.0 tensorboard==2.20.0 protobuf==6.31.1
 # Collection and plugin tests (not the slow or browser ones): a few minutes.
-OLDEST_TESTS := tests/collect/test_keras_callback.py tests/collect/test_introspector.py \
+OLDEST_TESTS := tests/keras/test_keras_callback.py tests/keras/test_introspector.py \
   tests/format/test_summary.py tests/format/test_format.py tests/read/test_read_provider.py \
   tests/plugin/test_plugin_overview.py tests/plugin/test_plugin_routes.py \
   tests/plugin/test_plugin_tensorboard.py tests/plugin/test_plugin_no_tensorflow.py \
-  tests/collect/test_implicit_lr.py tests/collect/test_exact_activity.py \
-  tests/collect/test_private.py tests/pipeline/test_governor.py tests/collect/test_keras_plan.py
+  tests/keras/test_implicit_lr.py tests/keras/test_exact_activity.py \
+  tests/keras/test_private.py tests/pipeline/test_governor.py tests/keras/test_keras_plan.py
 
 venv: $(STAMP)
 

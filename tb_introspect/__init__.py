@@ -13,7 +13,7 @@ def __getattr__(name: str):
     # imports TensorFlow.
     if name == "Introspector":  # the custom TensorFlow loop's, now beside the callback
         from tb_introspect import aliases
-        from tb_introspect.collect.introspector import Introspector
+        from tb_introspect.keras.introspector import Introspector
 
         return aliases.renamed("tb_introspect.Introspector", "tb_introspect.keras.Introspector",
                                Introspector)

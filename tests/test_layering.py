@@ -55,17 +55,17 @@ def test_the_pipeline_is_framework_neutral_and_pytorch_does_not_import_keras() -
     imports the pipeline, never the Keras package."""
     loaded = loaded_by("tb_introspect.pipeline.pipeline")
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "torch")
-            or m.startswith(("tb_introspect.collect", "tb_introspect.torch"))] == [], loaded
+            or m.startswith(("tb_introspect.keras", "tb_introspect.torch"))] == [], loaded
     loaded = loaded_by("tb_introspect.torch")
     assert "tb_introspect.pipeline.pipeline" in loaded
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras")
-            or m.startswith("tb_introspect.collect")] == [], loaded
+            or m.startswith("tb_introspect.keras")] == [], loaded
 
 
 def test_the_statistics_engine_imports_no_front_end() -> None:
-    """``stats/`` is below the Keras front-end: importing it loads nothing of ``collect/``."""
+    """``stats/`` is below the Keras front-end: importing it loads nothing of ``keras/``."""
     loaded = loaded_by("tb_introspect.stats")
-    assert [m for m in loaded if m.startswith(("tb_introspect.collect", "tb_introspect.torch",
+    assert [m for m in loaded if m.startswith(("tb_introspect.keras", "tb_introspect.torch",
                                                "tb_introspect.pipeline"))] == [], loaded
 
 
@@ -79,7 +79,7 @@ def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -
 
 #: The parts of docs/design.md's dependency block: the first name of a module's path after
 #: ``tb_introspect`` that names a part, or the part it belongs to.
-PARTS = {"keras": "collect", "summary": "collect", "transformers": "trainers",
+PARTS = {"summary": "keras", "transformers": "trainers",
          "lightning": "trainers", "metadata": "format", "proto": "format",
          "summary_pb": "format", "schema": "format", "schema_js": "format",
          "rundata": "read"}

@@ -10,8 +10,8 @@ import pytest
 
 def test_each_front_end_under_its_framework() -> None:
     from tb_introspect import keras, lightning, torch, transformers
-    from tb_introspect.collect.introspector import Introspector as KerasLoop
-    from tb_introspect.collect.keras_callback import Introspect
+    from tb_introspect.keras.callback import Introspect
+    from tb_introspect.keras.introspector import Introspector as KerasLoop
 
     assert keras.Introspect is Introspect and keras.Introspector is KerasLoop
     assert torch.Introspector.__module__ == "tb_introspect.torch.introspector"

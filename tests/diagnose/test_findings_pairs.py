@@ -106,7 +106,7 @@ def test_what_each_front_end_records_of_the_loss() -> None:
     import torch
 
     from tb_introspect import metadata
-    from tb_introspect.collect.loss import describe as keras_loss
+    from tb_introspect.keras.loss import describe as keras_loss
     from tb_introspect.torch.loss import describe as torch_loss
 
     def parsed(text):
@@ -119,7 +119,7 @@ def test_what_each_front_end_records_of_the_loss() -> None:
     assert got["from_logits"] is True
     assert parsed(keras_loss(keras.losses.MeanSquaredError()))["task"] == "regression"
     # Keras's own softmax output: the loss takes its logits, whatever from_logits says.
-    from tb_introspect.collect.loss import describe_model
+    from tb_introspect.keras.loss import describe_model
 
     scce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     for head, from_logits in ((keras.layers.Dense(3, activation="softmax"), False),

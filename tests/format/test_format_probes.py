@@ -14,7 +14,7 @@ from tensorboard.compat.proto import types_pb2
 
 from tb_introspect import metadata, summary_pb, writer
 from tb_introspect.pipeline.options import Options
-from tests.collect import collect_testlib as lib
+from tests.keras import collect_testlib as lib
 
 NAN = float("nan")
 

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import types_pb2
 
 from tb_introspect import metadata, summary_pb, writer
-from tests.collect import collect_testlib as lib
+from tests.keras import collect_testlib as lib
 
 
 def summary_events(log_dir: str) -> dict[str, list[list]]:

@@ -2,7 +2,7 @@
 (``pipeline/probe_window.py``, docs/format.md "Version 4: probes").
 
 Three producers: the numpy reference (``probe_window``, the hub), the Keras front-end's
-in-graph numbers and device state (``collect/probes.py``) and PyTorch's (``torch/probes.py``,
+in-graph numbers and device state (``keras/probes.py``) and PyTorch's (``torch/probes.py``,
 ``torch/probe_values.py``). First the contract's own reduction (``combine``, ``fold``) and
 definitions; then each number of each front-end against the reference on the same values,
 the edge cases included (an even count, NaN, ±inf, a long sequence); then one statistics
@@ -26,9 +26,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from tb_introspect import metadata  # noqa: E402
-from tb_introspect.collect import probe_values as keras_values  # noqa: E402
-from tb_introspect.collect import probes as keras_probes  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
+from tb_introspect.keras import probe_values as keras_values  # noqa: E402
+from tb_introspect.keras import probes as keras_probes  # noqa: E402
 from tb_introspect.pipeline import probe_window as pw  # noqa: E402
 from tb_introspect.read import provider  # noqa: E402
 from tb_introspect.read.series import probes_of  # noqa: E402

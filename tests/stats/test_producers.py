@@ -392,7 +392,7 @@ def test_stacked_states_finalize_as_each_alone_and_as_tensorflow():
     same slots (one definition in both engines)."""
     import tensorflow as tf
 
-    from tb_introspect.collect import kernels
+    from tb_introspect.keras import kernels
 
     names = sorted(CASES)
     seed = tf.constant([3, 4], tf.int64)

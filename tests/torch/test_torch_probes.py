@@ -21,7 +21,7 @@ from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.governor import StepMode
 from tb_introspect.torch import Introspector
 from tb_introspect.torch.probe_values import logit_peak, query_rows
-from tests.collect import collect_testlib as lib
+from tests.keras import collect_testlib as lib
 
 ORIGINAL_SDPA = F.scaled_dot_product_attention
 ORIGINAL_MHA = F.multi_head_attention_forward

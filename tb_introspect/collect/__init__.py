@@ -1,1 +1,0 @@
-"""Training-side collection: the Keras callback and the custom-loop ``Introspector``."""
