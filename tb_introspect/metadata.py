@@ -158,29 +158,6 @@ def median_weights(quantiles: Sequence[float]) -> tuple[float, float, float] | N
     return lo, hi, 0.0 if hi == lo else (50.0 - lo) / (hi - lo)
 
 
-def view_summary(view: str, rows: Sequence[str], vectors: np.ndarray,
-                 quantiles: Sequence[float] = DEFAULT_QUANTILES) -> np.ndarray:
-    """The VIEW_SUMMARY matrix ``[rows, summary_fields(view)]`` (float32) of the packed
-    TENSOR_STATS vectors ``[rows, tensor_stats_fields(view, quantiles)]`` of one logged
-    point, ``rows`` their tags. A finite slot past float32's range is held at its largest
-    value (still "too big", not non-finite). Every writer builds its summary with this one
-    function."""
-    fields = tensor_stats_fields(view, quantiles)
-    v = np.asarray(vectors, dtype=np.float64).reshape(-1, len(fields))
-    if len(rows) != len(v):
-        raise ValueError(f"{view} summary: {len(rows)} rows, {len(v)} vectors")
-    index = {f: i for i, f in enumerate(fields)}
-    cols = [np.array([row_key(t) for t in rows], dtype=np.float64)]
-    cols += [v[:, index[f]] for f in SUMMARY_FIELDS[1:]]
-    if view == "variable":
-        lo, hi, w = median_weights(quantiles)
-        a, b = (v[:, index[ILR_PREFIX + quantile_field(q)]] for q in (lo, hi))
-        cols.append(a if w == 0.0 else (1.0 - w) * a + w * b)
-    out = np.stack(cols, axis=1)
-    big = float(np.finfo(SUMMARY_DTYPE).max)
-    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(SUMMARY_DTYPE)
-
-
 def create_view_summary_metadata(
     *, view: str, rows: Sequence[str], cadence: str = "step"
 ) -> summary_pb2.SummaryMetadata:
@@ -227,28 +204,6 @@ PROBE_REFERENCES: dict[str, float] = {
 def probes_tag() -> str:
     """Tag of the PROBES summary (one per logged point)."""
     return f"{TAG_PREFIX}probes"
-
-
-def probes_matrix(rows: Sequence[str], values: dict, epoch: float = 0) -> np.ndarray:
-    """The PROBES matrix ``[rows, PROBE_FIELDS]`` (float32) of one point: ``values[name]``
-    holds row ``name``'s ``PROBE_VALUE_FIELDS`` (a row without one is NaN but for its
-    ``row_key``; a name that is not a row is left out). A finite value past float32's range
-    is held at its largest value, as in ``view_summary``."""
-    width = len(PROBE_VALUE_FIELDS)
-    out = np.full((len(rows), len(PROBE_FIELDS)), np.nan)
-    for i, name in enumerate(rows):
-        out[i, 0] = row_key(name)
-        v = values.get(name)
-        if v is None:
-            continue
-        v = np.asarray(v, dtype=np.float64).reshape(-1)
-        if v.size != width:
-            raise ValueError(f"probes of {name!r}: {v.size} values, expected {width}"
-                             f" ({', '.join(PROBE_VALUE_FIELDS)})")
-        out[i, 1] = epoch
-        out[i, 2:] = v
-    big = float(np.finfo(SUMMARY_DTYPE).max)
-    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(SUMMARY_DTYPE)
 
 
 def create_probes_metadata(*, rows: Sequence[str],

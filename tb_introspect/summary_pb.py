@@ -16,6 +16,56 @@ from tensorboard.util import tensor_util
 from tb_introspect import metadata
 
 
+def _float32_held(out: np.ndarray) -> np.ndarray:
+    """``out`` as the summaries' float32, a finite value past its range held at its largest
+    (still "too big", not non-finite)."""
+    big = float(np.finfo(metadata.SUMMARY_DTYPE).max)
+    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(metadata.SUMMARY_DTYPE)
+
+
+def view_summary(view: str, rows: Sequence[str], vectors: np.ndarray,
+                 quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+    """The VIEW_SUMMARY matrix ``[rows, summary_fields(view)]`` (float32) of the packed
+    TENSOR_STATS vectors ``[rows, metadata.tensor_stats_fields(view, quantiles)]`` of one logged
+    point, ``rows`` their tags. A finite slot past float32's range is held at its largest
+    value (still "too big", not non-finite). Every writer builds its summary with this one
+    function."""
+    fields = metadata.tensor_stats_fields(view, quantiles)
+    v = np.asarray(vectors, dtype=np.float64).reshape(-1, len(fields))
+    if len(rows) != len(v):
+        raise ValueError(f"{view} summary: {len(rows)} rows, {len(v)} vectors")
+    index = {f: i for i, f in enumerate(fields)}
+    cols = [np.array([metadata.row_key(t) for t in rows], dtype=np.float64)]
+    cols += [v[:, index[f]] for f in metadata.SUMMARY_FIELDS[1:]]
+    if view == "variable":
+        lo, hi, w = metadata.median_weights(quantiles)
+        a, b = (v[:, index[metadata.ILR_PREFIX + metadata.quantile_field(q)]] for q in (lo, hi))
+        cols.append(a if w == 0.0 else (1.0 - w) * a + w * b)
+    out = np.stack(cols, axis=1)
+    return _float32_held(out)
+
+
+def probes_matrix(rows: Sequence[str], values: dict, epoch: float = 0) -> np.ndarray:
+    """The PROBES matrix ``[rows, metadata.PROBE_FIELDS]`` (float32) of one point: ``values[name]``
+    holds row ``name``'s ``PROBE_VALUE_FIELDS`` (a row without one is NaN but for its
+    ``row_key``; a name that is not a row is left out). A finite value past float32's range
+    is held at its largest value, as in ``view_summary``."""
+    width = len(metadata.PROBE_VALUE_FIELDS)
+    out = np.full((len(rows), len(metadata.PROBE_FIELDS)), np.nan)
+    for i, name in enumerate(rows):
+        out[i, 0] = metadata.row_key(name)
+        v = values.get(name)
+        if v is None:
+            continue
+        v = np.asarray(v, dtype=np.float64).reshape(-1)
+        if v.size != width:
+            raise ValueError(f"probes of {name!r}: {v.size} values, expected {width}"
+                             f" ({', '.join(metadata.PROBE_VALUE_FIELDS)})")
+        out[i, 1] = epoch
+        out[i, 2:] = v
+    return _float32_held(out)
+
+
 def _summary(tag: str, meta: summary_pb2.SummaryMetadata, vector) -> summary_pb2.Summary:
     vec = np.asarray(vector, dtype=np.float64).reshape(-1)
     expected = len(metadata.parse_plugin_data(meta.plugin_data.content).fields)
@@ -167,7 +217,7 @@ def view_summary_pb(
     if v.shape != (len(rows), width):
         raise ValueError(f"{view} summary: vectors have shape {v.shape}, expected"
                          f" ({len(rows)}, {width}) (rows, slots)")
-    matrix = metadata.view_summary(view, rows, v, quantiles)
+    matrix = view_summary(view, rows, v, quantiles)
     summary = summary_pb2.Summary()
     value = summary.value.add(tag=metadata.summary_tag(view),
                               tensor=tensor_util.make_tensor_proto(matrix))
@@ -203,7 +253,7 @@ def probes_pb(
     summary = summary_pb2.Summary()
     value = summary.value.add(
         tag=metadata.probes_tag(),
-        tensor=tensor_util.make_tensor_proto(metadata.probes_matrix(rows, probes, epoch)))
+        tensor=tensor_util.make_tensor_proto(probes_matrix(rows, probes, epoch)))
     if with_metadata:
         value.metadata.CopyFrom(metadata.create_probes_metadata(rows=rows, cadence=cadence))
     return summary

@@ -2,7 +2,7 @@
 diagnose/loss.py they read) on synthetic series: each rule's trigger, the step it names,
 and a healthy twin that must stay silent (no TensorFlow here).
 
-The probes are built as the pipeline writes them (``metadata.probes_matrix``, float32) and
+The probes are built as the pipeline writes them (``summary_pb.probes_matrix``, float32) and
 read back through ``read.series.probes_of``, the read side's one path to them.
 """
 
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import metadata, summary_pb
 from tb_introspect.diagnose import Thresholds, find_issues
 from tb_introspect.read.provider import KIND_PROBES
 from tb_introspect.read.series import RunSeries, Series, TagInfo
@@ -33,7 +33,7 @@ def probes(rows: dict[str, dict[str, list[float]]], steps=STEPS) -> Series:
     for j in range(len(steps)):
         vals = {r: [rows[r].get(f, [NAN] * len(steps))[j] for f in metadata.PROBE_VALUE_FIELDS]
                 for r in names}
-        mats.append(metadata.probes_matrix(names, vals, epoch=0))
+        mats.append(summary_pb.probes_matrix(names, vals, epoch=0))
     info = TagInfo(tag=metadata.probes_tag(), kind=KIND_PROBES, version=4, name="probes",
                    fields=metadata.PROBE_FIELDS, cadence="window", rows=tuple(names))
     values = np.stack(mats).reshape(len(steps), -1).astype(np.float64)

@@ -1,5 +1,5 @@
 """Every writer writes each view's VIEW_SUMMARY (format version 3), read back from real
-event files: each point equals ``metadata.view_summary`` of that point's per-tensor
+event files: each point equals ``summary_pb.view_summary`` of that point's per-tensor
 vectors (float32, rows in the order of the view's first point, NaN where a tensor has no
 point), and only a tag's first summary event of a writer carries the metadata."""
 
@@ -58,7 +58,7 @@ def check_summaries(log_dir: str, views) -> dict[str, lib.Series]:
                                 for t in data.rows])
             assert matrix.dtype == np.float32
             np.testing.assert_array_equal(
-                matrix, metadata.view_summary(view, data.rows, vectors, quantiles))
+                matrix, summary_pb.view_summary(view, data.rows, vectors, quantiles))
         for file_events in events[metadata.summary_tag(view)]:
             assert [m for _, m, _, _ in file_events] == [True] + [False] * (len(file_events) - 1)
             assert {d for _, _, d, _ in file_events} == {types_pb2.DT_FLOAT}
@@ -110,7 +110,7 @@ def test_numpy_writer_rows_missing_tensors_and_new_ones(tmp_path):
                        np.full(len(metadata.tensor_stats_fields(view, q)), np.nan)
                        for t in summary.data.rows]
             np.testing.assert_array_equal(
-                matrix, metadata.view_summary(view, summary.data.rows, vectors, q))
+                matrix, summary_pb.view_summary(view, summary.data.rows, vectors, q))
 
 
 def test_numpy_writer_flush_closes_its_step(tmp_path):
@@ -135,7 +135,7 @@ def test_numpy_writer_flush_closes_its_step(tmp_path):
     assert run[metadata.summary_tag("variable")].steps == [7]
     np.testing.assert_array_equal(
         run[metadata.summary_tag("variable")].vectors[0],
-        metadata.view_summary("variable", [metadata.stats_tag("variable", "w")],
+        summary_pb.view_summary("variable", [metadata.stats_tag("variable", "w")],
                               np.arange(45.0)[None]))
 
 

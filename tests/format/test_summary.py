@@ -27,7 +27,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.data import server_ingester
 from tensorboard.util import grpc_util
 
-from tb_introspect import metadata, stats_np, summary, writer
+from tb_introspect import metadata, stats_np, summary, summary_pb, writer
 
 RNG = np.random.default_rng(42)
 STEPS = (0, 5, 10)
@@ -298,4 +298,4 @@ def test_view_summaries_of_the_numpy_writer_read_back(loader, request):
             assert matrix.shape == (len(rows), len(data.fields))
             vectors = np.stack([run[tag][1][i][1] for tag in data.rows])
             np.testing.assert_array_equal(
-                matrix, metadata.view_summary(view, data.rows, vectors))
+                matrix, summary_pb.view_summary(view, data.rows, vectors))

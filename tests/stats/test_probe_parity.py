@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from tb_introspect import metadata  # noqa: E402
+from tb_introspect import metadata, summary_pb  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 from tb_introspect.keras import probe_values as keras_values  # noqa: E402
 from tb_introspect.keras import probes as keras_probes  # noqa: E402
@@ -102,7 +102,7 @@ def test_combine_rejects_a_state_of_another_layout():
 def test_an_infinite_peak_reaches_the_event_file():
     """The PROBES matrix carries +inf (the contract keeps it); a finite value past float32
     is held at float32's largest."""
-    m = metadata.probes_matrix(["x"], {"x": [1e39, 2.0, INF, NAN, 1.0]})
+    m = summary_pb.probes_matrix(["x"], {"x": [1e39, 2.0, INF, NAN, 1.0]})
     assert m[0, 2] == np.finfo(np.float32).max and m[0, 4] == np.inf and np.isnan(m[0, 5])
 
 
