@@ -8,6 +8,7 @@ Usage: python benchmarks/findings_validation.py [--only NAME ...] [--epochs N]
        [--pairs-only | --archs-only]
        python benchmarks/findings_validation.py --transformers [--seeds 0 1 2 3]
        [--frameworks torch keras hf] [--threads N]
+       python benchmarks/findings_validation.py --defaults [--only ARCH ...] [--speeds 1 3 0.333]
        python benchmarks/findings_validation.py --healthy [--only NAME ...] [--threads N]
 
 Prints the Markdown table of docs/findings.md ("Validation"): for a pathology, the epoch at
@@ -25,6 +26,17 @@ step, and the probes'), the step each transformer finding first fired (its ``fir
 read from the finished run), the step training was at when ``on_finding`` saw it, and the
 other warnings. ``tests/diagnose/test_findings_transformer.py`` asserts the same at seed 0.
 
+``--defaults`` prints the table of docs/findings.md ("At the trainers' defaults"): Hugging
+Face ``Trainer`` runs at the callback's defaults (``IntrospectCallback()``: ``every="auto"``,
+its windows paced by ``overhead``, the probe points at the planned cadence;
+docs/options.md) with ``on_finding`` recording the live step, on three architectures
+(``DEFAULTS``: the tiny pre-LN GPT-2, a post-LN OPT, a stock Llama trained with gradient
+accumulation), each at its unstable rate and its low-rate twin, and each with the step as
+the governor sees it at its own speed, 3x slower and 3x faster (its clock scaled: the
+pacing changes, the verdict must not). Per run: the divergence, the points and probe
+points written, the window the pacing ended on, the transformer findings' first steps (in
+the finished run) and live steps, and how many steps the first came before the divergence.
+
 ``--healthy`` trains the healthy corpus of ``tests/diagnose/findings_healthy.py`` (Keras,
 PyTorch loops, the Hugging Face ``Trainer`` and Lightning; classifiers and language models
 trained to their floor) and prints the table of docs/findings.md ("The healthy corpus"):
@@ -36,6 +48,7 @@ none), and the info findings of the finished run; then the count of runs and war
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -118,6 +131,104 @@ def transformer_rows(seeds: list[int], frameworks: list[str]) -> list[str]:
     return rows
 
 
+#: ``--defaults``: architecture -> (label, model builder's name in ``demo/gpt.py``, the
+#: unstable rate, its twin's, more ``TrainingArguments``). The rates: the lowest tried
+#: (0.1, 0.03, 0.01) whose run diverges within 300 steps at seed 0, and 30x lower.
+DEFAULTS: dict[str, tuple[str, str, float, float, dict]] = {
+    "gpt2": ("GPT-2 (pre-LN)", "gpt2", 1e-1, 3e-3, {}),
+    "opt": ("OPT (post-LN)", "opt_post_ln", 3e-2, 1e-3, {}),
+    "llama": ("Llama, accumulation 4", "llama", 1e-1, 3e-3,
+              {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}),
+}
+#: How much slower (>1) or faster (<1) each step looks to the governor: its clock scaled.
+SPEEDS = (1.0, 3.0, 1 / 3)
+#: Steps the first transformer warning must come before the divergence.
+MARGIN = 20
+
+
+def _scaled_clock(factor: float):
+    """``time.perf_counter`` whose elapsed time is ``factor`` times the real one."""
+    t0 = time.perf_counter()
+    return lambda: t0 + factor * (time.perf_counter() - t0)
+
+
+def defaults_run(arch: str, unstable: bool, speed: float, logdir: str, seed: int = 0) -> dict:
+    """One ``--defaults`` run: what the table shows of it."""
+    from pathlib import Path
+
+    from tb_introspect.demo import gpt
+    from tb_introspect.diagnose import find_issues
+    from tb_introspect.read import read_logdir
+    from tb_introspect.read.series import probes_of
+
+    _, builder, high, low, args = DEFAULTS[arch]
+    made = []
+
+    def scale(intro) -> None:
+        made.append(intro)
+        intro.governor.clock = _scaled_clock(speed)
+
+    with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints each step's logs
+        _, history = gpt.train_hf(logdir, high if unstable else low, seed=seed,
+                                  introspect={}, model=getattr(gpt, builder), made=scale,
+                                  track_logits=False, **args)
+    (run,) = read_logdir(str(next((Path(logdir) / "runs").iterdir()))).values()
+    p = probes_of(run)
+    views = sorted({int(x) for ts in run.tensors.values() for t in ts for x in t.steps})
+    found = find_issues(run)
+    serious = [f for f in found if f.severity in ("warning", "critical")]
+    intro = made[0]
+    return {"diverged": history.diverged, "points": len(views),
+            "probe_points": 0 if p is None else len(set(p.steps.tolist()) - set(views)),
+            "planned": intro.plan.window, "paced": intro.pipeline.window(),
+            "fired": [(f.kind, f.first_step) for f in serious if f.kind in TRANSFORMER_KINDS],
+            "live": [(k, s) for s, k in history.live if k in TRANSFORMER_KINDS],
+            "other": sorted({f.kind for f in serious if f.kind not in TRANSFORMER_KINDS})}
+
+
+def defaults_rows(archs: list[str], speeds: list[float]) -> tuple[list[str], list[str]]:
+    """The Markdown rows of the ``--defaults`` table, and what missed its target."""
+    rows, missed = [], []
+    for arch in archs:
+        label, _, high, low, _ = DEFAULTS[arch]
+        for unstable in (True, False):
+            for speed in speeds:
+                with tempfile.TemporaryDirectory() as d:
+                    t = time.perf_counter()
+                    r = defaults_run(arch, unstable, speed, d)
+                    secs = time.perf_counter() - t
+                first = min((s for _, s in r["fired"]), default=None)
+                if unstable:
+                    lead = (None if first is None or r["diverged"] is None
+                            else r["diverged"] - first)
+                    ok = lead is not None and lead >= MARGIN
+                    verdict = "never" if lead is None else f"{lead} steps"
+                else:
+                    ok = not r["fired"] and r["diverged"] is None
+                    verdict = "-"
+                if not ok:
+                    missed.append(f"{arch} {'unstable' if unstable else 'twin'} x{speed:.3g}")
+                paced = "epoch ends" if r["paced"] is None else str(r["paced"])
+                rows.append(
+                    f"| {label} | {high if unstable else low:g}"
+                    f" ({'unstable' if unstable else 'twin'}) | {_speed(speed)} |"
+                    f" {r['diverged'] or 'never'} | {r['points']} + {r['probe_points']} |"
+                    f" {r['planned']} / {paced} |"
+                    f" {', '.join(f'`{k}` {s}' for k, s in r['fired']) or 'none'} |"
+                    f" {', '.join(f'`{k}` {s}' for k, s in r['live']) or 'none'} |"
+                    f" {verdict} | {', '.join(f'`{k}`' for k in r['other']) or 'none'} |")
+                print(rows[-1], flush=True)
+                print(f"{arch} {'unstable' if unstable else 'twin'} x{speed:.3g}:"
+                      f" {secs:.1f} s", file=sys.stderr, flush=True)
+    return rows, missed
+
+
+def _speed(factor: float) -> str:
+    if factor == 1:
+        return "as measured"
+    return f"{factor:g}x slower" if factor > 1 else f"{1 / factor:.3g}x faster"
+
+
 def _end(end: dict) -> str:
     """Where a healthy run ended: its training accuracy and loss (against the chain's entropy
     for a language model)."""
@@ -175,7 +286,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1, help="compute threads per framework")
     p.add_argument("--healthy", action="store_true",
                    help="the healthy corpus only (tests/diagnose/findings_healthy.py)")
+    p.add_argument("--defaults", action="store_true",
+                   help="HF Trainer runs at the callback's defaults (paced), three"
+                        " architectures at three apparent speeds")
+    p.add_argument("--speeds", nargs="*", type=float, default=list(SPEEDS),
+                   help="--defaults: the governor's clock scales (3: steps look 3x slower)")
     args = p.parse_args(argv)
+    if args.defaults:
+        import torch
+
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+        torch.set_num_threads(args.threads)
+        t0 = time.perf_counter()
+        print("| model | peak rate | step as the governor sees it | loss diverged at step |"
+              " points + probe points | window planned / paced | transformer findings"
+              " (first step) | seen live (at step) | first warning before the divergence |"
+              " other warnings |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        archs = [a for a in (args.only or DEFAULTS) if a in DEFAULTS]
+        rows, missed = defaults_rows(archs, args.speeds)
+        print(f"\n{len(rows)} runs, {time.perf_counter() - t0:.0f} s wall;"
+              f" {'every run met its target' if not missed else 'missed: ' + ', '.join(missed)}",
+              file=sys.stderr)
+        return
     if args.healthy:
         import torch
 

@@ -33,7 +33,9 @@ small Hugging Face Llama of the same sizes (``llama``).
 ``--profile`` times, on one model copy, a plain step (a second copy, no hooks), a lean step
 (the rectifier outputs' activity counts and the gradient sum), a statistics step and a
 logged point (one statistics step's window: its CPU on the training thread, and on its
-worker thread, which a trainer's cadence charges too), interleaved, medians; then it lists
+worker thread, which a trainer's cadence charges too), interleaved, medians (with
+``--probes``: a statistics step without the probes, and a paced run's probe point: its
+light probe step and the point on both threads); then it lists
 the operators ``torch.profiler`` sees in a few lean and statistics steps (self CPU time,
 their total against the steps' time: the rest is Python) and the point's costliest
 functions (cProfile).
@@ -58,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tb_introspect.pipeline.governor import StepMode  # noqa: E402
 from tb_introspect.torch import Introspector  # noqa: E402
+from tb_introspect.torch.probe_points import Held  # noqa: E402
 
 _WATCHED = itertools.count()
 COMPILED = "compiled: "
@@ -400,8 +403,9 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
         probes, was_on = intro.probes, intro.probes.on
         probes.on = was_on and phase != "no probes"  # a statistics step without the probes
         probes.follow(StepMode.LEAN)  # (their cost is the difference): hooks off, then as
-        intro.hooks.set_phase(StepMode.LEAN if phase == "activity" else StepMode.STATS)
-        probes.follow(intro.hooks.phase)  # the phase asks
+        intro.hooks.set_phase(StepMode.LEAN if phase in ("activity", "light") else
+                              StepMode.STATS, phase == "light")  # "light": a probe step
+        probes.follow(intro.hooks.phase, intro.hooks.probing)  # the phase asks
         intro.step(loss=train_step(model, opt, x, y))
         probes.on = was_on
 
@@ -415,20 +419,37 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
         worker.wait()
         return spent
 
-    phases = ("plain", "activity", "stats") + (("no probes",) if args.probes else ())
+    def probe_point() -> float:
+        """A probe point's training-thread CPU seconds (``ProbePoints.hold`` and
+        ``release``); its worker's work done before return."""
+        t = time.thread_time()
+        points = intro.probe_points
+        points.held = Held(intro.step_count, 1, 0.0, intro.probes.take(True), 0.0)
+        points.release()
+        spent = time.thread_time() - t
+        worker.wait()
+        return spent
+
+    phases = ("plain", "activity", "stats") + (("no probes", "light") if args.probes else ())
     for ph in phases * 2:  # warm-up
         step(ph)
     point()
-    times: dict[str, list[float]] = {ph: [] for ph in (*phases, "point", "worker")}
+    times: dict[str, list[float]] = {ph: [] for ph in (*phases, "point", "worker",
+                                                       "probe point", "probe worker")}
     for _ in range(args.rounds):
         for ph in phases:
             t = time.process_time()
             step(ph)
             times[ph].append(time.process_time() - t)
+            if ph == "light":  # the probe point of the light step just run
+                t = time.process_time()
+                times["probe point"].append(probe_point())
+                times["probe worker"].append(time.process_time() - t
+                                             - times["probe point"][-1])
         t = time.process_time()
         times["point"].append(point())  # the window of the statistics step just run
         times["worker"].append(time.process_time() - t - times["point"][-1])
-    ms = {ph: statistics.median(v) * 1000 for ph, v in times.items()}
+    ms = {ph: statistics.median(v) * 1000 for ph, v in times.items() if v}
     cost = ms["stats"] - ms["plain"] + ms["point"]
     target = POINT_TARGET_MS.get(kind)
     print(f"\n{name}: CPU ms per step, median of {args.rounds} interleaved: plain"
@@ -439,6 +460,12 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
     if args.probes:
         print(f"  the probes ({len(intro.probes.rows)} rows): +{ms['stats'] - ms['no probes']:.1f}"
               f" ms of the statistics step's {ms['stats']:.1f}")
+        light = ms["light"] - ms["activity"] + ms["probe point"] + ms["probe worker"]
+        print(f"  a probe point (docs/options.md): its light step"
+              f" +{ms['light'] - ms['activity']:.2f} ms over a lean one, the point"
+              f" {ms['probe point']:.2f} ms on the training thread and"
+              f" {ms['probe worker']:.2f} ms on its worker: {light:.2f} ms, one per planned"
+              f" window ({light / ms['plain'] * 100:.0f} % of a plain step)")
     print(f"  a later point on the training thread, its statistics step included:"
           f" {cost:.1f} ms" + (f" (target <= {target:.0f} ms)" if target else ""))
     print(f"  a later point's whole CPU, training thread and worker:"

@@ -17,7 +17,7 @@ to near the chain's entropy (0.78) within a hundred steps, so a divergence after
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -353,6 +353,33 @@ def gpt2(width: int = 128, heads: int = 2, layers: int = 2, vocab: int = VOCAB,
         bos_token_id=0, eos_token_id=0, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0))
 
 
+def opt_post_ln(width: int = 128, heads: int = 2, layers: int = 2, vocab: int = VOCAB,
+                seq: int = SEQ) -> nn.Module:
+    """A tiny post-LN ``OPTForCausalLM`` from its config (``do_layer_norm_before=False``:
+    each block's LayerNorm after its residual sum, as in the original Transformer and
+    OPT-350m; no download, no dropout)."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    return OPTForCausalLM(OPTConfig(
+        vocab_size=vocab, hidden_size=width, num_hidden_layers=layers, ffn_dim=4 * width,
+        num_attention_heads=heads, max_position_embeddings=seq, word_embed_proj_dim=width,
+        do_layer_norm_before=False, dropout=0.0, attention_dropout=0.0, layerdrop=0.0,
+        pad_token_id=vocab - 1, bos_token_id=0, eos_token_id=0))
+
+
+def llama(width: int = 128, heads: int = 2, layers: int = 2, vocab: int = VOCAB,
+          seq: int = SEQ) -> nn.Module:
+    """A small stock ``LlamaForCausalLM`` from its config (pre-RMSNorm, rotary positions,
+    a SwiGLU MLP; no download)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, hidden_size=width, intermediate_size=4 * width,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=seq, bos_token_id=0, eos_token_id=0, pad_token_id=None,
+        tie_word_embeddings=False))
+
+
 def track_gpt2_logits(model: nn.Module) -> list[float]:
     """Hooks that append, per forward, the largest |q.k/sqrt(d)| over the model's GPT-2
     attention layers (causal positions) to the returned list: the direct measurement."""
@@ -386,24 +413,31 @@ HF_WARMUP, HF_STEPS, HF_BATCH = 150, 300, 16
 
 def train_hf(out: str, lr: float, *, seed: int = 0, steps: int = HF_STEPS,
              introspect: dict | None = None, track_logits: bool = True,
+             model: Callable[[], nn.Module] = gpt2,
+             made: Callable[[object], None] | None = None,
              **args) -> tuple[object, History]:
-    """Train the tiny GPT-2 with the ``Trainer`` on ``ChainStream`` for ``steps`` steps
-    (AdamW, betas 0.9/0.95, linear warm-up then constant, no gradient clipping: clipping at
-    the Trainer's default norm 1 holds the loss near 1.0 while the attention logits still
-    grow past 10^4); its TensorBoard run is ``out/runs/<date_host>``.
-    ``introspect``: the keywords of a ``tb_introspect.transformers.IntrospectCallback`` to
-    train with (``{}``: its defaults), whose live findings go to ``History.live``.
-    Returns the trainer and the per-step loss and attention-logit history."""
+    """Train the tiny GPT-2 (or ``model()``: ``opt_post_ln``, ``llama``) with the
+    ``Trainer`` on ``ChainStream`` for ``steps`` steps (AdamW, betas 0.9/0.95, linear
+    warm-up then constant, no gradient clipping: clipping at the Trainer's default norm 1
+    holds the loss near 1.0 while the attention logits still grow past 10^4); its
+    TensorBoard run is ``out/runs/<date_host>``. ``introspect``: the keywords of a
+    ``tb_introspect.transformers.IntrospectCallback`` to train with (``{}``: its defaults),
+    whose live findings go to ``History.live``; ``made``: called with its ``Introspector``
+    when training starts (the validation scales its governor's clock there). ``args``:
+    more ``TrainingArguments`` (``gradient_accumulation_steps``...).
+    Returns the trainer and the per-step loss and attention-logit history (the latter the
+    GPT-2's only, with ``track_logits``; empty otherwise)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import Trainer, TrainingArguments
 
     torch.manual_seed(seed)
-    model = gpt2()
+    model = model()
     seen = track_gpt2_logits(model) if track_logits else []
+    args = {"per_device_train_batch_size": HF_BATCH, **args}
     targs = TrainingArguments(
-        out, max_steps=steps, per_device_train_batch_size=HF_BATCH, learning_rate=lr,
+        out, max_steps=steps, learning_rate=lr,
         lr_scheduler_type="constant_with_warmup", warmup_steps=HF_WARMUP, adam_beta2=0.95,
         weight_decay=0.0, logging_steps=1, save_strategy="no", report_to="tensorboard",
         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=seed,
@@ -416,7 +450,16 @@ def train_hf(out: str, lr: float, *, seed: int = 0, steps: int = HF_STEPS,
         def on_finding(f) -> None:
             live.append((trainer.state.global_step, f.kind))
 
-        callbacks.append(IntrospectCallback(**{"on_finding": on_finding, **introspect}))
+        callback = IntrospectCallback(**{"on_finding": on_finding, **introspect})
+        if made is not None:
+            begin = callback.on_train_begin
+
+            def on_train_begin(*a, **kw) -> None:
+                begin(*a, **kw)
+                made(callback.introspector)
+
+            callback.on_train_begin = on_train_begin
+        callbacks.append(callback)
     trainer = Trainer(model=model, args=targs, train_dataset=ChainStream(seed),
                       callbacks=callbacks)
     trainer.train()

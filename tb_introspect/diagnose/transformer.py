@@ -53,6 +53,19 @@ def _jump(chart: str) -> dict:
     return {"tab": "overview", "chart": CHARTS[chart]}
 
 
+def _sustained_at(mask: np.ndarray, cols: np.ndarray, rv: RunView) -> int | None:
+    """``first_sustained`` of ``mask`` over the points ``cols`` only (an index of all the
+    points; the number of points sustained asks for counted over ``cols``). A paced run's
+    probe points between its logged points (docs/options.md, "Probe points") hold the
+    attention and head probes only: the layer outputs' probes, and the output view the
+    rules compare them with, are at the logged points, and the probe points between two of
+    them do not break a condition held at both."""
+    if not cols.size:
+        return None
+    j = first_sustained(mask[cols], rv.sustain_points(cols.size))
+    return None if j is None else int(cols[j])
+
+
 # ---------------------------------------------------------------- attention logits
 
 
@@ -147,7 +160,7 @@ def _per_position(head) -> bool:
     return head is None or len(head.info.shape) >= 3
 
 
-def _level_drift(rv: RunView, head, p: Probes, k: int) -> tuple[int | None, float | None]:
+def _level_drift(rv: RunView, head, p: Probes) -> tuple[int | None, float | None]:
     """Where the logits' level (their mean over the vocabulary, the part of log Z the
     softmax cannot see) moved ``logit_lse_drift`` nats from its first point, sustained and
     steadily; and how far it moved by the latest point."""
@@ -162,8 +175,9 @@ def _level_drift(rv: RunView, head, p: Probes, k: int) -> tuple[int | None, floa
     last = d[np.isfinite(d)]
     if not last.size:
         return None, None
+    logged = np.flatnonzero(np.isin(p.steps, head.steps))  # the points with the head's output
     with np.errstate(invalid="ignore"):
-        j = first_sustained(np.abs(d) >= rv.t.logit_lse_drift, k)
+        j = _sustained_at(np.abs(d) >= rv.t.logit_lse_drift, logged, rv)
     if j is not None and not _steady(mean, np.sign(last[-1]), rv.t.logit_steady_share):
         j = None
     return j, float(last[-1])
@@ -206,7 +220,7 @@ def output_logit_drift(rv: RunView) -> list[Finding]:
         lse_end = float(last[-1]) + _first_finite(lse[i]) if last.size else np.nan
         head = _head_output(rv, name)
         per_position = _per_position(head)
-        j_level, level_moved = _level_drift(rv, head, p, k)
+        j_level, level_moved = _level_drift(rv, head, p)
         # log Z = the logits' level (their mean) + the spread the loss needs. A classifier
         # growing confident raises log Z through its spread, with its top logit, while the
         # softmax's gradient (p - y, summing to 0 over the classes) leaves the level alone:
@@ -281,18 +295,19 @@ def massive_activations(rv: RunView) -> list[Finding]:
         return []
     max_abs, ratio = p.field("max_abs"), p.field("massive_ratio")
     kurt, med = p.field("kurtosis"), p.field("abs_median")
-    k = rv.sustain_points(p.n_points)
+    # the points that hold layer outputs' probes (not a paced run's probe points)
+    measured = np.flatnonzero((np.isfinite(med) | np.isfinite(kurt)).any(axis=0))
     with np.errstate(invalid="ignore"):
         massive = (max_abs > t.massive_abs) & (ratio > t.massive_ratio)
         # A median |a| of 0 is an output more than half zeros (a rectifier): its kurtosis
         # measures sparsity, not outliers.
         heavy = (kurt > t.massive_kurtosis) & (med > 0)
     hits = [(i, j) for i in range(len(p.rows))
-            if (j := first_sustained(massive[i], k)) is not None]
+            if (j := _sustained_at(massive[i], measured, rv)) is not None]
     severity = "warning"
     if not hits:
         hits = [(i, j) for i in range(len(p.rows))
-                if (j := first_sustained(heavy[i], k)) is not None]
+                if (j := _sustained_at(heavy[i], measured, rv)) is not None]
         severity = "info"
     if not hits:
         return []

@@ -20,7 +20,9 @@ on the front-end's worker thread (``worked``, its CPU time) is paid from the sam
 A paced window (the trainers' ``every="auto"``, ``paced_window``) is as long as the planned
 one, or the shortest multiple of it whose budget pays a window's fixed cost: its first
 statistics step's extra time and its point on both threads. Tiny models whose steps take a
-few milliseconds then get fewer points instead of doubling their step time.
+few milliseconds then get fewer points instead of doubling their step time. The probe points
+a paced run keeps at the planned cadence (``probed``, docs/options.md) are paid from the same
+budget: their share of each step is left out of what pays a window.
 
 Deterministic given its clock, so tests inject one.
 
@@ -105,6 +107,11 @@ class Governor:
         # and popleft are atomic, so the training thread alone touches ``credit``).
         self.work_seconds: dict[str, deque[float]] = {}
         self._unpaid: deque[float] = deque()
+        # Probe points (``probed``): each one's seconds on the training thread (its step's
+        # probes included) and on the worker, and the steps between two of them.
+        self.probe_seconds: deque[float] = deque(maxlen=HISTORY)
+        self.probe_work: deque[float] = deque(maxlen=HISTORY)
+        self.probe_every = 1
         self.since_stats = 0
         self.window_start = True
         self.forced = False
@@ -161,7 +168,7 @@ class Governor:
         log = statistics.median(self.log_seconds) if self.log_seconds else 0.0
         log += self._work_per_window()
         steps = max(self.window_runs, 1)
-        spare = self.overhead * plain - added - log / steps
+        spare = self.overhead * plain - added - log / steps - self.probe_share()
         if spare <= 0:
             return float(2**31)
         return float(min(max(self.spacing, math.ceil(extra / spare)), 2**31))
@@ -171,14 +178,15 @@ class Governor:
         timed, the shortest multiple of it whose budget (``overhead`` times the plain step,
         less the lean steps' instrumentation, per step) pays a window's fixed cost: a
         statistics step's extra time and a point's, on the training thread and its worker
-        (medians, the first point left out). None: no window pays it; points at epoch
+        (medians, the first point left out), with the probe points' share of each step
+        (``probe_share``) left out of the budget. None: no window pays it; points at epoch
         ends only."""
         extra, plain = self.extra_per_stats_step(), self.plain_step()
         if (self.overhead is None or extra is None or not plain
                 or len(self.window_seconds) < PACING_POINTS):
             return planned
         added = statistics.median(self.lean_added) if self.lean_added else 0.0
-        spare = self.overhead * plain - added
+        spare = self.overhead * plain - added - self.probe_share()
         if spare <= 0:
             return None
         fixed = extra + _later(self.window_seconds) + self._work_per_window()
@@ -259,6 +267,29 @@ class Governor:
         self.work_seconds.setdefault(kind, deque(maxlen=HISTORY)).append(seconds)
         if self.overhead is not None:
             self._unpaid.append(seconds)
+
+    def probed(self, seconds: float, every: int, step_seconds: float = 0.0) -> None:
+        """A probe point took ``seconds`` on the training thread (paid here), after a step
+        whose probes took ``step_seconds`` (paid as that step's instrumentation); one comes
+        every ``every`` steps."""
+        self.probe_seconds.append(seconds + step_seconds)
+        self.probe_every = max(int(every), 1)
+        if self.overhead is not None:
+            self.credit -= seconds
+
+    def probe_worked(self, seconds: float) -> None:
+        """A probe point's host work took ``seconds`` of CPU on the worker thread (called
+        from there; paid by the training thread, as ``worked``)."""
+        self.probe_work.append(seconds)
+        if self.overhead is not None:
+            self._unpaid.append(seconds)
+
+    def probe_share(self) -> float:
+        """The probe points' seconds per step, both threads (medians, the first left out);
+        0 without any."""
+        if not self.probe_seconds:
+            return 0.0
+        return (_later(self.probe_seconds) + _later(self.probe_work)) / self.probe_every
 
     def _pay_work(self) -> None:
         while self._unpaid:

@@ -7,10 +7,11 @@ metric ring, and what are the statistics of the window since the last point. The
 each flush, logs a point at every N-th step or at each window's end (an epoch's end, and
 with ``window=N`` every N steps), writes the window's activity maps and metric bands, keeps
 the event file flushed for TensorBoard's live view (a window's end always flushes),
-and turns a failure into one warning with the part switched off. Only the chief (rank 0)
-has a sink; every process asks for the same points, since reading a distributed
-front-end's state is a collective. With ``on_finding`` it hands what it wrote to
-``findings.Watch``, which judges it off the training thread, and acts on what comes back
+writes the probe points a front-end asks for between them (``probe_point``: the probes
+alone, docs/options.md), and turns a failure into one warning with the part switched off.
+Only the chief (rank 0) has a sink; every process asks for the same points, since reading
+a distributed front-end's state is a collective. With ``on_finding`` it hands what it wrote
+to ``findings.Watch``, which judges it off the training thread, and acts on what comes back
 between steps (``stop``: a finding the front-end ends training on).
 
 What a point does on the host after the front-end's device copies runs on the run's
@@ -256,6 +257,46 @@ class Pipeline:
         self.last_log_step = step
         self.worker.submit(self._window_job, "point", self._finish, point, step, self.epoch,
                            heavy=True)
+
+    def probe_point(self, step: int, read: Callable[[], Any], every: int, *,
+                    step_seconds: float = 0.0, seconds: float = 0.0) -> None:
+        """A probe point at TensorBoard ``step`` (a paced run's probes between its points,
+        docs/options.md): the metrics drained as at a point, then the front-end's probes
+        alone (``read()``: module -> probe values, a callable the worker runs for them, or
+        None where this process writes none) written on the worker as the step's PROBES
+        summary, no view's (the views' series keep their points). Its time is paid from
+        the governor's budget (``Governor.probed``; ``seconds``: the front-end's already
+        spent on it, ``step_seconds``: its step's probes, one every ``every`` steps);
+        with ``on_finding`` the findings are judged on it."""
+        clock = self.governor.clock if self.governor is not None else time.perf_counter
+        start = clock()
+        self.guard(METRICS, self.drain)
+        probes = self.guard(STATISTICS, read)
+        if probes is not None and self.sink is not None:
+            self.worker.submit(self._probe_job, probes, step, self.epoch)
+        if self.governor is not None:
+            self.governor.probed(clock() - start + seconds, every, step_seconds)
+        if self.findings is not None and self.sink is not None:
+            self._judge()
+        self.act()
+
+    def _probe_job(self, probes: Any, step: int, epoch: int) -> None:
+        """The worker: a probe point's PROBES summary, its CPU time paid from the
+        governor's budget (``Governor.probe_worked``)."""
+        start = time.thread_time()
+        try:
+            self._job(STATISTICS, self._write_probes, probes, step, epoch)
+        finally:
+            if self.governor is not None:
+                self.governor.probe_worked(time.thread_time() - start)
+
+    def _write_probes(self, probes: Any, step: int, epoch: int) -> None:
+        with _one_blas_thread():
+            if callable(probes):
+                probes = probes()
+            if probes and self.plan.options.probes:
+                summary = self.summaries.probes(probes, epoch=epoch, cadence=self.plan.cadence)
+                self._write([(step, [summary])])
 
     def _finish(self, point: Point | Callable[[], Point], step: int, epoch: int) -> None:
         """The worker: the point's host part, its summaries written."""

@@ -95,6 +95,15 @@ def fold(state: np.ndarray, row: int, field: str, value: float) -> None:
     state[row, col] = np.nan if np.isnan(old) or np.isnan(value) else max(old, value)
 
 
+def merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One window's state of two (``[rows, WIDTH]`` each, one rank's): their sums and
+    counts added, each maximum the larger (NaN if either is NaN)."""
+    out = np.array(a, dtype=np.float64)
+    out[:, :MAXIMA_AT] += b[:, :MAXIMA_AT]
+    out[:, MAXIMA_AT:] = np.maximum(out[:, MAXIMA_AT:], b[:, MAXIMA_AT:])
+    return out
+
+
 def combine(states: np.ndarray | Sequence[np.ndarray],
             rows: Sequence[str]) -> dict[str, np.ndarray]:
     """A point's probes from every replica's or rank's window state (``[rows, WIDTH]`` each,

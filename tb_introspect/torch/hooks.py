@@ -46,7 +46,12 @@ class StepHooks:
         self.passes = ForwardPasses()  # a checkpoint's recompute is not read twice
         self._hooked = [spec.module.register_forward_hook(self._forward_hook(spec))
                         for spec in outputs.specs]
-        self.listeners: list[Callable[[StepMode], None]] = []  # told each new phase (probes)
+        # told each new phase and whether the step is a probe step (the probes' ``follow``)
+        self.listeners: list[Callable[[StepMode, bool], None]] = []
+        #: Whether a (1-based) step is a probe step (the Introspector's probe points); the
+        #: current step's answer is ``probing``.
+        self.probe_step: Callable[[int], bool] = lambda step: False
+        self.probing = False
         self._optimizer_hook = (optimizer.register_step_pre_hook(self._pre_step)
                                 if parameters.sums is not None and optimizer is not None
                                 else None)
@@ -54,27 +59,30 @@ class StepHooks:
     # ------------------------------------------------------------------ the phase
 
     def enter(self, step: int) -> None:
-        """Make the phase of ``step`` (1-based) the current one."""
+        """Make the phase of ``step`` (1-based) the current one, and whether it is a probe
+        step (``probe_step``)."""
         self.passes.new_step()
+        probing = self.probe_step(step)
         if self.plan.every == "epoch":
-            self.set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN)
+            self.set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN,
+                           probing)
         else:
             self.set_phase(StepMode.STATS if is_sampled(step, self.plan.every)
-                            else StepMode.OFF)
+                           else StepMode.OFF, probing)
 
-    def set_phase(self, phase: StepMode) -> None:
+    def set_phase(self, phase: StepMode, probing: bool = False) -> None:
         """Make ``phase`` the current one: the forward hooks read every monitored leaf on a
         statistics step, the rectifiers of exact activity on a lean one, none on an
         ``every=N`` step between two points. The hooks stay on throughout: ``torch.compile``
         traces a module's hooks when it first compiles and does not guard on them, so a
         hook added later would never run in the graph (and each change, where guarded,
         would compile it again); a hook that reads the phase costs one cached graph per
-        phase."""
-        if phase == self.phase:
+        phase. ``probing``: the step is a probe step (the probes' light hooks)."""
+        if phase == self.phase and probing == self.probing:
             return
-        self.phase = phase
+        self.phase, self.probing = phase, probing
         for listener in self.listeners:
-            listener(phase)
+            listener(phase, probing)
 
     def take_optimizer_ran(self) -> bool:
         """Whether the optimizer stepped since the last call."""

@@ -13,7 +13,10 @@ Where each view comes from:
 * gradients: ``optimizer.register_step_pre_hook``, so they are read after
   ``DistributedDataParallel``'s all-reduce and ``GradScaler``'s unscale; a step the
   scaler skips adds its gradients' non-finite counts only;
-* weights: read when a point is logged.
+* weights: read when a point is logged;
+* the transformer probes (``probes``): on statistics steps, and in a paced run (the
+  trainers' ``every="auto"``) on a light probe step every planned window, written there as
+  a probe point (``probe_points``) whatever the paced window became.
 
 Between logged points everything stays on the device: gradient sums in one flat float32
 buffer (``parameters``), the two output views' states in one float64 buffer each
@@ -55,6 +58,7 @@ from tb_introspect.torch.loss import describe_run
 from tb_introspect.torch.metrics import MetricRing
 from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.parameters import ParameterViews
+from tb_introspect.torch.probe_points import ProbePoints
 from tb_introspect.torch.probes import PROBES, Probes
 from tb_introspect.torch.ranks import Broken, Ranks
 
@@ -159,7 +163,8 @@ class Introspector:
             self.governor.lockstep()
         self.hooks = StepHooks(self.plan, self.model, self.governor, self.output_states,
                                self.parameter_views, optimizer)
-        # The transformer probes, hooked on statistics steps only (docs/format.md).
+        # The transformer probes, hooked on statistics steps (docs/format.md) and on the
+        # probe steps of a paced run (``probe_every``).
         regression = (metadata.parse_loss(criterion_info(criterion)) or {}).get("task")
         self.probes = Probes(self.model, self.outputs, self.plan, device, self.hooks.passes,
                              regression=regression == "regression")
@@ -168,6 +173,9 @@ class Introspector:
         self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)
                                  if self.ranks.writes else None,
                                  lockstep=self.ranks.world > 1, governor=self.governor)
+        self.probe_points = ProbePoints(self.plan, self.probes, self.pipeline, self.ranks,
+                                        self.governor)
+        self.hooks.probe_step = self.probe_points.is_probe_step
         # What PyTorch knows of the run (parameters in no optimizer group, the output
         # module), with the loss: read again at a point where the optimizer's groups changed.
         self._criterion, self._groups = criterion, modules.optimizer_signature(optimizer)
@@ -191,6 +199,10 @@ class Introspector:
         start = time.perf_counter()
         hooks = self.hooks
         optimizer_ran = hooks.take_optimizer_ran()
+        probed = self.probes.take_spent()  # a probe step's probes: its instrumentation
+        hooks.instrumented += probed
+        if hooks.phase is StepMode.STATS or hooks.probing:
+            self.probe_points.probed = True
         if not self.pipeline.is_off(STATISTICS) and not self.failures.is_off("gradient"):
             try:
                 self.parameter_views.end_step(hooks.phase is not StepMode.OFF,
@@ -211,8 +223,10 @@ class Introspector:
             self._stats_steps += 1
         self.step_count += 1
         self._window += 1
+        released = self.probe_points.release()  # the last step's, no point after it
         self.pipeline.after_steps(1)
-        if self._window == 0:  # a point was logged: its time is not the next step's
+        held = self.probe_points.hold(self.step_count, probed)
+        if self._window == 0 or released or held:  # their time is not the next step's
             hooks.restart_timing(now=True)
         hooks.enter(self.step_count + 1)
         if hooks.passes.compiled:
@@ -236,7 +250,9 @@ class Introspector:
         metric bands; ``metrics`` (e.g. ``val_loss=0.3``) are written at this step."""
         if self._closed:
             return
+        self.probe_points.to_point()  # a probe point at this step: in the epoch's point
         self.pipeline.end_epoch(metrics)
+        self.probe_points.after_epoch()
         self.epoch += 1
         self.pipeline.begin_epoch(self.epoch)
         self.hooks.restart_timing()
@@ -266,8 +282,9 @@ class Introspector:
         rank 0's numpy finalize comes back as a callable the pipeline's worker runs
         (every rank calls it at the same steps, the output buffers are gathered)."""
         out = Point(window=self._window, stats_steps=self._stats_steps)
-        # this rank's probe window and the rows seen so far (None: the probes are off)
-        probes = self.pipeline.guard(PROBES.view, self.probes.take)
+        # this rank's probe window and the rows seen so far (None: the probes are off),
+        # with a probe point held at this step (``end_epoch``)
+        probes = self.probe_points.taken(self.pipeline.guard(PROBES.view, self.probes.take))
         if self.ranks.writes and self._stats_steps:
             # A leaf no training forward pass called (a transformer's attention dropout
             # inside scaled_dot_product_attention) has no output to show: said once.
@@ -341,7 +358,8 @@ class Introspector:
 
     def flush(self) -> None:
         """Write the pending metric values and every point logged so far, and flush the
-        event file."""
+        event file (a probe point held at this step waits for the next step or an epoch's
+        end: ``probe_points``)."""
         self.pipeline.guard(METRICS, self.pipeline.drain)
         self.pipeline.flush()
 
@@ -349,6 +367,7 @@ class Introspector:
         """Write what is pending, close the event file and remove every hook."""
         if self._closed:
             return
+        self.probe_points.release()
         self.pipeline.guard(METRICS, self.pipeline.drain)
         self.hooks.close()
         self.probes.close()
@@ -369,7 +388,8 @@ class IntrospectorArgs:
     trainers' default) is ``every="epoch"`` with the ``window`` that the run's planned
     epochs and steps call for (``plan.auto_window``), unless ``window`` is given; that
     window grows where the points' measured cost would exceed ``overhead``
-    (``Governor.paced_window``)."""
+    (``Governor.paced_window``), and the transformer probes keep the planned one
+    (``probe_points``, docs/options.md)."""
 
     def __init__(self, log_dir: str | os.PathLike | None, every: str | int,
                  views: Sequence[str], options: dict[str, Any]) -> None:

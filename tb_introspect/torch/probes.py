@@ -1,6 +1,6 @@
 """The transformer probes of a PyTorch model (docs/format.md, "Version 4: probes").
 
-On statistics steps only, and only while one runs, this module hooks:
+On statistics steps, and only while one runs, this module hooks:
 
 * each monitored leaf output: its batch's median |a| (from at most
   ``metadata.PROBE_SAMPLE_SIZE`` values drawn without the user's RNG) and kurtosis m4 / m2²;
@@ -12,6 +12,11 @@ On statistics steps only, and only while one runs, this module hooks:
 * the output head (a Hugging Face model's ``get_output_embeddings()``, else the last
   ``Linear`` leaf, kept once its output is seen to be the model's): its largest logit and
   the mean logsumexp of its rows.
+
+A light probe step (``follow(phase, light=True)``: the probe points of a paced run,
+docs/options.md) hooks the attention modules and the head only, not the layer outputs:
+``take(light=True)`` then reads and resets those rows' columns (``LIGHT_FIELDS``) and leaves
+the layer outputs' to the next logged point.
 
 Each value stays on the device (a few device scalars per row, no host sync), folded into the
 window state of the probes' contract (``pipeline/probe_window.py``: a sum and a count per
@@ -25,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +53,13 @@ from tb_introspect.torch.state import hash_uniform, scratch
 
 _WIDTH = probe_window.WIDTH
 PROBES = Part("probes")
+#: What a light probe step reads (the attention modules' and the head's probes); the layer
+#: outputs' ``abs_median`` and ``kurtosis`` need a statistics step's output hooks.
+LIGHT_FIELDS = ("attn_logit_max", "logit_max", "logit_lse")
+#: The state's columns of ``LIGHT_FIELDS`` (a mean's sum and count, a maximum's peak).
+LIGHT_COLUMNS = sorted(c for f in LIGHT_FIELDS for c in (
+    (probe_window.SUM[f], probe_window.COUNT[f]) if f in probe_window.SUM
+    else (probe_window.PEAK[f],)))
 
 
 def find_head(model: nn.Module) -> tuple[str, nn.Module, bool] | None:
@@ -89,8 +102,10 @@ def _tensors(output: Any) -> list[torch.Tensor]:
 class Probes:
     """The probes of one model: their rows, hooks and patches, and the window's state on
     the device (``probe_window``'s layout). ``follow(phase)`` turns the hooks on for
-    statistics steps only; ``take()`` copies the state to the host and starts the window
-    again, ``values(states)`` makes a point's ``Point.probes`` of every rank's copy."""
+    statistics steps (and ``light`` ones: the attention modules' and the head's only);
+    ``take()`` copies the state to the host and starts the window again (``light``: of
+    ``LIGHT_FIELDS`` only), ``values(states)`` makes a point's ``Point.probes`` of every
+    rank's copy."""
 
     def __init__(self, model: nn.Module, outputs: Sequence[OutputSpec], plan: Plan,
                  device: torch.device, passes: ForwardPasses, *,
@@ -114,6 +129,7 @@ class Probes:
             self._head = (self._row(by_module.get(id(module), sanitize(name))), module)
         self._empty = torch.from_numpy(probe_window.empty(len(self.rows))).to(device)
         self.state = self._empty.clone()  # [rows, probe_window.WIDTH]
+        self._light_columns = torch.tensor(LIGHT_COLUMNS, device=device)
         self.seen: set[int] = set()  # rows with a value since the start (host bookkeeping)
         # uniform positions in [0, 1) of the median's sample, without the user's RNG
         self.draws = hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
@@ -127,28 +143,44 @@ class Probes:
         self._slots: dict[tuple[int, ...], torch.Tensor] = {}
         self._head_out: torch.Tensor | None = None
         self.active = False
+        self.light = False  # the hooks installed are a light step's
+        #: Host seconds the probes took on light steps since ``take_spent`` (their cost)
+        self.spent = 0.0
         self.compiled_off = False  # off as the model runs under torch.compile
+
+    @property
+    def has_light_rows(self) -> bool:
+        """Whether a light step has anything to read: attention modules or a head."""
+        return self.on and bool(self._attention or self._head is not None)
+
+    def take_spent(self) -> float:
+        """The host seconds of the light steps' probes since the last call."""
+        spent, self.spent = self.spent, 0.0
+        return spent
 
     def _row(self, name: str) -> int:
         return self.rows.setdefault(name, len(self.rows))
 
     # ------------------------------------------------------------------ phase
 
-    def follow(self, phase: StepMode) -> None:
-        """The step phase changed: hooks and patches on for a statistics step, off else."""
+    def follow(self, phase: StepMode, light: bool = False) -> None:
+        """The step phase changed: hooks and patches on for a statistics step, off else;
+        ``light``: a probe step (the attention modules' and the head's hooks only) unless
+        the phase is a statistics step."""
         if self.passes.compiled and self.on:
             # Inside a compiled graph a probe cannot run (its numbers leave the graph), and
             # hooks or a patch toggled per step would compile the graph again each time.
             self.on, self.compiled_off = False, True  # said by the Introspector
-        want = (phase is StepMode.STATS and self.on
-                and not self.failures.is_off(PROBES.view))
-        if want == self.active:
+        on = self.on and not self.failures.is_off(PROBES.view)
+        want = on and (phase is StepMode.STATS or light)
+        light = want and phase is not StepMode.STATS
+        if want == self.active and light == self.light:
             return
         try:
-            if want:
-                self._install()
-            else:
+            if self.active:
                 self._uninstall()
+            if want:
+                self._install(light)
         except Exception as e:  # never break training
             self.on = False
             self.failures.fail(PROBES, e)
@@ -156,9 +188,10 @@ class Probes:
             return
         self.active = want
 
-    def _install(self) -> None:
+    def _install(self, light: bool = False) -> None:
         hook = self._handles.append
-        for i, module in self._outputs:
+        self.light = light
+        for i, module in () if light else self._outputs:
             hook(module.register_forward_hook(self._output_hook(i)))
         for i, module in self._attention.values():
             hook(module.register_forward_pre_hook(self._enter_hook(i)))
@@ -181,7 +214,7 @@ class Probes:
         self._running = 0
         self._head_out = None
         KERNELS.remove(self)
-        self.active = False
+        self.active = self.light = False
 
     def _training(self) -> bool:
         if torch.compiler.is_compiling():
@@ -243,6 +276,7 @@ class Probes:
     def _guarded(self, fn: Callable, *args: Any) -> None:
         if not self.active:
             return
+        start = time.perf_counter() if self.light else None
         try:
             with torch.no_grad():
                 fn(*args)
@@ -251,6 +285,8 @@ class Probes:
         except Exception as e:  # never break training
             self.failures.fail(PROBES, e)
             self._uninstall()
+        if start is not None:
+            self.spent += time.perf_counter() - start
 
     def _output_hook(self, i: int) -> Callable:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
@@ -334,9 +370,10 @@ class Probes:
                 self.on = False
                 self.seen.clear()
         self._head_certain = True
+        light = self.light
         self._uninstall()  # again without the model's hook (or without any)
         if self.on:
-            self._install()
+            self._install(light)
             self.active = True
 
     def _enter_hook(self, i: int) -> Callable:
@@ -396,13 +433,21 @@ class Probes:
 
     # ------------------------------------------------------------------ a point
 
-    def take(self) -> tuple[np.ndarray, list[str]]:
+    def take(self, light: bool = False) -> tuple[np.ndarray, list[str]]:
         """This rank's window state, ``[rows, probe_window.WIDTH]`` (one host copy; the same
         shape on every rank: it joins the point's exchange between ranks), and the rows
-        this rank has seen a value of so far. The window starts again."""
+        this rank has seen a value of so far. The window starts again; ``light`` (a probe
+        point): of ``LIGHT_FIELDS`` only, the others left in the state for the next logged
+        point (and empty in the copy: NaN at the probe point)."""
         self.settle()
         copy = host(self.state)
-        self.state.copy_(self._empty)
+        if light:
+            cols = self._light_columns
+            self.state.index_copy_(1, cols, self._empty.index_select(1, cols))
+            others = np.setdiff1d(np.arange(_WIDTH), LIGHT_COLUMNS)
+            copy[:, others] = probe_window.empty(len(self.rows))[:, others]
+        else:
+            self.state.copy_(self._empty)
         names = {i: name for name, i in self.rows.items()}
         return copy, [names[i] for i in sorted(self.seen)]
 

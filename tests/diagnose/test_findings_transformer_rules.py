@@ -206,6 +206,28 @@ def test_massive_activations_from_max_abs_over_the_median() -> None:
     assert f.jump["chart"] == "probes-ratio"
 
 
+def test_massive_activations_across_probe_points() -> None:
+    """A paced run's probe points between its points hold the attention and head probes only
+    (docs/options.md, "Probe points"): the layer outputs' are read at the points, whose
+    warning the probe points between them leave as it is without them."""
+    grow = [5, 5, 50, 800, 2000, 2500, 2600, 2600]
+    steps = sorted([*STEPS, *(s + 50 for s in STEPS[:-1])])
+    at = [steps.index(s) for s in STEPS]
+
+    def at_points(values: list[float]) -> list[float]:
+        spread = [NAN] * len(steps)
+        for j, v in zip(at, values, strict=True):
+            spread[j] = v
+        return spread
+
+    rows = {"h.0.mlp": {"abs_median": at_points([0.5] * N), "kurtosis": at_points([3.2] * N)},
+            "h.1.mlp": {"abs_median": at_points([0.5] * N), "kurtosis": at_points([3.5] * N)},
+            "h.0.attn": {"attn_logit_max": [4.0] * len(steps)}}
+    r = with_probes(rows, out("h.0.mlp", 0, [5.0] * N), out("h.1.mlp", 1, grow), steps=steps)
+    (f,) = found(r, "massive_activations")
+    assert f.severity == "warning" and f.layers == ["h.1.mlp"] and f.first_step == 400
+
+
 def test_heavy_tails_alone_are_info() -> None:
     rows = {"h.0.mlp": {"abs_median": [0.5] * N, "kurtosis": [3, 20, 150, 300, 400, 420, 430,
                                                              440]}}

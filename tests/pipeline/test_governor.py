@@ -215,6 +215,28 @@ def test_lean_steps_that_cost_the_budget_leave_points_at_epoch_ends_only():
     assert asked[-1] is None
 
 
+def test_probe_points_are_paid_from_the_budget_before_a_window():
+    """The run above with a probe point every planned window (docs/options.md, "Probe
+    points") of 12 ms on the training thread and 8 ms on the worker: 2 ms of each step's
+    5 ms go to them, 3 ms pay a window's 150 ms: 50 steps, 5 planned windows. Their
+    training-thread time is paid at once, the worker's at the next decision."""
+    clock = FakeClock()
+    gov = Governor(0.05, spacing=8, clock=clock)
+    for _ in range(2):
+        gov.probed(0.012, 10)
+        gov.probe_worked(0.008)
+    assert gov.probe_share() == pytest.approx(0.002)
+    asked = _paced_run(gov, clock, 4, 10, lean=0.1, full=0.2, log=0.02, work=0.03)
+    assert asked[-1] == 50
+    gov.choose()  # the last point's worker time paid
+    credit = gov.credit
+    gov.probed(0.012, 10, step_seconds=0.004)  # the step's probes: paid as instrumentation
+    assert gov.credit == pytest.approx(credit - 0.012)
+    gov.probe_worked(0.008)
+    gov.choose()
+    assert gov.credit == pytest.approx(credit - 0.02)
+
+
 def test_without_a_budget_the_window_is_the_planned_one():
     clock = FakeClock()
     gov = Governor(None, spacing=8, clock=clock)

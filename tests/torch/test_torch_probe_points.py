@@ -30,8 +30,12 @@ def _train(log_dir, *, probe_points: bool = True):
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(width=32, heads=2, layers=2))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    intro = IntrospectorArgs(None, "auto", metadata.VIEWS, {}).make(
+    intro = IntrospectorArgs(None, "auto", metadata.VIEWS, {"on_finding": lambda f: None}).make(
         str(log_dir), model, opt, planned=(1, STEPS, None), criterion=nn.CrossEntropyLoss())
+    judged = []  # the steps the live judge was handed what was written at
+    watch = intro.pipeline.findings
+    judge = watch.point
+    watch.point = lambda: (judged.append(intro.step_count), judge())[1]
     late = [0.0]
     intro.governor.clock = lambda: time.perf_counter() + late[0]
     point = intro.point
@@ -42,7 +46,7 @@ def _train(log_dir, *, probe_points: bool = True):
 
     intro.point = costly
     if not probe_points:
-        intro.probe_every = lambda: None
+        intro.probe_points.every = lambda: None
     data = gpt.batches(0, batch=4)
     for _ in range(STEPS):
         ids = next(data)
@@ -54,7 +58,7 @@ def _train(log_dir, *, probe_points: bool = True):
     intro.end_epoch()
     paced = intro.pipeline.window()
     intro.close()
-    return ts.read_run(str(log_dir)), paced
+    return ts.read_run(str(log_dir)), paced, judged
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +74,7 @@ def _view_steps(run) -> dict[str, list[int]]:
 
 
 def test_probe_points_keep_the_planned_cadence(runs):
-    (run, paced), _ = runs
+    (run, paced, judged), _ = runs
     assert paced is None or paced > 2 * PLANNED, paced  # the window grew
     views = sorted({s for steps in _view_steps(run).values() for s in steps})
     assert len(views) <= 5 and views[-1] == STEPS, views  # few points
@@ -88,13 +92,16 @@ def test_probe_points_keep_the_planned_cadence(runs):
     # the layer outputs' probes need a statistics step's output hooks: at points only
     assert np.isnan(p.field("abs_median")[:, only]).all()
     assert np.isnan(p.field("kurtosis")[:, only]).all()
+    # on_finding: the live judge runs after each probe point (written as the next step is
+    # told) as after each point
+    assert {p.steps[j] + 1 for j in only} <= set(judged), judged
     last = list(p.steps).index(STEPS)  # the epoch's point: a probe point held there joins it
     assert np.isfinite(p.field("abs_median")[:, last]).any()
     assert np.isfinite(attn[rows[ATTENTION[0]], last])
 
 
 def test_probe_points_leave_the_views_series_alone(runs):
-    (run, _), (plain, paced) = runs
+    (run, _, _), (plain, paced, _) = runs
     assert paced is None or paced > 2 * PLANNED
     views = sorted({s for steps in _view_steps(plain).values() for s in steps})
     assert probes_of(plain).steps.tolist() == views  # without them: the points' probes only
