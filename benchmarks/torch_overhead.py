@@ -58,7 +58,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tb_introspect.pipeline.governor import StepMode  # noqa: E402
+from tb_introspect.pipeline.governor import Phase  # noqa: E402
 from tb_introspect.torch import Introspector  # noqa: E402
 from tb_introspect.torch.probe_points import Held  # noqa: E402
 
@@ -402,9 +402,9 @@ def profile_model(kind: str, args: argparse.Namespace, root: str) -> None:
         # The phase the governor would have chosen, its hooks in place before the forward.
         probes, was_on = intro.probes, intro.probes.on
         probes.on = was_on and phase != "no probes"  # a statistics step without the probes
-        probes.follow(StepMode.LEAN)  # (their cost is the difference): hooks off, then as
-        intro.hooks.set_phase(StepMode.LEAN if phase in ("activity", "light") else
-                              StepMode.STATS, phase == "light")  # "light": a probe step
+        probes.follow(Phase.LEAN)  # (their cost is the difference): hooks off, then as
+        intro.hooks.set_phase(Phase.LEAN if phase in ("activity", "light") else
+                              Phase.STATS, phase == "light")  # "light": a probe step
         probes.follow(intro.hooks.phase, intro.hooks.probing)  # the phase asks
         intro.step(loss=train_step(model, opt, x, y))
         probes.on = was_on

@@ -88,7 +88,7 @@ STEP_TIMES: list[tuple[bool, float]] = []
 def time_points() -> Callable[[], None]:
     """Record every logged point's training-thread CPU time (its worker's part runs
     beside) and every step's, by phase; returns what puts the two methods back."""
-    from tb_introspect.pipeline.governor import StepMode
+    from tb_introspect.pipeline.governor import Phase
     from tb_introspect.pipeline.pipeline import Pipeline
     from tb_introspect.torch import Introspector
 
@@ -102,7 +102,7 @@ def time_points() -> Callable[[], None]:
     def timed_step(self, *args, **kwargs) -> None:
         last = getattr(self, "_bench_step_end", None)
         if last is not None:
-            STEP_TIMES.append((self.hooks.phase is StepMode.STATS, time.thread_time() - last))
+            STEP_TIMES.append((self.hooks.phase is Phase.STATS, time.thread_time() - last))
         step(self, *args, **kwargs)
         self._bench_step_end = time.thread_time()
 

@@ -114,7 +114,7 @@ class StepCount:
     """Training steps done, and the window's: steps since the last point and how many of
     them were statistics steps (the ``steps`` and ``stats_steps`` slots of the output
     views); and the switch the host sets before an execution of the callback's one train
-    function (``StepMode.SWITCHED``: True, a statistics execution)."""
+    function (``Phase.SWITCHED``: True, a statistics execution)."""
 
     def __init__(self, initial_step: int):
         first = _AGGREGATION.ONLY_FIRST_REPLICA

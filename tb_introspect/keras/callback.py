@@ -43,7 +43,7 @@ from tb_introspect.keras.workers import (
     warn_multi_worker,
 )
 from tb_introspect.pipeline.failures import METRICS, Part, warn
-from tb_introspect.pipeline.governor import Governor, StepMode
+from tb_introspect.pipeline.governor import Governor, Phase
 from tb_introspect.pipeline.options import (
     DEFAULT_OVERHEAD,
     OptionArgs,
@@ -302,7 +302,7 @@ class Introspect(keras.callbacks.Callback):
         # One traced train function; the device switch picks its statistics or lean part
         # per execution (two traced variants cost a fresh process's first fit a second
         # trace and graph optimization of the whole model).
-        train_function = self._make_train_function(StepMode.SWITCHED)
+        train_function = self._make_train_function(Phase.SWITCHED)
         self._instrumented_fn = functools.partial(self._switched, train_function, True)
         self._lean_fn = functools.partial(self._switched, train_function, False)
         installation.route(self._run)
@@ -325,13 +325,13 @@ class Introspect(keras.callbacks.Callback):
         except Exception as e:  # training and the views go on without them
             self.front_end.plan.failures.fail(Part("probes"), e)
 
-    def _make_train_function(self, mode: StepMode) -> Any:
-        """Keras' train function around the instrumented step in ``mode`` (traced on its
+    def _make_train_function(self, phase: Phase) -> Any:
+        """Keras' train function around the instrumented step in ``phase`` (traced on its
         first call). The instance attribute is only needed while Keras makes the function:
         it binds the step then."""
         model = self.model
         private.set_instance_attr(model, "train_step",
-                                  functools.partial(self._instrumented_step, mode=mode))
+                                  functools.partial(self._instrumented_step, phase=phase))
         try:
             model.make_train_function(force=True)
         finally:
@@ -350,9 +350,9 @@ class Introspect(keras.callbacks.Callback):
             return tf.convert_to_tensor(opt.dynamic_scale)
         return None
 
-    def _instrumented_step(self, data: Any, mode: StepMode = StepMode.STATS) -> Any:
+    def _instrumented_step(self, data: Any, phase: Phase = Phase.STATS) -> Any:
         """The user's train step, recorded (runs inside Keras' compiled step)."""
-        rec = self.front_end.recorder(loss_scale=self._loss_scale(), anchor=data, mode=mode)
+        rec = self.front_end.recorder(loss_scale=self._loss_scale(), anchor=data, phase=phase)
         before = [(m.total.value, m.count.value) for m in self._metrics]
         before = [(tf.identity(t), tf.identity(n)) for t, n in before]
         with capture.recording(rec):
@@ -464,7 +464,7 @@ class Introspect(keras.callbacks.Callback):
         try:
             if self._collecting():
                 self.pipeline.guard(METRICS, self.pipeline.drain)
-                self.pipeline.act(settle=True)  # on_finding sees the last epoch too
+                self.pipeline.act(final=True)  # on_finding sees the last epoch too
         finally:
             self._uninstall()
             self._flush(now=True)  # what fit wrote is in the bucket when it returns

@@ -21,7 +21,7 @@ from tb_introspect.keras.point_graph import PointGraph
 from tb_introspect.keras.probes import ProbeStates
 from tb_introspect.keras.step import StepRecorder
 from tb_introspect.pipeline.failures import Part
-from tb_introspect.pipeline.governor import StepMode
+from tb_introspect.pipeline.governor import Phase
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.plan import Monitored, Plan, sanitize
 from tb_introspect.pipeline.point import Point
@@ -99,10 +99,10 @@ class KerasFrontEnd:
                                       self.output_states, self.variables)
 
     def recorder(self, loss_scale: tf.Tensor | None = None, anchor: Any = None,
-                 mode: StepMode = StepMode.AUTO) -> StepRecorder:
+                 phase: Phase = Phase.AUTO) -> StepRecorder:
         """The recorder of one traced step (``step.StepRecorder``)."""
         return StepRecorder(self.plan, self.count, self.gradient_sums, self.output_states,
-                            self.metric_ring, loss_scale=loss_scale, anchor=anchor, mode=mode,
+                            self.metric_ring, loss_scale=loss_scale, anchor=anchor, phase=phase,
                             probe_states=self.probes)
 
     def device_variables(self) -> list[tf.Variable]:
@@ -129,7 +129,7 @@ class KerasFrontEnd:
         return self.metric_ring.rows if self.metric_ring is not None else 1
 
     def switch(self, statistics: bool) -> None:
-        """The next executions of a ``StepMode.SWITCHED`` step are statistics executions
+        """The next executions of a ``Phase.SWITCHED`` step are statistics executions
         (or lean ones)."""
         with self.strategy.scope():
             self.count.switch(statistics)
@@ -155,7 +155,7 @@ class KerasFrontEnd:
     def point(self, step: int) -> Callable[[], Point]:
         """The window's device copies now, and the host part that makes its statistics
         (``PointGraph.point``; every worker computes, the chief's sink writes)."""
-        host = self.point_graph.point(step)
+        host_part = self.point_graph.point(step)
         probes = None
         if self.probes is not None and not self.plan.failures.is_off("probes"):
             try:
@@ -164,7 +164,7 @@ class KerasFrontEnd:
                 self.plan.failures.fail(Part("probes"), e)
 
         def finish() -> Point:
-            point = host()
+            point = host_part()
             if probes is not None:
                 point.probes = probes
             return point

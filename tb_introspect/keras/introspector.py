@@ -49,7 +49,7 @@ class Introspector:
     end) or ``N`` (statistics of every N-th step). The keyword arguments are
     those of ``tb_introspect.keras.Introspect`` but ``overhead`` (the statistics
     steps are chosen in the graph: the first of each epoch, every
-    ``stats_every``-th, the non-finite ones of ``pipeline.governor.StepMode``).
+    ``stats_every``-th, the non-finite ones of ``pipeline.governor.Phase``).
     ``layers`` and ``rectifiers`` match the names given to ``record``; the activity
     of every recorded output is counted on every step (exact dead rates) unless
     ``rectifiers`` names the ones to count so, the others then counting on the

@@ -83,7 +83,7 @@ class PointGraph:
                 } if self.output_states is not None else {}
         seed = self.plan.options.seed + step
 
-        def host() -> Point:
+        def host_part() -> Point:
             out = Point(window=int(window), stats_steps=int(stats_steps),
                         activity=({} if self.output_states is None else
                                   self.output_states.layout.unpadded_activity(activity)),
@@ -92,7 +92,7 @@ class PointGraph:
             out.blocks += self.output_blocks(states, activity, rows)
             return out
 
-        return host
+        return host_part
 
     def output_blocks(self, states: np.ndarray, activity: np.ndarray,
                       rows: dict[str, list[int]]) -> list[Block]:

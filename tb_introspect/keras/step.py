@@ -7,12 +7,12 @@ once, into one stacked state per view with ``stats.merge_pair``; a step counter 
 The accumulators are ``accumulators.py``'s; this module only writes them.
 With ``every=N`` this happens only on sampled steps (``tf.cond``). With ``every="epoch"``
 the statistics states take the epoch's *statistics steps* (its first step, then one in
-``stats_every``, and the non-finite ones of ``pipeline.governor.StepMode``); every other
+``stats_every``, and the non-finite ones of ``pipeline.governor.Phase``); every other
 step adds only the exact activity counts (``stats.activity_state``) of the *rectifier*
 outputs (``Monitored.exact``): a dead unit is one that is zero for every sample of the
 epoch, and only a rectifier's own function makes exact zeros. Which steps are statistics steps is
-decided in the graph (``StepMode.AUTO``: the custom loop) or on the host, which sets a
-device switch that the one compiled step reads (``StepMode.SWITCHED``: the Keras callback
+decided in the graph (``Phase.AUTO``: the custom loop) or on the host, which sets a
+device switch that the one compiled step reads (``Phase.SWITCHED``: the Keras callback
 with its overhead governor, ``pipeline/governor.py``).
 """
 
@@ -34,7 +34,7 @@ from tb_introspect.keras.accumulators import (
     StepCount,
 )
 from tb_introspect.pipeline.failures import Part
-from tb_introspect.pipeline.governor import StepMode
+from tb_introspect.pipeline.governor import Phase
 from tb_introspect.pipeline.plan import Plan, is_sampled, sanitize
 from tb_introspect.stats.numeric import in_xla_context
 
@@ -60,13 +60,13 @@ class StepRecorder:
     def __init__(self, plan: Plan, count: StepCount, gradient_sums: GradientSums | None,
                  output_states: OutputStates | None, metric_ring: MetricRing, *,
                  loss_scale: tf.Tensor | None = None, anchor: Any = None,
-                 mode: StepMode = StepMode.AUTO, probe_states: probes.ProbeStates | None = None):
+                 phase: Phase = Phase.AUTO, probe_states: probes.ProbeStates | None = None):
         self.plan = plan
         self.count = count
         self.gradient_sums = gradient_sums
         self.output_states = output_states
         self.metric_ring = metric_ring
-        self.mode = mode
+        self.phase = phase
         # Ops without data inputs run as soon as the function starts, even when
         # fetching the batch then fails (end of a dataset of unknown length):
         # tie the counter to the batch so that a step without data counts nothing.
@@ -88,7 +88,7 @@ class StepRecorder:
         self.stash: dict[str, dict[int, tf.Tensor]] = {"output": {}, "output_gradient": {}}
         # The transformer probes, folded with the statistics states (never on lean steps).
         self.probe_step = (probes.ProbeStep(probe_states, plan) if probe_states is not None
-                           and mode is not StepMode.LEAN else None)
+                           and phase is not Phase.LEAN else None)
 
     # -- helpers
 
@@ -139,13 +139,13 @@ class StepRecorder:
     def _capture(self, j: int, x: tf.Tensor) -> tf.Tensor:
         output_states, failures = self.output_states, self.plan.failures
         name = self.plan.outputs[j].name
-        if self.mode is StepMode.LEAN and not self.plan.per_epoch:
+        if self.phase is Phase.LEAN and not self.plan.per_epoch:
             return x  # nothing between sampled steps
         if "output" in output_states.states and not failures.is_off("output", name):
             self.output_value(j, x)
         if (
             "output_gradient" in output_states.states
-            and self.mode is not StepMode.LEAN
+            and self.phase is not Phase.LEAN
             and capture.is_float(x.dtype)
             and not failures.is_off("output_gradient", name)
         ):
@@ -221,20 +221,20 @@ class StepRecorder:
         if not self.plan.per_epoch:
             rows = self._fold_stats() if self.sampled is True else tf.cond(
                 self.sampled, self._fold_stats, lambda: none)
-        elif self.mode is StepMode.STATS:
+        elif self.phase is Phase.STATS:
             rows = self._fold_stats()
         else:  # LEAN, AUTO, SWITCHED
             activity = self._activity() if output_states.activity is not None else none
-            # The non-finite rule (``pipeline.governor.StepMode``): a NaN or an infinity
+            # The non-finite rule (``pipeline.governor.Phase``): a NaN or an infinity
             # makes its column's counts non-finite, and this step a statistics step.
             statistics = tf.logical_not(tf.math.is_finite(tf.reduce_sum(activity)))
             if self.metrics_finite is not None:
                 statistics = statistics | tf.logical_not(self.metrics_finite)
-            if self.mode is StepMode.AUTO:
+            if self.phase is Phase.AUTO:
                 statistics = statistics | tf.equal(self.window_step % self.plan.stats_every, 0)
-            if self.mode is StepMode.SWITCHED:
+            if self.phase is Phase.SWITCHED:
                 statistics = statistics | self.count.statistics.read_value()
-            if self.mode is StepMode.LEAN and in_xla_context():
+            if self.phase is Phase.LEAN and in_xla_context():
                 # The rule's one exception: XLA compiles both branches of a cond, so a
                 # statistics branch would make the lean step's compile as large as the
                 # full one's. Non-finite columns count nothing.
@@ -410,7 +410,7 @@ class StepRecorder:
             return
         total = tf.cast(tf.stack([tf.cast(x, tf.float64) for x in totals]), tf.float64)
         count = tf.cast(tf.stack([tf.cast(x, tf.float64) for x in counts]), tf.float64)
-        # The non-finite rule (``pipeline.governor.StepMode``) for the loss and metrics.
+        # The non-finite rule (``pipeline.governor.Phase``) for the loss and metrics.
         self.metrics_finite = tf.reduce_all(tf.math.is_finite(total))
         self.metric_ring.record(self.step, total, count)
 

@@ -40,7 +40,7 @@ FINDINGS = "findings"
 #: A note that some rules still lack points, not something that happened to the run.
 NOT_A_FINDING = ("insufficient_data",)
 #: How long the end of training waits for the last judgement before giving up on it.
-SETTLE_SECONDS = 60.0
+JUDGED_SECONDS = 60.0
 
 Batches = Sequence[tuple[int, Sequence[summary_pb2.Summary]]]
 
@@ -133,7 +133,7 @@ class Watch:
     """Judges the written points on a worker thread and hands back the findings that act.
 
     The training thread calls :meth:`written` with every batch it wrote, :meth:`point`
-    after a logged point, :meth:`take` at each step or epoch end, and :meth:`settle` when
+    after a logged point, :meth:`take` at each step or epoch end, and :meth:`judged` when
     training ends. When points come faster than the rules run, the ones that arrived
     meanwhile are judged together.
     """
@@ -195,7 +195,7 @@ class Watch:
                 " goes on")
         return ready
 
-    def settle(self, timeout: float = SETTLE_SECONDS) -> list[Finding]:
+    def judged(self, timeout: float = JUDGED_SECONDS) -> list[Finding]:
         """Judge everything written (waiting for the worker), then :meth:`take`."""
         with self._cv:
             pending = bool(self._pending) or self._answered < self._asked

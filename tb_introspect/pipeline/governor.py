@@ -1,7 +1,7 @@
 """The overhead governor: which executions of the Keras train function are statistics steps.
 
 The callback runs one train function whose statistics part a device switch turns on or
-off (``StepMode.SWITCHED``); the PyTorch hooks fold everything or the counts only. A lean
+off (``Phase.SWITCHED``); the PyTorch hooks fold everything or the counts only. A lean
 step adds only what must be exact (the rectifier outputs' activity counts, the gradient sum,
 the metrics); a statistics step also computes the layer outputs' and output gradients'
 statistics and runs the output-gradient probes. With ``every="epoch"`` the governor makes the
@@ -49,7 +49,7 @@ HISTORY = 32
 PACING_POINTS = 2
 
 
-class StepMode(enum.Enum):
+class Phase(enum.Enum):
     """What one training step adds to the layer outputs' and output gradients' statistics,
     the same in every front-end (the gradient sum and the metrics are added on every step
     but ``OFF`` ones).
@@ -77,7 +77,7 @@ class StepMode(enum.Enum):
     #: One traced step for both (the Keras callback): ``STATS`` when the host set the
     #: front-end's switch before the execution, or a step is non-finite; ``LEAN`` on the
     #: others. Tracing a statistics and a lean function cost a fresh process's first fit
-    #: a second trace and graph optimization of the whole model (MobileNetV2: 17 s).
+    #: a second trace and graph optimization of the whole model.
     SWITCHED = "switched"
 
 
@@ -133,7 +133,7 @@ class Governor:
 
     def force(self) -> None:
         """The next execution is a statistics execution (a non-finite step was seen: the
-        rule in :class:`StepMode`)."""
+        rule in :class:`Phase`)."""
         self.forced = True
 
     def choose(self) -> bool:

@@ -24,7 +24,7 @@ DEFAULT_LOG_SAMPLE_SIZE = 2**14
 DEFAULT_STEP_SAMPLE_SIZE = 2**11
 #: With ``every="epoch"``, outputs and output gradients get their full statistics from the
 #: first step of the epoch and every ``stats_every``-th step after it; the output view's
-#: activity counts still come from every step (``pipeline.governor.StepMode``). 8 keeps most of the
+#: activity counts still come from every step (``pipeline.governor.Phase``). 8 keeps most of the
 #: per-step cost of the two output views off seven steps in eight (docs/benchmarks.md).
 DEFAULT_STATS_EVERY = 8
 #: The share of the plain step time that the Keras callback may add with ``every="epoch"``

@@ -43,7 +43,7 @@ from tb_introspect.pipeline.point import EpochActivity, Point, protos
 from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
 from tb_introspect.pipeline.worker import HostWorker
 
-if TYPE_CHECKING:  # the findings' rules are imported with on_finding only (70 ms)
+if TYPE_CHECKING:  # the findings' rules are imported with on_finding only
     from tb_introspect.diagnose import Finding
     from tb_introspect.pipeline.findings import Watch
 
@@ -207,8 +207,7 @@ class Pipeline:
         if flush_due:
             # The clock's flush is one more job for the worker, after what was handed over:
             # on disk as soon as the worker gets to it. Waiting for it here held the step
-            # behind a point's host work, which shares the interpreter with this thread
-            # (MobileNetV2: a 5.6 s epoch took 10 s).
+            # behind a point's host work, which shares the interpreter with this thread.
             self.flush(wait=False)
         self.act()
 
@@ -369,22 +368,22 @@ class Pipeline:
         self.worker.submit(self.findings.point)
         self._judge_now = True
 
-    def act(self, settle: bool = False) -> None:
-        """Run ``on_finding`` on the findings judged since the last call (``settle``: wait
-        for the judgement of everything written; training has ended, nothing to stop).
+    def act(self, final: bool = False) -> None:
+        """Run ``on_finding`` on the findings judged since the last call (``final``: training has
+        ended: wait for the judgement of everything written; nothing to stop).
         With ``on_finding="stop"`` a point just handed over is written and judged first:
         the step that logged it stops on what it shows."""
         w = self.findings
         if w is None or w.off:
             return
-        wait = settle or (self._judge_now and w.action == "stop")
+        wait = final or (self._judge_now and w.action == "stop")
         self._judge_now = False
         if wait:
             self.worker.wait()
-        found = w.settle() if wait else w.take()
+        found = w.judged() if wait else w.take()
         if not found:
             return
-        if settle:
+        if final:
             w.act(found, None, "found after the last step")
         elif self.lockstep:
             # Only the chief judges: one process stopping alone would leave the others
@@ -454,7 +453,7 @@ class Pipeline:
         """Finish the worker's jobs, flush and close the sink (a later ``set_sink`` can
         open another)."""
         self.worker.wait()
-        self.act(settle=True)
+        self.act(final=True)
         self.flush()
         self.worker.close()
         if self.sink is not None:

@@ -2,7 +2,7 @@
 window state both front-ends fold their statistics steps into, its reduction over replicas
 or ranks into a point's values, and the numpy reference of every number they compute.
 
-The Keras front-end (``collect/probes.py``, in the traced step) and the PyTorch one
+The Keras front-end (``keras/probes.py``, in the traced step) and the PyTorch one
 (``torch/probes.py``, in hooks) compute the numbers in their framework and fold them into
 the state on the device, with no host copy per step; a logged point copies each replica's
 or rank's state to the host once and hands them all to ``combine``. Each front-end's tests
@@ -15,7 +15,7 @@ of ``MAXIMA`` the window's running maximum (``PEAK[f]``; -inf: no value yet).
 
 **Non-finite values**: a mean leaves a non-finite value out (neither summed nor counted: the
 mean of the finite ones, NaN where none). A maximum keeps +inf (a real peak: the PROBES
-matrix carries it, ``metadata.probes_matrix`` clips only finite values to float32's range)
+matrix carries it, ``summary_pb.probes_matrix`` clips only finite values to float32's range)
 and a NaN makes the window's maximum NaN (a NaN step stays visible, whatever the other
 steps' peaks); -inf is no value (NaN at the point).
 

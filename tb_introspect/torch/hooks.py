@@ -1,4 +1,4 @@
-"""The step phase (``StepMode``) and the hooks it turns on: a forward hook on each leaf
+"""The step phase (``Phase``) and the hooks it turns on: a forward hook on each leaf
 module the phase reads, a tensor hook on each output a statistics step folds the gradient
 of, the optimizer's pre-step hook; and the host time they take, for the governor.
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tb_introspect.pipeline.failures import Part
-from tb_introspect.pipeline.governor import Governor, StepMode
+from tb_introspect.pipeline.governor import Governor, Phase
 from tb_introspect.pipeline.plan import Plan, is_sampled
 from tb_introspect.torch import modules
 from tb_introspect.torch.outputs import OutputStates
@@ -38,7 +38,7 @@ class StepHooks:
         self.governor = governor
         self.outputs = outputs
         self.parameters = parameters
-        self.phase: StepMode | None = None
+        self.phase: Phase | None = None
         self.instrumented = 0.0
         self.optimizer_ran = False  # the pre-step hook ran in this step
         self.uncaptured: set[str] = set()  # leaves whose output is no float tensor
@@ -47,7 +47,7 @@ class StepHooks:
         self._hooked = [spec.module.register_forward_hook(self._forward_hook(spec))
                         for spec in outputs.specs]
         # told each new phase and whether the step is a probe step (the probes' ``follow``)
-        self.listeners: list[Callable[[StepMode, bool], None]] = []
+        self.listeners: list[Callable[[Phase, bool], None]] = []
         #: Whether a (1-based) step is a probe step (the Introspector's probe points); the
         #: current step's answer is ``probing``.
         self.probe_step: Callable[[int], bool] = lambda step: False
@@ -64,13 +64,13 @@ class StepHooks:
         self.passes.new_step()
         probing = self.probe_step(step)
         if self.plan.every == "epoch":
-            self.set_phase(StepMode.STATS if self.governor.choose() else StepMode.LEAN,
+            self.set_phase(Phase.STATS if self.governor.choose() else Phase.LEAN,
                            probing)
         else:
-            self.set_phase(StepMode.STATS if is_sampled(step, self.plan.every)
-                           else StepMode.OFF, probing)
+            self.set_phase(Phase.STATS if is_sampled(step, self.plan.every)
+                           else Phase.OFF, probing)
 
-    def set_phase(self, phase: StepMode, probing: bool = False) -> None:
+    def set_phase(self, phase: Phase, probing: bool = False) -> None:
         """Make ``phase`` the current one: the forward hooks read every monitored leaf on a
         statistics step, the rectifiers of exact activity on a lean one, none on an
         ``every=N`` step between two points. The hooks stay on throughout: ``torch.compile``
@@ -97,7 +97,7 @@ class StepHooks:
         now = self.governor.clock()
         if self.plan.every == "epoch":
             seconds = None if self._last_step_end is None else now - self._last_step_end
-            self.governor.ran(self.phase is StepMode.STATS, seconds,
+            self.governor.ran(self.phase is Phase.STATS, seconds,
                               instrumented=self.instrumented)
         self._last_step_end = now
         self.instrumented = 0.0
@@ -119,7 +119,7 @@ class StepHooks:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             # Training forward passes only: evaluation (``no_grad``, ``eval()``) is not.
             phase = self.phase
-            if (phase is StepMode.OFF or (phase is StepMode.LEAN and not spec.exact)
+            if (phase is Phase.OFF or (phase is Phase.LEAN and not spec.exact)
                     or not (model.training and reads(module))):
                 return  # not read in this phase, or not a training pass
             # Under torch.compile the hook is traced into the graph: no host time to take.
@@ -131,7 +131,7 @@ class StepHooks:
                 failures.warn_once(f"not captured {spec.name}", f"layer output {spec.name}"
                                    f" is not monitored: {modules.not_captured(output)}")
                 return
-            full = phase is StepMode.STATS
+            full = phase is Phase.STATS
             try:
                 if (outputs.add(spec, x, full) and full
                         and gradient_hook is not None and x.requires_grad
@@ -147,7 +147,7 @@ class StepHooks:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Gradients are read here: after DDP's all-reduce and ``GradScaler``'s unscale."""
         self.optimizer_ran = True
-        if self.phase is not StepMode.OFF and not self.plan.failures.is_off("gradient"):
+        if self.phase is not Phase.OFF and not self.plan.failures.is_off("gradient"):
             start = time.perf_counter()
             try:
                 self.parameters.add()

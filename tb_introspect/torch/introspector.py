@@ -5,7 +5,7 @@ Where each view comes from:
 * layer outputs: a forward hook on every leaf module (module order gives the depth); a
   module called several times per forward pass adds every call. The hooks are on only for
   the steps that read them: every leaf's on a statistics step, the rectifiers' (exact
-  activity) on a lean one. The non-finite rule (``StepMode``): a lean step's rectifier
+  activity) on a lean one. The non-finite rule (``Phase``): a lean step's rectifier
   output holding NaN or Inf is folded whole, and a lean step with such an output or loss
   makes the next step a statistics step; read on a CPU only, where one sum tells (on a GPU
   it would make every lean step wait for the device);
@@ -41,7 +41,7 @@ from torch import nn
 
 from tb_introspect import metadata
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
-from tb_introspect.pipeline.governor import Governor, StepMode
+from tb_introspect.pipeline.governor import Governor, Phase
 from tb_introspect.pipeline.options import (
     OptionArgs,
     Options,
@@ -185,8 +185,8 @@ class Introspector:
         self.hooks.enter(self.step_count + 1)
 
     @property
-    def phase(self) -> StepMode | None:
-        """What the current step's forward passes contribute (``StepMode``)."""
+    def phase(self) -> Phase | None:
+        """What the current step's forward passes contribute (``Phase``)."""
         return self.hooks.phase
 
     # ------------------------------------------------------------------ training loop
@@ -201,11 +201,11 @@ class Introspector:
         optimizer_ran = hooks.take_optimizer_ran()
         probed = self.probes.take_spent()  # a probe step's probes: its instrumentation
         hooks.instrumented += probed
-        if hooks.phase is StepMode.STATS or hooks.probing:
+        if hooks.phase is Phase.STATS or hooks.probing:
             self.probe_points.probed = True
         if not self.pipeline.is_off(STATISTICS) and not self.failures.is_off("gradient"):
             try:
-                self.parameter_views.end_step(hooks.phase is not StepMode.OFF,
+                self.parameter_views.end_step(hooks.phase is not Phase.OFF,
                                               self.optimizer is not None, optimizer_ran)
             except Exception as e:
                 self.failures.fail(Part("gradient"), e)
@@ -214,12 +214,12 @@ class Introspector:
             values = {"loss": loss, **values}
         self.pipeline.guard(METRICS, self.metric_ring.record, self.step_count, values)
         nonfinite = self.output_states.take_nonfinite() or (
-            hooks.phase is StepMode.LEAN and _nonfinite_on_host(loss))
+            hooks.phase is Phase.LEAN and _nonfinite_on_host(loss))
         hooks.instrumented += time.perf_counter() - start
         hooks.step_ended()
-        if nonfinite:  # the non-finite rule (StepMode): the next step reads every output
+        if nonfinite:  # the non-finite rule (Phase): the next step reads every output
             self.governor.force()
-        if hooks.phase is StepMode.STATS:
+        if hooks.phase is Phase.STATS:
             self._stats_steps += 1
         self.step_count += 1
         self._window += 1

@@ -17,7 +17,7 @@ from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 from tb_introspect.torch import private, segments, state
 from tb_introspect.torch.modules import OutputSpec
-from tb_introspect.torch.ranks import host
+from tb_introspect.torch.ranks import host_copy
 
 _ADDITIVE = len(segments.ADDITIVE_SLOTS)
 
@@ -53,7 +53,7 @@ class OutputStates:
         self._salt_stride = max(1, len(self.views) * len(self.specs))
         self.salts: dict[tuple[str, str], torch.Tensor] = {}
         self.arange = torch.arange(plan.options.step_sample_size, device=device)
-        # The non-finite rule (``StepMode``) is read on a CPU only: one sum tells there,
+        # The non-finite rule (``Phase``) is read on a CPU only: one sum tells there,
         # where a GPU would make each lean step wait for the device.
         self.checks_finite = device.type == "cpu"
         self.nonfinite_seen = False
@@ -164,7 +164,7 @@ class OutputStates:
             return np.zeros(0), lengths
         # a new tensor, which no reset below touches: its host copy needs no second copy
         flat = torch.cat([self.buffers[v] for v in self.views])
-        copy = (flat.numpy() if flat.device.type == "cpu" else host(flat))
+        copy = (flat.numpy() if flat.device.type == "cpu" else host_copy(flat))
         for view in self.views:
             self.buffers[view].copy_(self.empty[view])
         return copy, lengths

@@ -22,7 +22,7 @@ from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Point
 from tb_introspect.torch import private, sharding
 from tb_introspect.torch.modules import ParamSpec
-from tb_introspect.torch.ranks import Ranks, host
+from tb_introspect.torch.ranks import Ranks, host_copy
 
 
 class ParameterViews:
@@ -129,10 +129,10 @@ class ParameterViews:
         if self.local_reads:
             weights = self.weights() if self.reads_weights else None
             if self.sums is not None:
-                flat = host(self.sums)
+                flat = host_copy(self.sums)
                 sums = [flat[o:o + n].reshape(shape) for o, n, shape in
                         zip(self.offsets, self.sizes, self.local_shapes, strict=True)]
-                skipped = host(self.skipped)
+                skipped = host_copy(self.skipped)
         if self.sums is not None:
             self.sums.zero_()
             self.skipped.zero_()
@@ -176,6 +176,6 @@ class ParameterViews:
             flat = torch.cat([sharding.local(p.param).detach().reshape(-1).float()
                               for p in self.specs])
         # a new tensor on a CPU: its own memory is the copy (``host`` would copy again)
-        copy = flat.numpy() if flat.device.type == "cpu" else host(flat)
+        copy = flat.numpy() if flat.device.type == "cpu" else host_copy(flat)
         return [copy[o:o + n].reshape(shape) for o, n, shape in
                 zip(self.offsets, self.sizes, self.local_shapes, strict=True)]

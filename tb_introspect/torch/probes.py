@@ -27,8 +27,6 @@ state with ``probe_window.combine`` (``values``).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,19 +34,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tb_introspect import metadata
 from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.failures import Part
-from tb_introspect.pipeline.governor import StepMode
+from tb_introspect.pipeline.governor import Phase
 from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.torch import modules
+from tb_introspect.torch.attention_kernels import KERNELS
 from tb_introspect.torch.modules import OutputSpec
 from tb_introspect.torch.passes import ForwardPasses
 from tb_introspect.torch.probe_values import abs_median, logit_peak, mha_logit_peak
-from tb_introspect.torch.ranks import host
+from tb_introspect.torch.ranks import host_copy
 from tb_introspect.torch.state import hash_uniform, scratch
 
 _WIDTH = probe_window.WIDTH
@@ -163,7 +161,7 @@ class Probes:
 
     # ------------------------------------------------------------------ phase
 
-    def follow(self, phase: StepMode, light: bool = False) -> None:
+    def follow(self, phase: Phase, light: bool = False) -> None:
         """The step phase changed: hooks and patches on for a statistics step, off else;
         ``light``: a probe step (the attention modules' and the head's hooks only) unless
         the phase is a statistics step."""
@@ -172,8 +170,8 @@ class Probes:
             # hooks or a patch toggled per step would compile the graph again each time.
             self.on, self.compiled_off = False, True  # said by the Introspector
         on = self.on and not self.failures.is_off(PROBES.view)
-        want = on and (phase is StepMode.STATS or light)
-        light = want and phase is not StepMode.STATS
+        want = on and (phase is Phase.STATS or light)
+        light = want and phase is not Phase.STATS
         if want == self.active and light == self.light:
             return
         try:
@@ -440,7 +438,7 @@ class Probes:
         point): of ``LIGHT_FIELDS`` only, the others left in the state for the next logged
         point (and empty in the copy: NaN at the probe point)."""
         self.settle()
-        copy = host(self.state)
+        copy = host_copy(self.state)
         if light:
             cols = self._light_columns
             self.state.index_copy_(1, cols, self._empty.index_select(1, cols))
@@ -469,68 +467,3 @@ class Probes:
         """Remove every hook and patch."""
         self._uninstall()
         self.on = False
-
-
-class Kernels:
-    """The two attention functions of ``torch.nn.functional``, patched while any ``Probes``
-    is on a statistics step (one patch for every ``Introspector`` of the process, each call
-    offered to each) and given back when none is. The user's call runs once, as it is."""
-
-    NAMES = ("scaled_dot_product_attention", "multi_head_attention_forward")
-
-    def __init__(self) -> None:
-        self.users: list[Probes] = []
-        self.patched: dict[str, tuple[Callable, Callable]] = {}  # name -> (original, ours)
-        # ours of each original, made once: under torch.compile a graph guards on the
-        # function's identity, so a new wrapper at each statistics step would recompile
-        self._made: dict[str, tuple[Callable, Callable]] = {}
-
-    def add(self, probes: Probes) -> None:
-        if not self.users:
-            for name, make in zip(self.NAMES, (self._sdpa, self._mha), strict=True):
-                original = getattr(F, name)
-                made = self._made.get(name)
-                if made is None or made[0] is not original:
-                    made = self._made[name] = (
-                        original, functools.wraps(original)(make(original)))
-                self.patched[name] = made
-                setattr(F, name, made[1])
-        if probes not in self.users:
-            self.users.append(probes)
-
-    def remove(self, probes: Probes) -> None:
-        if probes in self.users:
-            self.users.remove(probes)
-        if not self.users:
-            for name, (original, ours) in self.patched.items():
-                if getattr(F, name) is ours:  # another tool's patch on top stays
-                    setattr(F, name, original)
-            self.patched.clear()
-
-    def _sdpa(self, original: Callable) -> Callable:
-        def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            for probes in tuple(self.users):
-                probes.sdpa_call(args, kwargs)
-            return out
-        return scaled_dot_product_attention
-
-    def _mha(self, original: Callable) -> Callable:
-        signature = inspect.signature(original)
-
-        def multi_head_attention_forward(*args: Any, **kwargs: Any) -> Any:
-            # Without weights it calls the fused kernel, whose own q and k are read there.
-            try:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                weights = bool(bound.arguments.get("need_weights"))
-            except TypeError:  # the function's own error follows
-                weights = False
-            if weights:
-                for probes in tuple(self.users):
-                    probes.mha_call(bound.arguments)
-            return original(*args, **kwargs)
-        return multi_head_attention_forward
-
-
-KERNELS = Kernels()

@@ -27,7 +27,7 @@ class Broken(RuntimeError):
     """A collective of the tool failed or ranks disagree: the tool is off on every rank."""
 
 
-def host(t: torch.Tensor) -> np.ndarray:
+def host_copy(t: torch.Tensor) -> np.ndarray:
     """A host copy of ``t`` that later in-place resets of ``t`` leave alone (``.cpu()`` of
     a CPU tensor is the tensor itself)."""
     copy = t.cpu()
@@ -116,5 +116,5 @@ class Ranks:
     def summed(self, buf: torch.Tensor) -> np.ndarray:
         """The sum of every rank's ``buf`` on the host (one collective)."""
         if self.world > 1:
-            return self._all_gather(torch.from_numpy(host(buf))).sum(dim=0).numpy()
-        return host(buf)
+            return self._all_gather(torch.from_numpy(host_copy(buf))).sum(dim=0).numpy()
+        return host_copy(buf)

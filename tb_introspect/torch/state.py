@@ -50,7 +50,7 @@ def _uniforms(arange: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
     return hash_uniform(arange, torch.stack([seed * 2, seed * 2 + 1])[:, None])
 
 
-def _host(buf: torch.Tensor) -> np.ndarray | None:
+def _numpy_view(buf: torch.Tensor) -> np.ndarray | None:
     """``buf``'s memory as a numpy array where a fold may write its small parts there
     (an eager CPU buffer): numpy's calls on a few values cost a fraction of a kernel
     launch each. None elsewhere (a GPU, a compiled graph)."""
@@ -233,7 +233,7 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     for a tensor of one sign. On a CPU a tensor whose sum is finite skips the zeroing and the
     counting by kind (``_finite_sum``, ``_fold_finite``): the same state, bit for bit, in
     about half the passes. An eager CPU fold does its small parts (the column tensor's sums,
-    the sample, the scalars) in numpy on the buffer's memory (``_host``): a fold of a small
+    the sample, the scalars) in numpy on the buffer's memory (``_numpy_view``): a fold of a small
     output is mostly the fixed cost of its calls, several times numpy's for a torch op."""
     o, c, p = seg.offset, seg.channels, seg.positions
     xf = x.detach()
@@ -255,7 +255,7 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
         buf[a - 1].add_(float(n))
         return
     xz, work = scratch(flat, n, 2)
-    host = _host(buf)
+    host = _numpy_view(buf)
     total = _finite_sum(flat, big) if host is not None else None
     if total is not None:
         _fold_finite(host, seg, xf, flat, total, work, int(seed))

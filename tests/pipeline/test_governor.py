@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tb_introspect.pipeline.governor import Governor, StepMode
+from tb_introspect.pipeline.governor import Governor, Phase
 
 
 class FakeClock:
@@ -165,7 +165,7 @@ def test_run_calls_the_chosen_function_and_accounts_it():
 
 
 def test_the_step_modes_are_the_front_ends_names():
-    assert [m.value for m in StepMode] == ["stats", "lean", "off", "auto", "switched"]
+    assert [m.value for m in Phase] == ["stats", "lean", "off", "auto", "switched"]
 
 
 def _paced_run(gov: Governor, clock: FakeClock, windows: int, steps: int, *, lean: float,

@@ -188,7 +188,7 @@ def test_each_background_thread_ends_when_idle_and_the_next_job_starts_another(m
     watch = findings.Watch(lambda f: None, "warning", Failures())
     for _ in range(2):
         watch.point()
-        assert watch.settle(20) == [] and not watch.off
+        assert watch.judged(20) == [] and not watch.off
         assert _ends(watch._worker)
 
     def fails(run):
@@ -198,7 +198,7 @@ def test_each_background_thread_ends_when_idle_and_the_next_job_starts_another(m
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         watch.point()
-        assert watch.settle(20) == [] and watch.off
+        assert watch.judged(20) == [] and watch.off
     assert ["a rule's own error" in str(w.message) for w in said] == [True]
     assert _ends(watch._worker)
     watch.point()  # off: nothing is judged, no thread starts

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tb_introspect.pipeline.governor import StepMode
+from tb_introspect.pipeline.governor import Phase
 from tb_introspect.torch import Introspector
 from tb_introspect.torch import state as torch_state
 from tests.torch import torch_support as ts
@@ -161,7 +161,7 @@ def test_a_metric_is_the_value_given_to_step_not_one_changed_after(tmp_path):
 
 
 def test_nonfinite_rectifier_output_on_a_lean_step(tmp_path):
-    """The non-finite rule (``StepMode``), PyTorch's half: a lean step's rectifier output
+    """The non-finite rule (``Phase``), PyTorch's half: a lean step's rectifier output
     holding NaN is folded whole, so its NaN count is in the written statistics, and the
     next step is a statistics step for every output; the step after is lean again."""
     torch.manual_seed(0)
@@ -184,7 +184,7 @@ def test_nonfinite_rectifier_output_on_a_lean_step(tmp_path):
                 opt.step()
             intro.step(loss=loss)
         intro.end_epoch()
-    lean, stats = StepMode.LEAN, StepMode.STATS
+    lean, stats = Phase.LEAN, Phase.STATS
     assert phases == [stats, lean, lean, lean, stats, lean]
     assert nans[bad_step] == data[bad_step][0][:, :1].numel() * 8  # the whole output
     run = ts.read_run(str(tmp_path))
@@ -257,7 +257,7 @@ def test_governor_spaces_statistics_steps_by_their_cost(tmp_path):
             intro.governor.clock = lambda: now[0]
             for _ in range(3):
                 for x, y in ts.batches(steps):
-                    now[0] += 1.1 if intro.phase is StepMode.STATS else 0.1
+                    now[0] += 1.1 if intro.phase is Phase.STATS else 0.1
                     loss = nn.functional.cross_entropy(model(x), y)
                     opt.zero_grad()
                     loss.backward()

@@ -32,10 +32,11 @@ def _train(log_dir, *, probe_points: bool = True):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     intro = IntrospectorArgs(None, "auto", metadata.VIEWS, {"on_finding": lambda f: None}).make(
         str(log_dir), model, opt, planned=(1, STEPS, None), criterion=nn.CrossEntropyLoss())
-    judged = []  # the steps the live judge was handed what was written at
-    watch = intro.pipeline.findings
-    judge = watch.point
-    watch.point = lambda: (judged.append(intro.step_count), judge())[1]
+    judged = []  # the steps at which the live judge was asked (on the training thread:
+    # the worker may judge later, when training has gone on)
+    pipeline = intro.pipeline
+    judge = pipeline._judge
+    pipeline._judge = lambda: (judged.append(intro.step_count), judge())[1]
     late = [0.0]
     intro.governor.clock = lambda: time.perf_counter() + late[0]
     point = intro.point

@@ -18,7 +18,7 @@ from torch import nn
 
 from tb_introspect import metadata
 from tb_introspect.pipeline import probe_window
-from tb_introspect.pipeline.governor import StepMode
+from tb_introspect.pipeline.governor import Phase
 from tb_introspect.torch import Introspector
 from tb_introspect.torch.probe_values import logit_peak, query_rows
 from tests.keras import collect_testlib as lib
@@ -131,7 +131,7 @@ def sdpa_run(tmp_path_factory):
                       criterion=nn.CrossEntropyLoss()) as intro:
         for _epoch in range(2):
             for idx in tokens(6):
-                stats = intro.phase is StepMode.STATS
+                stats = intro.phase is Phase.STATS
                 if not stats:
                     patched_on_lean.append(F.scaled_dot_product_attention is not ORIGINAL_SDPA)
                 logits = model(idx[:, :-1])
