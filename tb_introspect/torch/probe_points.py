@@ -55,10 +55,11 @@ class ProbePoints:
 
     def every(self) -> int | None:
         """The steps between two probe points: the planned window of a paced run whose
-        model has attention modules or a head to probe, whatever the paced window became;
-        None where there are none."""
+        model has attention modules to probe (a transformer: its attention logits can grow
+        tenfold within a paced window; a classifier's head moves slower and is read at its
+        points), whatever the paced window became; None where there are none."""
         plan = self.plan
-        if not (plan.paced and plan.per_epoch and plan.window and self.probes.has_light_rows):
+        if not (plan.paced and plan.per_epoch and plan.window and self.probes.has_attention):
             return None
         if self.pipeline.is_off(STATISTICS) or plan.failures.is_off(PROBES.view):
             return None

@@ -147,9 +147,10 @@ class Probes:
         self.compiled_off = False  # off as the model runs under torch.compile
 
     @property
-    def has_light_rows(self) -> bool:
-        """Whether a light step has anything to read: attention modules or a head."""
-        return self.on and bool(self._attention or self._head is not None)
+    def has_attention(self) -> bool:
+        """Whether there are attention modules to probe (a light step reads them and the
+        head)."""
+        return self.on and bool(self._attention)
 
     def take_spent(self) -> float:
         """The host seconds of the light steps' probes since the last call."""
