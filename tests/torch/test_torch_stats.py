@@ -233,7 +233,7 @@ def test_device_fold_equals_the_host_fold_but_its_draws(monkeypatch):
         folded = []
         for device in (False, True):
             if device:
-                monkeypatch.setattr(state, "_host", lambda buf: None)
+                monkeypatch.setattr(state, "_numpy_view", lambda buf: None)
             buf = seg.empty()
             for i, t in enumerate((x, y, x * 0.5)):
                 state.fold(buf, seg, t, torch.tensor(i + 1), True, arange)
