@@ -145,15 +145,21 @@ class Pipeline:
         except Exception as e:
             self.guard(part, _reraise, e)
 
-    def _window_job(self, kind: str, fn: Callable[..., Any], *args: Any) -> None:
-        """The worker: a window's statistics ``_job``, its CPU time paid from the
-        governor's budget (``Governor.worked``)."""
+    def _paid_job(self, kind: str, fn: Callable[..., Any], *args: Any) -> None:
+        """The worker: a statistics ``_job``, its CPU time paid from the governor's budget:
+        a window's ``kind`` of host work (``Governor.worked``), or a probe point's
+        (``kind="probe"``, ``Governor.probe_worked``)."""
         start = time.thread_time()
         try:
             self._job(STATISTICS, fn, *args)
         finally:
-            if self.governor is not None:
-                self.governor.worked(kind, time.thread_time() - start)
+            g = self.governor
+            if g is not None:
+                seconds = time.thread_time() - start
+                if kind == "probe":
+                    g.probe_worked(seconds)
+                else:
+                    g.worked(kind, seconds)
 
     def _writer_broken(self, error: BaseException) -> bool:
         """Whether ``error`` says the event file cannot be written (a full disk, a size
@@ -254,7 +260,7 @@ class Pipeline:
         copies, here), finished and written on the worker."""
         point = self.front_end.point(step)
         self.last_log_step = step
-        self.worker.submit(self._window_job, "point", self._finish, point, step, self.epoch,
+        self.worker.submit(self._paid_job, "point", self._finish, point, step, self.epoch,
                            heavy=True)
 
     def probe_point(self, step: int, read: Callable[[], Any], every: int, *,
@@ -272,22 +278,13 @@ class Pipeline:
         self.guard(METRICS, self.drain)
         probes = self.guard(STATISTICS, read)
         if probes is not None and self.sink is not None:
-            self.worker.submit(self._probe_job, probes, step, self.epoch)
+            self.worker.submit(self._paid_job, "probe", self._write_probes, probes, step,
+                               self.epoch)
         if self.governor is not None:
             self.governor.probed(clock() - start + seconds, every, step_seconds)
         if self.findings is not None and self.sink is not None:
             self._judge()
         self.act()
-
-    def _probe_job(self, probes: Any, step: int, epoch: int) -> None:
-        """The worker: a probe point's PROBES summary, its CPU time paid from the
-        governor's budget (``Governor.probe_worked``)."""
-        start = time.thread_time()
-        try:
-            self._job(STATISTICS, self._write_probes, probes, step, epoch)
-        finally:
-            if self.governor is not None:
-                self.governor.probe_worked(time.thread_time() - start)
 
     def _write_probes(self, probes: Any, step: int, epoch: int) -> None:
         with _one_blas_thread():
@@ -348,7 +345,7 @@ class Pipeline:
             self.log(step)
 
     def _write_activity(self) -> None:
-        self.worker.submit(self._window_job, "activity", self._write_maps,
+        self.worker.submit(self._paid_job, "activity", self._write_maps,
                            self.front_end.output_widths(), self.front_end.current_step(),
                            self.epoch)
 
