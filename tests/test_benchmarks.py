@@ -73,13 +73,14 @@ TINY: dict[str, tuple[str, list[str], str]] = {
 NOT_RUN = {"demo_robustness.py"}
 
 #: Runs each (id, script, args) of argv[2] (JSON) through the script's main(argv), each
-#: output between markers; the exit status of a run is its return value, SystemExit's code,
-#: or 1 on an exception, whose traceback goes to stderr.
+#: output between markers, its seconds on stderr; the exit status of a run is its return
+#: value, SystemExit's code, or 1 on an exception, whose traceback goes to stderr.
 DRIVER = """
-import json, sys, traceback
+import json, sys, time, traceback
 sys.path.insert(0, sys.argv[1])
 for name, script, args in json.loads(sys.argv[2]):
     print(f"<<<begin {name}>>>", flush=True)
+    t0 = time.perf_counter()
     try:
         rc = __import__(script[:-3]).main(args) or 0
     except SystemExit as e:  # sys.exit("message") is a failure too
@@ -87,6 +88,7 @@ for name, script, args in json.loads(sys.argv[2]):
     except BaseException:
         traceback.print_exc()
         rc = 1
+    print(f"{name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     print(f"<<<end {rc}>>>", flush=True)
 """
 
