@@ -11,10 +11,8 @@ are also a load test: concurrent clients, both loaders, no error.
 A benchmark whose figures come from other processes has a form that runs its own code in
 the calling one (``first_fit.py --in-process``, ``engine_bench.py --in-process``,
 ``sharded_overhead.py --ranks 1``); those that time TensorBoard, a browser, an S3 server or
-the demo's processes start them as they always do. The runs share two interpreters
-(``DRIVER``), each importing TensorFlow, PyTorch or the trainers once: the training side's
-benchmarks, which compute, run beside the serving side's, which mostly wait for the
-processes they start.
+the demo's processes start them as they always do. The runs share three interpreters
+(``DRIVER``, ``GROUPS``).
 """
 
 from __future__ import annotations
@@ -31,17 +29,22 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
-#: id -> (script, smallest arguments, interpreter: "training" or "serving").
+#: The interpreters the runs share, side by side, each importing what its runs need once:
+#: the Keras engine's benchmarks (TensorFlow), the front-ends' and trainers' trainings
+#: (TensorFlow and PyTorch), and the serving side's, which mostly wait for the processes they
+#: start. Three keep the two cores busy: with two, the trainings ran one after another.
+GROUPS = ("engine", "training", "serving")
+#: id -> (script, smallest arguments, interpreter: one of GROUPS).
 TINY: dict[str, tuple[str, list[str], str]] = {
     "stats_bench": ("stats_bench.py", ["--sizes", "2048", "--kinds", "relu", "--repeats", "1"],
-                    "training"),
+                    "engine"),
     "engine_bench": ("engine_bench.py", ["--repeats", "1", "--elements", "4096", "--xla-sizes",
                                          "1", "--in-process", "--log-model", "tiny"],
-                     "training"),
+                     "engine"),
     "overhead": ("overhead.py", ["--models", "tiny", "--every", "epoch", "--quick"],
-                 "training"),
+                 "engine"),
     "overhead_step_functions": ("overhead.py", ["--models", "tiny", "--step-functions",
-                                                "--op-profile", "3", "--quick"], "training"),
+                                                "--op-profile", "3", "--quick"], "engine"),
     "first_fit": ("first_fit.py", ["--models", "tiny", "--repeats", "1", "--steps", "2",
                                    "--batch", "8", "--in-process"], "training"),
     "format_bytes": ("format_bytes.py", ["--steps", "2", "--every", "1", "--bench-tensors",
@@ -54,9 +57,9 @@ TINY: dict[str, tuple[str, list[str], str]] = {
     "align_bench": ("align_bench.py", ["--tensors", "10", "--steps", "20", "--repeats", "1"],
                     "serving"),
     "torch_overhead": ("torch_overhead.py", ["--models", "cnn", "--steps", "2", "--rounds", "1",
-                                             "--no-wandb"], "serving"),
+                                             "--no-wandb"], "training"),
     "sharded_overhead": ("sharded_overhead.py", ["--steps", "2", "--batch", "2", "--rounds",
-                                                 "1", "--ranks", "1"], "serving"),
+                                                 "1", "--ranks", "1"], "training"),
     "bucket_bench": ("bucket_bench.py", ["--epochs", "1", "--steps", "2", "--step-ms", "0",
                                          "--flush", "0.05", "--every", "epoch", "--objects",
                                          "2", "--points", "2", "--tensors", "1"], "serving"),
@@ -106,7 +109,7 @@ def outputs(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     folder = tmp_path_factory.mktemp("benchmarks")
     procs = []
-    for group in ("training", "serving"):
+    for group in GROUPS:
         runs = [(name, s, a) for name, (s, a, g) in TINY.items() if g == group]
         files = folder / f"{group}.out", folder / f"{group}.err"
         with files[0].open("w") as stdout, files[1].open("w") as stderr:
