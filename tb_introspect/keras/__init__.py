@@ -1,8 +1,8 @@
 """Keras integration: ``Introspect``, a callback for an unmodified ``model.fit``, and
 ``Introspector``, the same for a custom TensorFlow training loop (TensorFlow backend).
 
-On a Keras backend other than TensorFlow the callback warns once and logs nothing; the
-training goes on.
+The callback logs on Keras's TensorFlow and PyTorch backends; on another backend it warns
+once and logs nothing, and the training goes on.
 
 Example:
     >>> from tb_introspect.keras import Introspect
@@ -17,7 +17,11 @@ if keras.config.backend() == "tensorflow":
     from tb_introspect.keras.introspector import Introspector
 
     __all__ = ["Introspect", "Introspector"]
-else:  # TensorFlow need not even be installed
+elif keras.config.backend() == "torch":  # TensorFlow need not even be installed
+    from tb_introspect.keras.torch_backend import Introspect
+
+    __all__ = ["Introspect"]
+else:
     from tb_introspect.keras.other_backends import Introspect
 
     __all__ = ["Introspect"]

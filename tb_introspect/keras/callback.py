@@ -33,9 +33,15 @@ import tensorflow as tf
 from tb_introspect import metadata
 from tb_introspect.keras import capture, private, probes
 from tb_introspect.keras import loss as compiled_loss
-from tb_introspect.keras.discovery import any_batch, batch_spec, discover_outputs, mean_metrics
+from tb_introspect.keras.discovery import any_batch, batch_spec, discover_outputs
 from tb_introspect.keras.front_end import KerasFrontEnd
 from tb_introspect.keras.install import Installation, gradients_to_recorder
+from tb_introspect.keras.model_parts import (
+    is_rectifier,
+    layers_to_capture,
+    mean_metrics,
+    variable_owners,
+)
 from tb_introspect.keras.workers import (
     is_chief,
     is_multi_worker,
@@ -237,11 +243,8 @@ class Introspect(keras.callbacks.Callback):
         ):
             warn("the model has no trainable variables: the variable and gradient views"
                  " are empty")
-        every_layer = capture.layers_to_capture(model)
-        owner: dict[int, str] = {}
-        for entry in every_layer:
-            for v in entry.layer.trainable_variables:
-                owner.setdefault(id(v), entry.name)
+        every_layer = layers_to_capture(model)
+        owner = variable_owners(every_layer)
         chosen = self.options.layers
         self._captured = [e for e in every_layer if front_end.plan.chosen(e.name)]
         if chosen is not None and not self._captured:
@@ -277,7 +280,7 @@ class Introspect(keras.callbacks.Callback):
         for s in specs:
             s.depth = depth_of.get(s.layer, len(ranked))
             layer = by_name.get(s.layer)
-            s.exact = (layer is not None and capture.is_rectifier(layer)) or (
+            s.exact = (layer is not None and is_rectifier(layer)) or (
                 front_end.plan.named_rectifier(s.layer))
         front_end.set_outputs(specs)
         if self.options.probes and specs:

@@ -20,13 +20,13 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from tb_introspect.keras import private
+from tb_introspect.keras.model_parts import CapturedLayer
 from tb_introspect.pipeline.failures import Part
 
 _local = threading.local()
@@ -65,60 +65,6 @@ def probe(x: tf.Tensor, on_grad: Callable[[tf.Tensor], None]) -> tf.Tensor:
         return tf.identity(t), grad
 
     return _identity(x)
-
-
-@dataclass
-class CapturedLayer:
-    """A layer whose outputs are captured, with its display name."""
-
-    layer: keras.layers.Layer
-    name: str
-
-
-def layers_to_capture(model: keras.Model) -> list[CapturedLayer]:
-    """The layers whose outputs are monitored, in model order.
-
-    Functional/Sequential models contribute their layers, recursing into nested
-    models (a model used as a layer); the nested model's own output is its last
-    layer's, so it is not captured twice. A subclassed model contributes its
-    direct sub-layers (a composite layer counts as one unit).
-    """
-    found: list[CapturedLayer] = []
-    seen: set[int] = set()
-
-    def walk(container: keras.layers.Layer, prefix: str) -> None:
-        for layer in getattr(container, "layers", []):
-            if id(layer) in seen or isinstance(layer, keras.layers.InputLayer):
-                continue
-            seen.add(id(layer))
-            if isinstance(layer, keras.Model) and getattr(layer, "layers", None):
-                walk(layer, f"{prefix}{layer.name}/")
-            else:
-                found.append(CapturedLayer(layer, f"{prefix}{layer.name}"))
-
-    walk(model, "")
-    return found
-
-
-#: Activations whose output is exactly zero on a whole half-line: only there does a unit that
-#: is zero for every sample mean something (a dead unit).
-RECTIFIER_ACTIVATIONS = frozenset({"relu", "relu6"})
-
-
-def is_rectifier(layer: keras.layers.Layer) -> bool:
-    """Whether ``layer``'s own function makes exact zeros: ReLU, ReLU6, thresholded ReLU
-    (``keras.layers.ReLU`` without a negative slope, ``Activation("relu")``), or a layer
-    whose ``activation`` is one of these (``Dense(..., activation="relu")``, Conv...)."""
-    kind = type(layer).__name__
-    if kind == "ReLU":
-        return not float(getattr(layer, "negative_slope", 0.0) or 0.0)
-    if kind == "ThresholdedReLU":
-        return True
-    if kind == "LeakyReLU":
-        return float(getattr(layer, "negative_slope", 0.3)) == 0.0
-    act = getattr(layer, "activation", None)
-    name = act if isinstance(act, str) else getattr(act, "__name__", None)
-    return name in RECTIFIER_ACTIVATIONS
 
 
 class LayerPatcher:

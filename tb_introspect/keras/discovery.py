@@ -1,6 +1,6 @@
 """What a Keras model has to capture, learnt before the first step: its layers' outputs, by
-tracing one forward pass that runs nothing (``discover_outputs``), the batch spec that trace
-takes, and the model's mean-like metrics (``mean_metrics``)."""
+tracing one forward pass that runs nothing (``discover_outputs``), and the batch spec that
+trace takes."""
 
 from __future__ import annotations
 
@@ -74,26 +74,3 @@ def discover_outputs(model: keras.Model, x_spec: Any) -> Discovery:
         tf.nest.map_structure(lambda s: s, x_spec)
     )
     return discovery
-
-
-def mean_metrics(model: keras.Model) -> list[Any]:
-    """Mean-like metrics (``total`` and ``count`` variables), the loss tracker first."""
-    found: list[Any] = []
-
-    def walk(m: Any) -> None:
-        if hasattr(m, "total") and hasattr(m, "count"):
-            found.append(m)
-            return
-        subs = getattr(m, "metrics", None)
-        if isinstance(subs, (list, tuple)):
-            for s in subs:
-                walk(s)
-
-    for m in model.metrics:
-        walk(m)
-    out, names = [], set()
-    for m in found:
-        if m.name not in names and getattr(m, "count", None) is not None:
-            names.add(m.name)
-            out.append(m)
-    return out

@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from tb_introspect.keras import capture, private
+from tb_introspect.keras.model_parts import CapturedLayer
 from tb_introspect.keras.step import StepRecorder
 from tb_introspect.pipeline.failures import Part
 
@@ -52,7 +53,7 @@ class Installation:
         self.model.make_train_function()
         self.original_fn = self.model.train_function
 
-    def capture_layers(self, captured: Sequence[capture.CapturedLayer]) -> None:
+    def capture_layers(self, captured: Sequence[CapturedLayer]) -> None:
         self.layers = capture.LayerPatcher(list(captured))
 
     def patch(self, layers: bool, apply: Callable[[Callable], Callable] | None) -> None:

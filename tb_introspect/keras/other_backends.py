@@ -1,10 +1,10 @@
-"""``Introspect`` where Keras does not run on TensorFlow: it says once why it logs nothing,
-and the user's ``fit`` goes on.
+"""``Introspect`` where Keras runs on neither TensorFlow nor PyTorch: it says once why it
+logs nothing, and the user's ``fit`` goes on.
 
-Keras 3 picks its backend once per process (``KERAS_BACKEND``). The instrumented train step
-is TensorFlow's (``tf.function``, ``distribute_strategy``), so on JAX, PyTorch or NumPy the
-callback keeps the user's options checked, as on TensorFlow, and stays out of the way
-instead of failing inside ``fit``.
+Keras 3 picks its backend once per process (``KERAS_BACKEND``). The callback logs through
+TensorFlow's instrumented train step or the PyTorch engine's hooks; on JAX or NumPy it keeps
+the user's options checked, as elsewhere, and stays out of the way instead of failing
+inside ``fit``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 class Introspect(keras.callbacks.Callback):
-    """The Keras callback on a backend other than TensorFlow: options checked, no statistics
-    (a warning at the first ``fit``); for PyTorch models, ``tb_introspect.torch``."""
+    """The Keras callback on a backend it cannot log on: options checked, no statistics (a
+    warning at the first ``fit``)."""
 
     def __init__(self, log_dir: str, views: Sequence[str] = metadata.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
@@ -36,7 +36,6 @@ class Introspect(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self._warned:
             self._warned = True
-            warn(f"Introspect logs on Keras's TensorFlow backend only; this process runs Keras"
-                 f" on {keras.config.backend()!r} (KERAS_BACKEND), so this fit() is trained"
-                 " without statistics. For a PyTorch model, tb_introspect.torch.Introspector"
-                 " logs the same views.")
+            warn(f"Introspect logs on Keras's TensorFlow and PyTorch backends; this process"
+                 f" runs Keras on {keras.config.backend()!r} (KERAS_BACKEND), so this fit() is"
+                 " trained without statistics.")

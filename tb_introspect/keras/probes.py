@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tb_introspect import metadata
 from tb_introspect.keras import capture, kernels, private
+from tb_introspect.keras.model_parts import CapturedLayer
 from tb_introspect.keras.probe_values import (
     attention_logit_max,
     head_logits,
@@ -264,7 +265,7 @@ class ProbeLayers:
         return patches
 
 
-def discover(captured: Sequence[capture.CapturedLayer], order: Sequence[str],
+def discover(captured: Sequence[CapturedLayer], order: Sequence[str],
              loss_info: str = "") -> ProbeLayers | None:
     """The probed layers among the monitored ones (``order``: their names in forward order):
     every ``MultiHeadAttention`` (nested in a composite layer too) and the head, the last

@@ -66,6 +66,10 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
+#: What a model has to monitor: its parameters and its layer outputs (``modules.discover``).
+Discover = Callable[[nn.Module, Plan], tuple[list[modules.ParamSpec], list[modules.OutputSpec]]]
+
+
 class Introspector:
     """Per-layer statistics of a PyTorch model while it trains, written to ``log_dir``.
 
@@ -81,6 +85,9 @@ class Introspector:
     ``criterion`` says what the loss is, for the findings (docs/findings.md): the loss module
     (``nn.CrossEntropyLoss(label_smoothing=0.1)``, ``nn.MSELoss()``...), or for a functional
     loss a dict such as ``{"task": "classification", "from_logits": True}``; None: not known.
+    ``discover`` finds what to monitor where torch's module tree does not hold the layers
+    (Keras 3 on PyTorch): ``discover(model, plan)`` returns the parameters and the layer
+    outputs (``modules.ParamSpec``, ``modules.OutputSpec``); default: the module tree.
 
     With ``every="epoch"``, layer outputs and output gradients get their statistics on each
     epoch's first step and then at most every ``stats_every``-th step, as rarely as keeps
@@ -116,6 +123,7 @@ class Introspector:
         criterion: Any = None,
         initial_step: int = 0,
         initial_epoch: int = 0,
+        discover: Discover | None = None,
         **options: Unpack[OptionArgs],
     ):
         options = Options.of(views, every, options)
@@ -145,11 +153,9 @@ class Introspector:
         self.governor = Governor(options.overhead if self.plan.per_epoch else None,
                                  self.plan.stats_every)
 
-        self.params = modules.param_specs(self.model, self.plan.chosen)
+        self.params, outputs = (discover or modules.discover)(self.model, self.plan)
         self.plan.variables = list(self.params)
-        self.outputs = (modules.output_specs(self.model, self.plan.chosen,
-                                             self.plan.named_rectifier)
-                        if self.plan.output_views else [])
+        self.outputs = outputs if self.plan.output_views else []
         self.plan.outputs = list(self.outputs)
         device = _device_of(self.model, self.params)
         self.parameter_views = ParameterViews(self.plan, self.params, device, self.ranks)

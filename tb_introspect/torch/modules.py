@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tb_introspect.pipeline.plan import Monitored, sanitize
+from tb_introspect.pipeline.plan import Monitored, Plan, sanitize
 from tb_introspect.torch import private
 from tb_introspect.torch.segments import Segment
 
@@ -147,6 +147,12 @@ def param_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: T
             dtype=str(p.dtype).replace("torch.", ""), param=p, offset=offset))
         offset += p.numel()
     return specs
+
+
+def discover(model: nn.Module, plan: Plan) -> tuple[list[ParamSpec], list[OutputSpec]]:
+    """The parameters and the leaf modules' outputs of the layers ``plan`` keeps."""
+    return (param_specs(model, plan.chosen),
+            output_specs(model, plan.chosen, plan.named_rectifier))
 
 
 def first_tensor(output) -> torch.Tensor | None:

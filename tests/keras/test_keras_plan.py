@@ -8,7 +8,7 @@ import pytest
 
 from tb_introspect import metadata
 from tb_introspect.keras import Introspect
-from tb_introspect.keras.capture import is_rectifier
+from tb_introspect.keras.model_parts import is_rectifier
 from tests.keras import collect_testlib as lib
 
 

@@ -17,7 +17,13 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tb_introspect import metadata  # noqa: E402
-from tb_introspect.keras import Introspect, Introspector, capture, probe_values, probes  # noqa: E402
+from tb_introspect.keras import (  # noqa: E402
+    Introspect,
+    Introspector,
+    model_parts,
+    probe_values,
+    probes,
+)
 from tb_introspect.pipeline import probe_window  # noqa: E402
 from tb_introspect.read import provider  # noqa: E402
 from tb_introspect.read.series import Probes, probes_of  # noqa: E402
@@ -117,7 +123,7 @@ def test_nested_attention_layers_and_the_head_are_found(loss):
     inp = keras.Input((6, 8))
     x = Block(name="block")(inp)
     model = keras.Model(inp, keras.layers.Dense(5, name="head")(x))
-    captured = capture.layers_to_capture(model)
+    captured = model_parts.layers_to_capture(model)
     info = metadata.loss_json("classification" if loss == "ce" else "regression")
     found = probes.discover(captured, [c.name for c in captured], info)
     # A regression's last Dense is no classifier head.

@@ -1,0 +1,126 @@
+"""Keras 3 on its PyTorch backend: ``Introspect`` in an unmodified ``fit`` logs the four views
+through the PyTorch engine, named as on TensorFlow, with each step's exact loss.
+
+Keras picks its backend once per process, so the training runs in a child process with
+``KERAS_BACKEND=torch`` (once per module); it saves what a user could check by hand (every
+step's gradients as backward left them, the final weights, Keras's own running loss), and
+the tests compare the event files against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.keras import collect_testlib as lib
+
+BATCH, STEPS, EPOCHS = 32, 4, 2
+
+TRAIN = textwrap.dedent(f"""
+    import json, sys, warnings
+    import keras, numpy as np
+    from tb_introspect.keras import Introspect
+
+    out = sys.argv[1]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(4, 3, activation="relu", name="conv"),
+        keras.layers.Flatten(name="flat"),
+        keras.layers.Dense(16, activation="relu", name="hidden"),
+        keras.layers.Dense(3, name="head"),
+    ])
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=({BATCH * STEPS}, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 3, {BATCH * STEPS})
+    grads, running = {{}}, []
+
+    class Record(keras.callbacks.Callback):
+        # After Introspect's own on_train_batch_end: what backward left for this step.
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.value)
+            for v in self.model.trainable_variables:
+                grads[f"{{step}}:{{v.path}}"] = v.value.grad.detach().numpy().copy()
+
+        def on_epoch_end(self, epoch, logs=None):
+            running.append(float(logs["loss"]))
+
+    cb = Introspect(out + "/run", every=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size={BATCH}, epochs={EPOCHS}, verbose=0, shuffle=False,
+                  validation_data=(x[:64], y[:64]), callbacks=[cb, Record()])
+        model.fit(x, y, batch_size={BATCH}, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[cb])
+    np.savez(out + "/grads.npz", **grads)
+    np.savez(out + "/weights.npz", **{{v.path: v.value.detach().numpy()
+                                      for v in model.trainable_variables}})
+    json.dump({{"running": running,
+               "paths": [v.path for v in model.trainable_variables],
+               "warnings": [str(w.message) for w in seen
+                            if str(w.message).startswith("tb_introspect")]}},
+              open(out + "/facts.json", "w"))
+""")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("keras_torch")
+    r = subprocess.run([sys.executable, "-c", TRAIN, str(out)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    return out
+
+
+def test_the_four_views_are_named_as_on_tensorflow(trained) -> None:
+    facts = json.loads((trained / "facts.json").read_text())
+    assert facts["warnings"] == []
+    run = lib.read_run(str(trained / "run"))
+    assert lib.tags_of(run, "variable") == lib.tags_of(run, "gradient") == sorted(facts["paths"])
+    layers = ["conv", "flat", "hidden", "head"]
+    assert lib.tags_of(run, "output") == lib.tags_of(run, "output_gradient") == sorted(layers)
+    depths = [run[f"introspect/output/{n}"].data.depth for n in layers]
+    assert depths == sorted(depths) and len(set(depths)) == len(layers)
+    # every=2 over two fits (8 steps, then 4 more, the step count carried on)
+    points = [2, 4, 6, 8, 10, 12]
+    for view in ("variable", "gradient", "output", "output_gradient"):
+        for name in lib.tags_of(run, view):
+            assert run[f"introspect/{view}/{name}"].steps == points, (view, name)
+    assert run["introspect/metric/loss"].steps == list(range(1, 13))
+    assert run["introspect/metric/val_loss"].steps == [4, 8]
+
+
+def test_the_numbers_are_the_models(trained) -> None:
+    run = lib.read_run(str(trained / "run"))
+    grads = np.load(trained / "grads.npz")
+    weights = np.load(trained / "weights.npz")
+    for path, w in weights.items():
+        # The last point holds the weights after the last step; a point's gradient is
+        # the one backward computed at that step.
+        lib.assert_stats_match(run[f"introspect/variable/{path}"].at(12), w)
+        for step in (2, 8):
+            lib.assert_stats_match(run[f"introspect/gradient/{path}"].at(step),
+                                   grads[f"{step}:{path}"])
+    head = run["introspect/output/head"].at(4)
+    assert head["count"] == BATCH * 3
+    assert run["introspect/activity/hidden"].steps  # a rectifier's activity map
+
+
+def test_each_step_has_its_own_loss(trained) -> None:
+    """Keras's logs hold the running mean; the logged loss is each step's, so its mean over
+    an epoch is the running mean at the epoch's end."""
+    facts = json.loads((trained / "facts.json").read_text())
+    values = lib.read_run(str(trained / "run"))["introspect/metric/loss"].field("value")
+    per_epoch = values[:EPOCHS * STEPS].reshape(EPOCHS, STEPS)
+    np.testing.assert_allclose(per_epoch.mean(axis=1), facts["running"], rtol=1e-5)
+    assert len(set(np.round(values, 6))) == len(values)  # not one running value repeated
