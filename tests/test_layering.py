@@ -8,6 +8,7 @@ judged during training all use them and none depends on the plugin that serves t
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -22,9 +23,10 @@ print("LOADED:" + ",".join(loaded))
 """
 
 
-def loaded_by(module: str) -> list[str]:
+def loaded_by(module: str, **env: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(module=module)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+                         capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, **env}).stdout
     line = out.strip().splitlines()[-1]
     assert line.startswith("LOADED:"), out
     return [m for m in line[len("LOADED:"):].split(",") if m]
@@ -60,6 +62,15 @@ def test_the_pipeline_is_framework_neutral_and_pytorch_does_not_import_keras() -
     assert "tb_introspect.pipeline.pipeline" in loaded
     assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras")
             or m.startswith("tb_introspect.keras")] == [], loaded
+
+
+def test_keras_on_pytorch_imports_no_tensorflow() -> None:
+    """On Keras's PyTorch backend the callback drives the PyTorch engine: a user without
+    TensorFlow installed can use it."""
+    loaded = loaded_by("tb_introspect.keras", KERAS_BACKEND="torch")
+    assert "tb_introspect.keras.torch_backend" in loaded and "tb_introspect.torch" in loaded
+    assert [m for m in loaded if m.split(".")[0] == "tensorflow"
+            or m in ("tb_introspect.keras.callback", "tb_introspect.stats")] == [], loaded
 
 
 def test_the_statistics_engine_imports_no_front_end() -> None:
