@@ -45,6 +45,8 @@ TINY: dict[str, tuple[str, list[str], str]] = {
                  "engine"),
     "overhead_step_functions": ("overhead.py", ["--models", "tiny", "--step-functions",
                                                 "--op-profile", "3", "--quick"], "engine"),
+    "keras_torch_overhead": ("keras_torch_overhead.py", ["--model", "tiny", "--steps", "2",
+                                                         "--rounds", "1"], "engine"),
     "first_fit": ("first_fit.py", ["--models", "tiny", "--repeats", "1", "--steps", "2",
                                    "--batch", "8", "--in-process"], "training"),
     "format_bytes": ("format_bytes.py", ["--steps", "2", "--every", "1", "--bench-tensors",
@@ -236,6 +238,12 @@ def test_overhead_step_functions(outputs) -> None:
     assert labels(steps, 1) == ["plain train function", "lean step", "statistics step"]
     assert min(column(steps, "CPU ms/step") + column(steps, "wall ms/step")) > 0
     assert len(ops) == 4 and all(re.fullmatch(r"\d+ / \d+", r[4]) for r in ops[1:])
+
+
+def test_keras_torch_overhead(outputs) -> None:
+    (table,) = tables(run(outputs, "keras_torch_overhead"))
+    assert labels(table) == ["`Introspect(every='epoch')`", "`Introspect(every=16)`"]
+    assert min(column(table, "plain epoch s")) > 0
 
 
 def test_first_fit(outputs) -> None:
