@@ -5,7 +5,8 @@ copies side by side in one process: plain ``fit`` and ``fit`` with ``Introspect`
 cadence (default settings, all four views), after a warm-up epoch each; rounds of one epoch
 per variant, interleaved (the order rotates every round); each figure is the median over
 rounds of the per-round ratio to plain ``fit``, wall and CPU. Keras picks its backend once
-per process, so the script runs itself in a child process on the PyTorch backend.
+per process: where this process has started Keras on another backend, the script runs
+itself in a child process.
 
     python benchmarks/keras_torch_overhead.py                 # the table of docs/benchmarks.md
     python benchmarks/keras_torch_overhead.py --model tiny --steps 2 --rounds 1  # smoke run
@@ -31,9 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    if os.environ.get("KERAS_BACKEND") != "torch" or "keras" in sys.modules:
-        # This process's Keras may be on another backend: run in a child that starts on
-        # PyTorch, its table on this process's stdout.
+    if "keras" not in sys.modules:  # Keras starts on PyTorch in this process
+        os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+
+    if keras.config.backend() != "torch":
+        # This process's Keras runs on another backend: a child process that starts on
+        # PyTorch runs the benchmark, its table on this process's stdout.
         r = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:])],
                            env={**os.environ, "KERAS_BACKEND": "torch"}, capture_output=True,
                            text=True)

@@ -41,12 +41,15 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+if TYPE_CHECKING:  # imported where used: keras_torch_overhead.py's models need no TensorFlow
+    import tensorflow as tf
 
 from tb_introspect.keras import Introspect  # noqa: E402
 from tb_introspect.pipeline import pipeline as host  # noqa: E402
@@ -146,6 +149,8 @@ def make(kind: str, jit: bool = False) -> keras.Model:
 
 def dataset(steps: int, batch: int, kind: str = "cnn") -> tf.data.Dataset:
     """Random images and classes, or for "gpt" random tokens and their next tokens."""
+    import tensorflow as tf
+
     rng = np.random.default_rng(0)
     if kind == "gpt":
         idx = rng.integers(0, VOCAB, (steps * batch, SEQ + 1)).astype("int32")
@@ -341,6 +346,8 @@ def op_times(fn, batches, scratch: str, steps: int = 5) -> dict[str, tuple[float
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # the trace's format
 
     folder = tempfile.mkdtemp(dir=scratch)
+    import tensorflow as tf
+
     tf.profiler.experimental.start(folder)
     for _ in range(steps):
         fn(batches)

@@ -34,7 +34,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: (TensorFlow and PyTorch), and the serving side's, which mostly wait for the processes they
 #: start. Three keep the two cores busy: with two, the trainings ran one after another.
 GROUPS = ("engine", "training", "serving")
-#: id -> (script, smallest arguments, interpreter: one of GROUPS).
+#: id -> (script, smallest arguments, interpreter: one of GROUPS), run in this order; the
+#: last starts Keras on PyTorch in its interpreter, where nothing imported Keras before it.
 TINY: dict[str, tuple[str, list[str], str]] = {
     "stats_bench": ("stats_bench.py", ["--sizes", "2048", "--kinds", "relu", "--repeats", "1"],
                     "engine"),
@@ -45,8 +46,6 @@ TINY: dict[str, tuple[str, list[str], str]] = {
                  "engine"),
     "overhead_step_functions": ("overhead.py", ["--models", "tiny", "--step-functions",
                                                 "--op-profile", "3", "--quick"], "engine"),
-    "keras_torch_overhead": ("keras_torch_overhead.py", ["--model", "tiny", "--steps", "2",
-                                                         "--rounds", "1"], "engine"),
     "first_fit": ("first_fit.py", ["--models", "tiny", "--repeats", "1", "--steps", "2",
                                    "--batch", "8", "--in-process"], "training"),
     "format_bytes": ("format_bytes.py", ["--steps", "2", "--every", "1", "--bench-tensors",
@@ -72,6 +71,8 @@ TINY: dict[str, tuple[str, list[str], str]] = {
                                    "--requests", "2", "--poll", "0.1"], "serving"),
     "frontend_bench": ("frontend_bench.py", ["--tensors", "2", "--steps", "10", "--repeats",
                                              "1", "--cold", "0", "--poll", "0.1"], "serving"),
+    "keras_torch_overhead": ("keras_torch_overhead.py", ["--model", "tiny", "--steps", "2",
+                                                         "--rounds", "1"], "serving"),
 }
 #: Its unit is a fresh process training the quick demo (seconds at least): its tiny run, in
 #: ``test_demo_robustness``, judges made-up cells instead.
