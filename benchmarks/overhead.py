@@ -158,7 +158,14 @@ def dataset(steps: int, batch: int, kind: str = "cnn") -> tf.data.Dataset:
     else:
         x = rng.normal(size=(steps * batch, 32, 32, 3)).astype("float32")
         y = rng.integers(0, 10, steps * batch)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    # tf.data's autotune off: its optimization thread sleeps 10 ms, 20 ms, ... doubling, and
+    # an epoch's iterator is released only at its next wake-up, so with it every epoch
+    # longer than 5.11 s took 10.23 s and every one longer than that 20.47 s, whatever ran
+    # in it (the sums of those sleeps): a quantised wall time, not the callback's.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return (tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+            .with_options(options))
 
 
 class Timers:

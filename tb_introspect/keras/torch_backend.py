@@ -6,9 +6,9 @@ called, its variables are ``torch.nn.Parameter``s (held by the model in one
 runs ``loss.backward()`` before the Keras optimizer applies the gradients. So the callback
 hands ``tb_introspect.torch.Introspector`` the Keras layers to hook and the variables to
 read (their gradients as backward left them), named as on TensorFlow: a variable by its
-path, an output by its layer. The per-step loss and metrics are each ``Mean`` metric's change
-in total and count, as on TensorFlow. The PyTorch engine's transformer probes look for
-PyTorch's attention modules, which a Keras model has none of.
+path, an output by its layer; and for the transformer probes its attention layers and its
+head. The per-step loss and metrics are each ``Mean`` metric's change in total and count, as
+on TensorFlow.
 """
 
 from __future__ import annotations
@@ -31,15 +31,19 @@ from tb_introspect.pipeline.failures import warn
 from tb_introspect.pipeline.options import OptionArgs, Options, check_log_dir
 from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.torch import FindingStop, Introspector
-from tb_introspect.torch.modules import OutputSpec, ParamSpec
+from tb_introspect.torch.modules import OutputSpec, ParamSpec, Parts
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-def keras_parts(model: keras.Model, plan: Plan) -> tuple[list[ParamSpec], list[OutputSpec]]:
+def keras_parts(model: keras.Model, plan: Plan) -> Parts:
     """The trainable variables and the layer outputs of ``model`` that ``plan`` keeps, in
-    layer order (``model_parts.layers_to_capture``: the TensorFlow callback's names)."""
+    layer order (``model_parts.layers_to_capture``: the TensorFlow callback's names); for
+    the probes its attention layers (``MultiHeadAttention`` and the like, whose
+    ``scaled_dot_product_attention`` calls they read) and its last ``Dense`` layer if it
+    has no activation, kept as the head once a forward pass shows its output to be the
+    model's."""
     layers = layers_to_capture(model)
     owner = variable_owners(layers)
     depth = {e.name: d for d, e in enumerate(layers)}
@@ -60,7 +64,13 @@ def keras_parts(model: keras.Model, plan: Plan) -> tuple[list[ParamSpec], list[O
         channels_first=getattr(e.layer, "data_format", None) == "channels_first",
         exact=is_rectifier(e.layer) or plan.named_rectifier(e.name))
         for e in layers if plan.chosen(e.name)]
-    return params, outputs
+    attention = [(e.name, e.layer) for e in layers
+                 if "attention" in type(e.layer).__name__.lower()]
+    # Logits: a Dense layer with an activation (a softmax head) gives the probes none.
+    dense = [e for e in layers if isinstance(e.layer, keras.layers.Dense)]
+    dense = [e for e in dense[-1:] if getattr(e.layer.activation, "__name__", "") == "linear"]
+    head = (dense[-1].name, dense[-1].layer, False) if dense else None
+    return Parts(params, outputs, attention, head)
 
 
 class Introspect(keras.callbacks.Callback):

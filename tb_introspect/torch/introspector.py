@@ -66,8 +66,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
-#: What a model has to monitor: its parameters and its layer outputs (``modules.discover``).
-Discover = Callable[[nn.Module, Plan], tuple[list[modules.ParamSpec], list[modules.OutputSpec]]]
+#: What a model has to monitor (``modules.discover``: its module tree).
+Discover = Callable[[nn.Module, Plan], modules.Parts]
 
 
 class Introspector:
@@ -86,8 +86,8 @@ class Introspector:
     (``nn.CrossEntropyLoss(label_smoothing=0.1)``, ``nn.MSELoss()``...), or for a functional
     loss a dict such as ``{"task": "classification", "from_logits": True}``; None: not known.
     ``discover`` finds what to monitor where torch's module tree does not hold the layers
-    (Keras 3 on PyTorch): ``discover(model, plan)`` returns the parameters and the layer
-    outputs (``modules.ParamSpec``, ``modules.OutputSpec``); default: the module tree.
+    (Keras 3 on PyTorch): ``discover(model, plan)`` returns its ``modules.Parts``; default:
+    the module tree.
 
     With ``every="epoch"``, layer outputs and output gradients get their statistics on each
     epoch's first step and then at most every ``stats_every``-th step, as rarely as keeps
@@ -153,9 +153,10 @@ class Introspector:
         self.governor = Governor(options.overhead if self.plan.per_epoch else None,
                                  self.plan.stats_every)
 
-        self.params, outputs = (discover or modules.discover)(self.model, self.plan)
+        parts = (discover or modules.discover)(self.model, self.plan)
+        self.params = parts.params
         self.plan.variables = list(self.params)
-        self.outputs = outputs if self.plan.output_views else []
+        self.outputs = parts.outputs if self.plan.output_views else []
         self.plan.outputs = list(self.outputs)
         device = _device_of(self.model, self.params)
         self.parameter_views = ParameterViews(self.plan, self.params, device, self.ranks)
@@ -172,8 +173,8 @@ class Introspector:
         # The transformer probes, hooked on statistics steps (docs/format.md) and on the
         # probe steps of a paced run (``probe_every``).
         regression = (metadata.parse_loss(criterion_info(criterion)) or {}).get("task")
-        self.probes = Probes(self.model, self.outputs, self.plan, device, self.hooks.passes,
-                             regression=regression == "regression")
+        self.probes = Probes(self.model, parts, self.outputs, self.plan, device,
+                             self.hooks.passes, regression=regression == "regression")
         self.hooks.listeners.append(self.probes.follow)
         self.metric_ring = MetricRing(device)
         self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)

@@ -149,10 +149,53 @@ def param_specs(model: nn.Module, chosen: Callable[[str], bool] = lambda name: T
     return specs
 
 
-def discover(model: nn.Module, plan: Plan) -> tuple[list[ParamSpec], list[OutputSpec]]:
-    """The parameters and the leaf modules' outputs of the layers ``plan`` keeps."""
-    return (param_specs(model, plan.chosen),
-            output_specs(model, plan.chosen, plan.named_rectifier))
+@dataclass
+class Parts:
+    """What a model has to monitor: its parameters and layer outputs (of the layers the
+    plan keeps), the modules an attention call is attributed to, and the output head
+    (``(name, module, certain)``, or None), whose logits the probes read."""
+
+    params: list[ParamSpec]
+    outputs: list[OutputSpec]
+    attention: list[tuple[str, nn.Module]]
+    head: tuple[str, nn.Module, bool] | None
+
+
+def discover(model: nn.Module, plan: Plan) -> Parts:
+    """A model's ``Parts``, from its module tree."""
+    return Parts(param_specs(model, plan.chosen),
+                 output_specs(model, plan.chosen, plan.named_rectifier),
+                 attention_modules(model), find_head(model))
+
+
+def find_head(model: nn.Module) -> tuple[str, nn.Module, bool] | None:
+    """The output head: ``(name, module, certain)``. A Hugging Face model's
+    ``get_output_embeddings()`` is certain; else the last ``Linear`` leaf in module order,
+    kept once a forward pass shows its output to be the model's (``certain`` False)."""
+    names = {m: n for n, m in model.named_modules()}
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            head = get()
+        except Exception:  # a model whose method is not implemented
+            head = None
+        if isinstance(head, nn.Linear) and head in names:
+            return names[head] or ROOT, head, True
+    last = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and next(m.children(), None) is None:
+            last = (name or ROOT, m, False)
+    return last
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules an attention call is attributed to: ``nn.MultiheadAttention`` and every
+    module whose class is named as an attention layer (``GPT2Attention``,
+    ``LlamaAttention``, ``BertSelfAttention``, nanoGPT's ``CausalSelfAttention``)."""
+    return [(name or ROOT, m) for name, m in model.named_modules()
+            if isinstance(m, nn.MultiheadAttention) or "attention" in type(m).__name__.lower()]
+
+
 
 
 def first_tensor(output) -> torch.Tensor | None:

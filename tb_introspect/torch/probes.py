@@ -60,34 +60,6 @@ LIGHT_COLUMNS = sorted(c for f in LIGHT_FIELDS for c in (
     else (probe_window.PEAK[f],)))
 
 
-def find_head(model: nn.Module) -> tuple[str, nn.Module, bool] | None:
-    """The output head: ``(name, module, certain)``. A Hugging Face model's
-    ``get_output_embeddings()`` is certain; else the last ``Linear`` leaf in module order,
-    kept once a forward pass shows its output to be the model's (``certain`` False)."""
-    names = {m: n for n, m in model.named_modules()}
-    get = getattr(model, "get_output_embeddings", None)
-    if callable(get):
-        try:
-            head = get()
-        except Exception:  # a model whose method is not implemented
-            head = None
-        if isinstance(head, nn.Linear) and head in names:
-            return names[head] or modules.ROOT, head, True
-    last = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and next(m.children(), None) is None:
-            last = (name or modules.ROOT, m, False)
-    return last
-
-
-def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules an attention call is attributed to: ``nn.MultiheadAttention`` and every
-    module whose class is named as an attention layer (``GPT2Attention``,
-    ``LlamaAttention``, ``BertSelfAttention``, nanoGPT's ``CausalSelfAttention``)."""
-    return [(name or modules.ROOT, m) for name, m in model.named_modules()
-            if isinstance(m, nn.MultiheadAttention) or "attention" in type(m).__name__.lower()]
-
-
 def _tensors(output: Any) -> list[torch.Tensor]:
     """The tensors a model returned, one level deep (a tensor, tuple, list or mapping)."""
     if isinstance(output, torch.Tensor):
@@ -105,15 +77,15 @@ class Probes:
     ``LIGHT_FIELDS`` only), ``values(states)`` makes a point's ``Point.probes`` of every
     rank's copy."""
 
-    def __init__(self, model: nn.Module, outputs: Sequence[OutputSpec], plan: Plan,
-                 device: torch.device, passes: ForwardPasses, *,
+    def __init__(self, model: nn.Module, parts: modules.Parts, outputs: Sequence[OutputSpec],
+                 plan: Plan, device: torch.device, passes: ForwardPasses, *,
                  regression: bool = False) -> None:
         self.model = model
         self.passes = passes
         self.failures = plan.failures
         self.device = device
-        head = None if regression else find_head(model)
-        attention = attention_modules(model)
+        head = None if regression else parts.head
+        attention = parts.attention
         self.on = plan.options.probes and bool(attention or head)
         self.rows: dict[str, int] = {}
         self._outputs = [(self._row(s.name), s.module) for s in outputs] if self.on else []

@@ -124,3 +124,55 @@ def test_each_step_has_its_own_loss(trained) -> None:
     per_epoch = values[:EPOCHS * STEPS].reshape(EPOCHS, STEPS)
     np.testing.assert_allclose(per_epoch.mean(axis=1), facts["running"], rtol=1e-5)
     assert len(set(np.round(values, 6))) == len(values)  # not one running value repeated
+
+
+PROBED = textwrap.dedent("""
+    import json, sys
+    import keras, numpy as np, torch
+    from tb_introspect.keras import Introspect
+
+    out, T, V, D, H, B = sys.argv[1], 16, 50, 32, 4, 32
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((T,), dtype="int32")
+    h = keras.layers.Embedding(V, D, name="embed")(tokens)
+    x = keras.layers.Add(name="res")([h, keras.layers.MultiHeadAttention(H, D // H,
+                                                                      name="attn")(h, h)])
+    model = keras.Model(tokens, keras.layers.Dense(V, name="head")(x))
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    idx = np.random.default_rng(0).integers(0, V, (2 * B, T + 1)).astype("int32")
+    truth = []
+
+    class Truth(keras.callbacks.Callback):
+        # Before each step, from its weights and batch, by hand: the largest |q.k| / sqrt(d)
+        # of the attention layer, the head's largest logit and its mean logsumexp.
+        def on_train_batch_begin(self, batch, logs=None):
+            xb = torch.as_tensor(idx[batch * B:(batch + 1) * B, :-1])
+            self.model.eval()  # not a training pass: the tool's hooks do not read it
+            with torch.no_grad():
+                mha, e = self.model.get_layer("attn"), self.model.get_layer("embed")(xb)
+                q, k = mha._query_dense(e), mha._key_dense(e)
+                att = torch.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D // H)
+                logits = self.model(xb)
+            self.model.train()
+            truth.append([float(att.abs().max()), float(logits.max()),
+                          float(torch.logsumexp(logits, -1).mean())])
+
+    model.fit(idx[:, :-1], idx[:, 1:], batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[Truth(), Introspect(out + "/run", every=1)])
+    json.dump(truth, open(out + "/truth.json", "w"))
+""")
+
+
+def test_the_transformer_probes_read_keras_attention_and_head(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-c", PROBED, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    truth = np.array(json.loads((tmp_path / "truth.json").read_text()))
+    series = lib.read_run(str(tmp_path / "run"))["introspect/probes"]
+    rows, cols = list(series.data.rows), {f: i for i, f in enumerate(series.data.fields)}
+    assert series.steps == [1, 2] and {"attn", "head"} <= set(rows)
+    for field, col in (("attn_logit_max", 0), ("logit_max", 1), ("logit_lse", 2)):
+        row = "attn" if field == "attn_logit_max" else "head"
+        got = [m[rows.index(row), cols[field]] for m in series.vectors]
+        np.testing.assert_allclose(got, truth[:, col], rtol=1e-4, err_msg=field)
