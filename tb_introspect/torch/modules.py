@@ -196,8 +196,6 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if isinstance(m, nn.MultiheadAttention) or "attention" in type(m).__name__.lower()]
 
 
-
-
 def first_tensor(output) -> torch.Tensor | None:
     """The tensor a module returned: the tensor itself, the first item of a tuple or list
     (a transformer block's hidden states come first), or a ``ModelOutput``'s (any
