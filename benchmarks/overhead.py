@@ -147,7 +147,8 @@ def make(kind: str, jit: bool = False) -> keras.Model:
     return model
 
 
-def dataset(steps: int, batch: int, kind: str = "cnn") -> tf.data.Dataset:
+def dataset(steps: int, batch: int, kind: str = "cnn", autotune: bool = False
+            ) -> tf.data.Dataset:
     """Random images and classes, or for "gpt" random tokens and their next tokens."""
     import tensorflow as tf
 
@@ -158,12 +159,12 @@ def dataset(steps: int, batch: int, kind: str = "cnn") -> tf.data.Dataset:
     else:
         x = rng.normal(size=(steps * batch, 32, 32, 3)).astype("float32")
         y = rng.integers(0, 10, steps * batch)
-    # tf.data's autotune off: its optimization thread sleeps 10 ms, 20 ms, ... doubling, and
-    # an epoch's iterator is released only at its next wake-up, so with it every epoch
-    # longer than 5.11 s took 10.23 s and every one longer than that 20.47 s, whatever ran
-    # in it (the sums of those sleeps): a quantised wall time, not the callback's.
+    # tf.data's autotune off unless asked: its optimization thread sleeps 10 ms, 20 ms, ...
+    # doubling, and an epoch's iterator is released only at its next wake-up, so with it
+    # every epoch longer than 5.11 s took 10.23 s and every one longer than that 20.47 s,
+    # whatever ran in it (the sums of those sleeps): a quantised wall time, not the callback's.
     options = tf.data.Options()
-    options.autotune.enabled = False
+    options.autotune.enabled = autotune
     return (tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
             .with_options(options))
 
@@ -252,7 +253,7 @@ def batch_size(kind: str, args: argparse.Namespace) -> int:
 
 
 def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]:
-    ds = dataset(args.steps, batch_size(kind, args), kind)
+    ds = dataset(args.steps, batch_size(kind, args), kind, args.autotune)
     vs = variants(args)
     models, cbs = [], []
     rss0 = rss_mib()
@@ -300,7 +301,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
 def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     """Per-step CPU and wall time of plain ``fit``'s train function and of the callback's
     lean and statistics functions, interleaved over ``--pairs`` rounds of 16 steps each."""
-    ds = dataset(args.steps, batch_size(kind, args), kind)
+    ds = dataset(args.steps, batch_size(kind, args), kind, args.autotune)
     fns = {}
     model = make(kind)
     model.fit(ds, epochs=1, verbose=0)
@@ -405,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probes", action="store_true",
                    help="add rows without the transformer probes (their own cost)")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
+    p.add_argument("--autotune", action="store_true",
+                   help="tf.data's autotune on, as by default (epochs past 5.11 s quantised)")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.pairs, args.jit = 4, 16, 1, False
