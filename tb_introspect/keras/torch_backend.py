@@ -92,11 +92,13 @@ class Introspect(keras.callbacks.Callback):
         self._metrics: list[Any] = []
         self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._said_executions = False
+        self._stopped = False  # the glue failed: no logging for the rest of this callback
 
     # The engine never raises into fit (its parts switch off and warn); what is left to fail
     # is this glue, which then stops logging with one warning.
     def _off(self, error: BaseException) -> None:
         warn(f"Introspect stopped logging ({type(error).__name__}: {error}); training goes on")
+        self._stopped = True
         intro, self.introspector = self.introspector, None
         if intro is not None:
             try:
@@ -105,6 +107,8 @@ class Introspect(keras.callbacks.Callback):
                 pass
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._stopped:
+            return
         try:
             if self.introspector is None:
                 optimizer = getattr(self.model, "optimizer", None)

@@ -176,3 +176,32 @@ def test_the_transformer_probes_read_keras_attention_and_head(tmp_path) -> None:
         row = "attn" if field == "attn_logit_max" else "head"
         got = [m[rows.index(row), cols[field]] for m in series.vectors]
         np.testing.assert_allclose(got, truth[:, col], rtol=1e-4, err_msg=field)
+
+
+DIVERGES = textwrap.dedent("""
+    import sys
+    import keras, numpy as np
+    from tb_introspect.keras import Introspect
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(1e4), "mse")  # diverges to Inf, then NaN
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)) * 100
+    history = model.fit(x, y, batch_size=16, epochs=20, verbose=0,
+                        callbacks=[Introspect(sys.argv[1], every=1, on_finding="stop")])
+    print(len(history.history["loss"]), int(model.optimizer.iterations.value))
+""")
+
+
+def test_on_finding_stop_ends_fit_its_own_way(tmp_path) -> None:
+    """``on_finding="stop"``: a critical finding ends ``fit`` through ``stop_training``, not an
+    exception out of it; the point that showed it is written."""
+    r = subprocess.run([sys.executable, "-c", DIVERGES, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    epochs, steps = map(int, r.stdout.split()[-2:])
+    assert epochs < 20 and steps < 80, r.stdout
+    assert "stopping training" in r.stderr, r.stderr[-3000:]
+    assert lib.read_run(str(tmp_path))["introspect/metric/loss"].steps[-1] == steps
