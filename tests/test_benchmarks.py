@@ -32,7 +32,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: The interpreters the runs share, side by side, each importing what its runs need once:
 #: the Keras engine's benchmarks (TensorFlow), the front-ends' and trainers' trainings
 #: (TensorFlow and PyTorch), and the serving side's, which mostly wait for the processes they
-#: start. Three keep the two cores busy: with two, the trainings ran one after another.
+#: start (the load test, which waits for its TensorBoard, evens the first out). Three keep
+#: the two cores busy: with two, the trainings ran one after another.
 GROUPS = ("engine", "training", "serving")
 #: id -> (script, smallest arguments, interpreter: one of GROUPS), run in this order; the
 #: last starts Keras on PyTorch in its interpreter, where nothing imported Keras before it.
@@ -68,7 +69,7 @@ TINY: dict[str, tuple[str, list[str], str]] = {
                                          "--isolated", "0", "--cold", "1", "--loaders", "true",
                                          "--poll", "0.1"], "serving"),
     "load_test": ("load_test.py", ["--tensors", "20", "--steps", "10", "--clients", "32",
-                                   "--requests", "2", "--poll", "0.1"], "serving"),
+                                   "--requests", "2", "--poll", "0.1"], "engine"),
     "frontend_bench": ("frontend_bench.py", ["--tensors", "2", "--steps", "10", "--repeats",
                                              "1", "--cold", "0", "--poll", "0.1"], "serving"),
     "keras_torch_overhead": ("keras_torch_overhead.py", ["--model", "tiny", "--steps", "2",
