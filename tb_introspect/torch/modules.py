@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from tb_introspect.pipeline.plan import Monitored, Plan, sanitize
+from tb_introspect.stats_np.segments import Segment
 from tb_introspect.torch import private
-from tb_introspect.torch.segments import Segment
 
 #: Modules whose rank >= 3 outputs keep the features on the last axis (sequences).
 CHANNELS_LAST = (nn.Linear, nn.Bilinear, nn.Embedding, nn.LayerNorm, nn.MultiheadAttention,

@@ -15,7 +15,8 @@ from tb_introspect import stats_np
 from tb_introspect.pipeline.failures import Failures, Part
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
-from tb_introspect.torch import private, segments, state
+from tb_introspect.stats_np import segments
+from tb_introspect.torch import private, state
 from tb_introspect.torch.modules import OutputSpec
 from tb_introspect.torch.ranks import host_copy
 
@@ -133,7 +134,7 @@ class OutputStates:
             seg = segments.layout(x.shape, spec.channels_first,
                                self.plan.options.step_sample_size)
             seg.offset = self.buffers[view].numel()
-            empty = seg.empty(self.device)
+            empty = torch.from_numpy(seg.empty()).to(self.device)
             self.buffers[view] = torch.cat([self.buffers[view], empty])
             self.empty[view] = torch.cat([self.empty[view], empty])
             spec.segments[view] = seg

@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import torch
 
-from tb_introspect.torch.segments import ADDITIVE_LEN, EXTREMES_LEN, Segment
+from tb_introspect.stats_np.segments import ADDITIVE_LEN, EXTREMES_LEN, Segment
 
 _MOD = 2**31
 

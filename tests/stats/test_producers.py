@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tb_introspect import metadata, stats, stats_np
-from tb_introspect.torch import segments as torch_segments
+from tb_introspect.stats_np import segments
 from tb_introspect.torch import state as torch_state
 
 VIEW = "output"
@@ -132,11 +132,11 @@ def channels_first(x: np.ndarray) -> np.ndarray:
 
 
 def torch_segment(batches: list[np.ndarray], k: int = K, salt: int = 0
-                  ) -> tuple[np.ndarray, torch_segments.Segment]:
+                  ) -> tuple[np.ndarray, segments.Segment]:
     """One device segment with every batch (channels-last) folded in as a statistics step."""
     xs = [torch.from_numpy(np.ascontiguousarray(channels_first(b))) for b in batches]
-    seg = torch_segments.layout(xs[0].shape, True, k)
-    buf = seg.empty()
+    seg = segments.layout(xs[0].shape, True, k)
+    buf = torch.from_numpy(seg.empty())
     arange = torch.arange(k)
     for i, x in enumerate(xs):
         torch_state.fold(buf, seg, x, torch.tensor(salt + i + 1), True, arange)
@@ -145,7 +145,7 @@ def torch_segment(batches: list[np.ndarray], k: int = K, salt: int = 0
 
 def torch_vector(x: np.ndarray, k: int = K) -> np.ndarray:
     segment, seg = torch_segment([x], k)
-    return torch_segments.finalize(segment, seg, VIEW, Q, activity_rates=True)
+    return segments.finalize(segment, seg, VIEW, Q, activity_rates=True)
 
 
 # ------------------------------------------------------------------ what differs, and why
@@ -343,8 +343,8 @@ def test_merged_states_match_the_whole():
 
     ranks = [torch_segment(parts[:2], salt=0), torch_segment(parts[2:], salt=10)]
     seg = ranks[0][1]
-    merged = torch_segments.merge_ranks(np.stack([r[0] for r in ranks]), seg)
-    got = torch_segments.finalize(merged, seg, VIEW, Q, activity_rates=True)
+    merged = segments.merge_ranks(np.stack([r[0] for r in ranks]), seg)
+    got = segments.finalize(merged, seg, VIEW, Q, activity_rates=True)
     assert not mismatches(got, want, x, tol=1e-6)
 
 

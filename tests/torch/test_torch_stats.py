@@ -158,7 +158,8 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
     """The lean steps' activity counts through ``ActivityTally`` (settled once, or several
     times when the exact-count limit is reached) equal ``fold``'s own, NaN, Inf and exact
     zeros included, across batch sizes and a float64 call."""
-    from tb_introspect.torch import segments, state
+    from tb_introspect.stats_np import segments
+    from tb_introspect.torch import state
 
     g = torch.Generator().manual_seed(0)
     calls = []
@@ -171,7 +172,8 @@ def test_lean_tally_adds_what_fold_adds(monkeypatch, shape, channels_first):
     arange, seed = torch.arange(4), torch.zeros((), dtype=torch.int64)
     for limit in (state.ActivityTally.LIMIT, 6):  # 6 rows: settles inside the calls
         monkeypatch.setattr(state.ActivityTally, "LIMIT", limit)
-        plain, tallied, tally = seg.empty(), seg.empty(), state.ActivityTally()
+        plain, tallied, tally = (torch.from_numpy(seg.empty()), torch.from_numpy(seg.empty()),
+                                  state.ActivityTally())
         for x in calls:
             state.fold(plain, seg, x, seed, False, arange)
             state.fold(tallied, seg, x, seed, False, arange, tally)
@@ -186,7 +188,8 @@ def test_finite_fold_equals_the_general_fold(monkeypatch):
     """On a CPU a tensor whose sum is finite skips the zeroing and the counting by kind: the
     state it folds is the general path's, bit for bit (zeros, both signs, subnormals, huge
     values, one element, float64); a sum that overflows takes the general path."""
-    from tb_introspect.torch import segments, state
+    from tb_introspect.stats_np import segments
+    from tb_introspect.torch import state
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn((6, 3, 4, 5), generator=g)
@@ -202,7 +205,7 @@ def test_finite_fold_equals_the_general_fold(monkeypatch):
         out = []
         for t in calls:
             seg = segments.layout(t.shape, True, 8)
-            buf = seg.empty()
+            buf = torch.from_numpy(seg.empty())
             state.fold(buf, seg, t, seed, True, arange)
             state.fold(buf, seg, t * 0.5, seed + 1, True, arange)
             out.append(buf)
@@ -219,7 +222,8 @@ def test_device_fold_equals_the_host_fold_but_its_draws(monkeypatch):
     small parts in numpy on the buffer's memory, numpy's draws) fold the same counts,
     moments, extremes and column counts, bit for bit, with NaN, Inf and exact zeros; their
     samples are drawn apart but hold as many entries."""
-    from tb_introspect.torch import segments, state
+    from tb_introspect.stats_np import segments
+    from tb_introspect.torch import state
 
     g = torch.Generator().manual_seed(1)
     for shape, channels_first in (((6, 3, 4, 5), True), ((7, 9), False), ((5, 7, 3), False)):
@@ -234,7 +238,7 @@ def test_device_fold_equals_the_host_fold_but_its_draws(monkeypatch):
         for device in (False, True):
             if device:
                 monkeypatch.setattr(state, "_numpy_view", lambda buf: None)
-            buf = seg.empty()
+            buf = torch.from_numpy(seg.empty())
             for i, t in enumerate((x, y, x * 0.5)):
                 state.fold(buf, seg, t, torch.tensor(i + 1), True, arange)
             folded.append(buf.numpy())
@@ -250,7 +254,8 @@ def test_folds_sample_in_proportion_to_their_sizes():
     20,000 ones and one of 60,000 minus ones leave a quarter of ones, within six sigma, in
     either order; beside them a fold of 100 values, which the sample holds whole, keeps
     about 100 / 80,100 of it."""
-    from tb_introspect.torch import segments, state
+    from tb_introspect.stats_np import segments
+    from tb_introspect.torch import state
 
     k = 1024
     seg = segments.layout((200, 100), False, k)
@@ -258,7 +263,7 @@ def test_folds_sample_in_proportion_to_their_sizes():
     small, large, tiny = torch.ones(200, 100), -torch.ones(600, 100), torch.full((1, 100), 5.0)
     shares, tiny_counts = [], []
     for seed, order in enumerate(((small, large, tiny), (tiny, large, small)) * 4):
-        buf = seg.empty()
+        buf = torch.from_numpy(seg.empty())
         for i, t in enumerate(order):
             state.fold(buf, seg, t, torch.tensor(3 * seed + i + 1), True, arange)
         values = buf.numpy()[seg.sample_at + k:seg.sample_at + 2 * k]

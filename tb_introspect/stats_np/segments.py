@@ -1,6 +1,7 @@
 """Where each tensor's statistics state lives in its view's flat float64 buffer (a
 ``Segment``), and the host side of a segment: its ``stats_np`` state (``to_state``), the
-ranks' segments merged, its finalized vector.
+ranks' segments merged, its finalized vector. The device folds that fill segments are the
+front-ends' (``torch/state.py``, ``jax/fold.py``); this layout and its reading are shared.
 
 A segment of a tensor with ``C`` channels, ``P`` spatial positions and sample size ``k``:
 
@@ -18,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from tb_introspect import stats_np
+from tb_introspect.stats_np import state as stats_np
+from tb_introspect.stats_np.vector import finalize as finalize_state
 
 #: The additive scalars of a segment, in order: the element count, the non-finite counts,
 #: the finite values' sign counts and sum, ``m2`` (each fold's sum of squared deviations
@@ -59,8 +60,9 @@ class Segment:
     def sample_at(self) -> int:
         return self.extremes_at + EXTREMES_LEN
 
-    def empty(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        seg = torch.zeros(self.length, dtype=torch.float64, device=device)
+    def empty(self) -> np.ndarray:
+        """The segment holding nothing (extremes and sample keys infinite)."""
+        seg = np.zeros(self.length)
         e = ADDITIVE_LEN + self.channels + self.positions
         seg[e:e + EXTREMES_LEN] = math.inf
         seg[e + EXTREMES_LEN:e + EXTREMES_LEN + self.k] = math.inf
@@ -207,4 +209,4 @@ def finalize(segment: np.ndarray, seg: Segment, view: str,
              quantiles: Sequence[float], activity_rates: bool) -> np.ndarray:
     """The packed vector of one merged segment (``epoch`` and extra slots NaN): ``stats_np``'s
     ``finalize`` of its state (``to_state``, which says what ``activity_rates`` does)."""
-    return stats_np.finalize(to_state(segment, seg, activity_rates), view, quantiles=quantiles)
+    return finalize_state(to_state(segment, seg, activity_rates), view, quantiles=quantiles)
