@@ -16,6 +16,54 @@ from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import summary_pb
 
+#: Steps of per-step metric values a front-end holds between two copies to the host.
+METRIC_ROWS = 1024
+
+
+class MetricCells:
+    """The per-step metric values a front-end keeps until the pipeline drains them: a row
+    per step (``step % rows``), a column per metric name in order of first sight;
+    ``counts`` marks the cells a step wrote. A value stays as the front-end keeps it
+    (``keep``: a device copy of a tensor, unread); ``totals`` makes the ``[rows, names]``
+    host matrix of them."""
+
+    def __init__(self, rows: int = METRIC_ROWS) -> None:
+        self.rows = rows
+        self.names: list[str] = []
+        self.counts = np.zeros((rows, 0))
+        self.cells: list[dict[int, Any]] = [{} for _ in range(rows)]
+
+    def keep(self, name: str, value: Any) -> Any:
+        """What the cell holds of ``value`` (a number here; a front-end's tensors)."""
+        return float(value)
+
+    def record(self, steps_done: int, values: Mapping[str, Any]) -> None:
+        """Keep step ``steps_done + 1``'s ``values``."""
+        row = steps_done % self.rows
+        cells = self.cells[row] = {}
+        self.counts[row] = 0
+        for name, value in values.items():
+            if name not in self.names:
+                self.names.append(name)
+                self.counts = np.concatenate([self.counts, np.zeros((self.rows, 1))], axis=1)
+            m = self.names.index(name)
+            cells[m] = self.keep(name, value)
+            self.counts[row, m] = 1
+
+    def numbers(self) -> tuple[np.ndarray, list[tuple[int, Any]]]:
+        """The ``[rows * names]`` totals of the cells that hold numbers, and the flat index
+        and value of every other cell (a front-end's tensors)."""
+        numbers = np.zeros(self.rows * len(self.names))
+        kept = []
+        for row, cells in enumerate(self.cells):
+            for m, value in cells.items():
+                at = row * len(self.names) + m
+                if isinstance(value, float):
+                    numbers[at] = value
+                else:
+                    kept.append((at, value))
+        return numbers, kept
+
 
 class Ring:
     """The host side of a collector's metric ring: what was read, the epoch's values."""
