@@ -147,16 +147,24 @@ def _draws(flat: jax.Array, k: int, key: jax.Array, dt: jnp.dtype
     k_key, k_pos = jax.random.split(key)
     if n <= k:
         keys = jnp.full(k, jnp.inf, dt).at[:n].set(jax.random.uniform(k_key, (n,), dt))
-        vals = jnp.zeros(k, dt).at[:n].set(flat.astype(dt))
+        vals = jnp.zeros(k, dt).at[:n].set(_flushed(flat.astype(dt)))
         return keys, vals
     keys = jnp.cumsum(jax.random.exponential(k_key, (k,), dt)) / (n + 1)
     pos = jnp.minimum((jax.random.uniform(k_pos, (k,)) * n).astype(jnp.int32), n - 1)
-    return keys, flat[pos].astype(dt)
+    return keys, _flushed(flat[pos].astype(dt))
+
+
+def _flushed(v: jax.Array) -> jax.Array:
+    """``v`` with subnormal values zeroed: XLA's CPU kernels treat them as zeros (the
+    counts above did), and a copied value keeps its bits."""
+    return jnp.where(jnp.abs(v) < jnp.finfo(v.dtype).tiny, jnp.zeros_like(v), v)
 
 
 def to_segment(st: dict[str, np.ndarray], seg: Segment) -> np.ndarray:
     """The float64 segment (``stats_np.segments``' layout) of a state copied to the host."""
-    additive = np.asarray(st["hi"], np.float64) + np.asarray(st["lo"], np.float64)
+    hi, lo = np.asarray(st["hi"], np.float64), np.asarray(st["lo"], np.float64)
+    # an infinite sum leaves NaN in its error term (inf - inf)
+    additive = np.where(np.isfinite(hi), hi + lo, hi)
     return np.concatenate([additive, np.asarray(st["ext"], np.float64),
                            np.asarray(st["keys"], np.float64),
                            np.asarray(st["vals"], np.float64)])

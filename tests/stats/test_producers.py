@@ -1,6 +1,6 @@
 """The producers of the packed statistics vector agree slot by slot on the same tensors.
 
-Five producers: the TensorFlow engine (``stats``), its numpy twin (``stats_np``, the hub
+Six producers: the TensorFlow engine (``stats``), its numpy twin (``stats_np``, the hub
 every other producer is compared with), the TensorFlow summary op (``summary.tensor_stats_summary``:
 the engine's in-graph finalize in a ``tf.function`` step, written to a real event file and read
 back as the plugin reads it), the Keras point (the training step's TensorFlow states finalized
@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 from tb_introspect import metadata, stats, stats_np
+from tb_introspect.jax import fold as jax_fold
 from tb_introspect.stats_np import segments
 from tb_introspect.torch import state as torch_state
 
@@ -148,6 +151,22 @@ def torch_vector(x: np.ndarray, k: int = K) -> np.ndarray:
     return segments.finalize(segment, seg, VIEW, Q, activity_rates=True)
 
 
+def jax_segment(batches: list[np.ndarray], k: int = K, salt: int = 0
+                ) -> tuple[np.ndarray, segments.Segment]:
+    """One JAX state with every batch folded in by a jitted statistics step, as a segment."""
+    seg = segments.layout(batches[0].shape, False, k)
+    step = jax.jit(lambda st, x, key: jax_fold.fold(st, x, seg, key))
+    st = jax_fold.empty(seg)
+    for i, b in enumerate(batches):
+        st = step(st, jnp.asarray(b), jax.random.key(salt + i))
+    return jax_fold.to_segment(jax.device_get(st), seg), seg
+
+
+def jax_vector(x: np.ndarray, k: int = K) -> np.ndarray:
+    segment, seg = jax_segment([x], k)
+    return segments.finalize(segment, seg, VIEW, Q, activity_rates=True)
+
+
 # ------------------------------------------------------------------ what differs, and why
 
 def tf_input(case: str, x: np.ndarray) -> np.ndarray:
@@ -168,6 +187,21 @@ def torch_expected(case: str, x: np.ndarray, want: dict[str, float]) -> dict[str
         one = dict(zip(FIELDS, np_vector(x[:, None]), strict=True))
         want["dead_rate"] = one["dead_rate"]
     return want
+
+
+def jax_input(case: str, x: np.ndarray) -> np.ndarray:
+    """What numpy must see to give JAX's result: JAX without ``jax_enable_x64`` takes a
+    float64 array as float32, and XLA's CPU kernels treat subnormals as zeros."""
+    if x.dtype == np.float64:
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float32)
+    return flush_subnormals(x) if case.startswith("subnormal") else x
+
+
+def jax_expected(case: str, x: np.ndarray, want: dict[str, float]) -> dict[str, float]:
+    """numpy's slots of ``jax_input`` as JAX's states give them: PyTorch's rules (float32
+    sums, a vector is one channel), but for a float64 array, which JAX took as float32."""
+    return want if x.dtype == np.float64 else torch_expected(case, x, want)
 
 
 # ------------------------------------------------------------------ the comparison
@@ -243,6 +277,14 @@ def test_pytorch_matches_numpy(case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+def test_jax_matches_numpy(case):
+    x = CASES[case]
+    seen = jax_input(case, x)
+    want = jax_expected(case, x, as_dict(np_vector(seen)))
+    assert not mismatches(jax_vector(x), want, seen, tol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_numpy_matches_its_definitions(case):
     """The hub itself, on the slots that need no reference implementation."""
     x = np.asarray(CASES[case], np.float64)
@@ -284,7 +326,7 @@ def rank_error(data: np.ndarray, value: float, q: float) -> float:
     return max(0.0, lo - q, q - hi)
 
 
-@pytest.mark.parametrize("producer", ["tensorflow", "summary", "numpy", "pytorch"])
+@pytest.mark.parametrize("producer", ["tensorflow", "summary", "numpy", "pytorch", "jax"])
 def test_sampled_percentiles(producer, tmp_path):
     """More values than the sample holds: every slot but the inner percentiles as exact as
     above, those within six sigma of rank (sigma = 50 / sqrt(k) percentile points)."""
@@ -293,14 +335,14 @@ def test_sampled_percentiles(producer, tmp_path):
     x[x < -1.0] = 0.0
     run = {"tensorflow": lambda: tf_vector(x, k), "numpy": lambda: np_vector(x, k),
            "summary": lambda: summary_vectors({"x": x}, k, tmp_path)["x"],
-           "pytorch": lambda: torch_vector(x, k)}[producer]
+           "pytorch": lambda: torch_vector(x, k), "jax": lambda: jax_vector(x, k)}[producer]
     got = as_dict(run())
     want = as_dict(np_vector(x, None))
-    if producer == "pytorch":
+    if producer in ("pytorch", "jax"):
         # The smallest magnitude comes from the sample: at or above the true one.
         assert got["logq0"] >= want["logq0"]
         want["logq0"] = got["logq0"]
-    tol = moment_tol(x, "torch" if producer == "pytorch" else producer)
+    tol = moment_tol(x, "torch" if producer in ("pytorch", "jax") else producer)
     assert not mismatches(np.array(list(got.values())), want, x, tol=tol,
                           exact_percentiles=False)
     fin = x.reshape(-1).astype(np.float64)
@@ -318,7 +360,7 @@ def test_merged_states_match_the_whole():
     """Steps and ranks merged by each producer's own algebra give the statistics of their
     concatenation: numpy's ``merge_states`` (Chan's moments, bottom-k sample), TensorFlow's
     training-step fold (each batch's ``batch_state`` merged by ``merge_pair``), PyTorch's folds
-    and ``merge_ranks``."""
+    and ``merge_ranks``, JAX's jitted folds."""
     x = CASES["relu_conv"].copy()
     x[1, 0, 0, 0] = np.nan
     x[5] += 100.0  # one batch far from the others: the spread between steps matters
@@ -345,6 +387,10 @@ def test_merged_states_match_the_whole():
     seg = ranks[0][1]
     merged = segments.merge_ranks(np.stack([r[0] for r in ranks]), seg)
     got = segments.finalize(merged, seg, VIEW, Q, activity_rates=True)
+    assert not mismatches(got, want, x, tol=1e-6)
+
+    segment, seg = jax_segment(parts)  # a step per part, one state
+    got = segments.finalize(segment, seg, VIEW, Q, activity_rates=True)
     assert not mismatches(got, want, x, tol=1e-6)
 
 
