@@ -198,6 +198,7 @@ class Introspector:
         self._params: Any = None
         self._carry: Carry | None = None
         self._reset = False
+        self._checked = False
         if self.plan.want("variable"):  # the first update ratio's reference: the weights now
             self.params_host.w_prev = [np.array(a) for a in jax.device_get(
                 self._chosen_params(params))]
@@ -288,6 +289,9 @@ class Introspector:
         carries."""
         if self._closed:
             return stats
+        if not self._checked and params is not None:  # a wrong tree says so at once
+            self._chosen_params(params)
+            self._checked = True
         if self._phase == STATS:
             self._stats_steps += 1
         self.governor.ran(self._phase == STATS, None)
