@@ -37,7 +37,7 @@ import numpy as np
 from tb_introspect import metadata, stats_np
 from tb_introspect.jax import fold as folds
 from tb_introspect.jax.trees import ROOT, call_order, layer_order, named_leaves
-from tb_introspect.pipeline.failures import METRICS, STATISTICS
+from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part, warn
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import MetricCells
 from tb_introspect.pipeline.options import OptionArgs, Options, check_log_dir, matches
@@ -202,7 +202,17 @@ class Introspector:
         if self.plan.want("variable"):  # the first update ratio's reference: the weights now
             self.params_host.w_prev = [np.array(a) for a in jax.device_get(
                 self._chosen_params(params))]
-        self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs))
+        sink = EventSink(self.log_dir, upload_secs=options.flush_secs)
+        if jax.process_count() > 1:
+            # A point reads arrays whole on the host, which one process cannot do for an
+            # array spread over several: said once, and only the metrics are written.
+            warn(f"this JAX program runs in {jax.process_count()} processes; the statistics"
+                 " are taken in one process only (any number of its devices): they are"
+                 " off, the metrics are written by process 0")
+            self.failures.off.add(Part(STATISTICS))
+            if jax.process_index() != 0:
+                sink = None
+        self.pipeline = Pipeline(self, sink)
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
         self._phase = self._next_phase()
@@ -326,11 +336,11 @@ class Introspector:
 
     def _with_phase(self, stats: Carry) -> Carry:
         self._phase = self._next_phase()
-        if self.pipeline.is_off(STATISTICS):
-            self._phase = OFF
         return {**stats, "phase": jnp.asarray(self._phase, jnp.int32)}
 
     def _next_phase(self) -> int:
+        if self.pipeline.is_off(STATISTICS):
+            return OFF
         if not self.plan.per_epoch:
             return STATS if is_sampled(self.step_count + 1, self.plan.every) else OFF
         return STATS if self.governor.choose() else LEAN

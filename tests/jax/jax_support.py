@@ -48,15 +48,20 @@ class Record:
 
 
 def train(log_dir: str, *, epochs: int = 2, steps: int = 20, lr: float = 1e-3,
-          keep: set[int] = frozenset(), guard: set[int] = frozenset(), **options: Any
-          ) -> Record:
+          keep: set[int] = frozenset(), guard: set[int] = frozenset(), mesh: Any = None,
+          **options: Any) -> Record:
     """Train and log; ``keep``: the steps whose arrays are recorded; ``guard``: the steps
-    whose ``Introspector.step`` runs where a device-to-host transfer raises."""
+    whose ``Introspector.step`` runs where a device-to-host transfer raises; ``mesh``: a
+    ``(Mesh, {parameter name: PartitionSpec})`` that shards the parameters (where their
+    shape divides) and the batches over its ``data`` axis."""
     x, y = digits()
     model = MLP()
     with tap_layers():
         variables = model.init(jax.random.key(0), x[:BATCH])
     params, perturbations = variables["params"], variables["perturbations"]
+    place = lambda a: a  # noqa: E731
+    if mesh is not None:
+        params, perturbations, place = _sharded(mesh, params, perturbations)
 
     def forward(params, x):
         with tap_layers():
@@ -90,7 +95,7 @@ def train(log_dir: str, *, epochs: int = 2, steps: int = 20, lr: float = 1e-3,
             for i in range(steps):
                 at = (i * BATCH) % (len(x) - BATCH)
                 params, opt_state, stats, loss, g, outs, og = step(
-                    params, opt_state, stats, x[at:at + BATCH], y[at:at + BATCH])
+                    params, opt_state, stats, place(x[at:at + BATCH]), place(y[at:at + BATCH]))
                 n += 1
                 if n in guard:
                     with jax.transfer_guard_device_to_host("disallow"):
@@ -103,3 +108,24 @@ def train(log_dir: str, *, epochs: int = 2, steps: int = 20, lr: float = 1e-3,
                         record.params[n] = jax.device_get((g, outs, og, params))
             stats = intro.end_epoch(stats, params)
     return record
+
+
+def _sharded(mesh: tuple, params: Any, perturbations: Any) -> tuple[Any, Any, Any]:
+    """The parameters placed by the rules (replicated where a shape does not divide), the
+    batch-shaped perturbations and a placement of batches, sharded over ``data``."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh, rules = mesh
+
+    def place_param(path: tuple, a: jax.Array) -> jax.Array:
+        spec = rules.get(path[-1].key, P())
+        fits = all(ax is None or a.shape[i] % mesh.shape[ax] == 0
+                   for i, ax in enumerate(spec))
+        return jax.device_put(a, NamedSharding(mesh, spec if fits else P()))
+
+    def by_batch(a: Any) -> jax.Array:
+        return jax.device_put(a, NamedSharding(mesh, P("data")))
+
+    return (jax.tree_util.tree_map_with_path(place_param, params),
+            jax.tree.map(by_batch, perturbations), by_batch)
