@@ -53,7 +53,7 @@ $(STAMP): Makefile setup.py pyproject.toml $(wildcard frontend/package.json fron
 	# and compileall on every core, 27 s this way (the same packages).
 	$(BIN)/pip install --no-compile 'torch==2.13.0' 'uv==0.13.8'
 	$(BIN)/uv pip install --python $(BIN)/python $(DEV_PINS) \
-	  -e '.[tf-cpu,demo,test,bench,s3,transformers,lightning]'
+	  -e '.[tf-cpu,demo,test,bench,s3,transformers,lightning,jax]'
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps 'tf-keras>=2.16,<2.22'
 	touch $(STAMP)
 

@@ -76,6 +76,8 @@ setup(
         "tf-cpu": ["tensorflow-cpu>=2.20,<2.22", "keras>=3.10,<3.16"],
         # The PyTorch writer side (tb_introspect.torch); the CPU build is enough for the tests.
         "torch": ["torch>=2.4,<2.14"],
+        # The JAX writer side (tb_introspect.jax): Flax's nnx.capture, optax in the examples.
+        "jax": ["jax>=0.10,<0.11", "flax>=0.12.8,<0.13", "optax>=0.2.8,<0.3"],
         "demo": ["scikit-learn>=1.3,<2", "tqdm>=4.66,<5"],
         # Writing to and reading from buckets: s3:// through boto3, other URLs through fsspec.
         "s3": ["boto3>=1.34,<2"],

@@ -19,6 +19,7 @@ OPTIONS_DOC = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
 def _front_ends() -> dict[str, object]:
     """Each front-end's constructor, by the name users import it under."""
     from tb_introspect import lightning
+    from tb_introspect.jax import Introspector as JaxIntrospector
     from tb_introspect.keras import Introspect, Introspector
     from tb_introspect.torch import Introspector as TorchIntrospector
     from tb_introspect.transformers import IntrospectCallback
@@ -28,6 +29,7 @@ def _front_ends() -> dict[str, object]:
         "tb_introspect.keras.Introspect": Introspect,
         "tb_introspect.keras.Introspector": Introspector,
         "tb_introspect.torch.Introspector": TorchIntrospector,
+        "tb_introspect.jax.Introspector": JaxIntrospector,
         "tb_introspect.transformers.IntrospectCallback": IntrospectCallback,
         "tb_introspect.lightning.IntrospectCallback": lightning.IntrospectCallback,
         "tb_introspect.writer.NumpyWriter": NumpyWriter,

@@ -64,6 +64,14 @@ def test_the_pipeline_is_framework_neutral_and_pytorch_does_not_import_keras() -
             or m.startswith("tb_introspect.keras")] == [], loaded
 
 
+def test_jax_imports_no_other_framework() -> None:
+    """The JAX front-end needs neither TensorFlow nor PyTorch nor the other front-ends."""
+    loaded = loaded_by("tb_introspect.jax")
+    assert "tb_introspect.pipeline.pipeline" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("tensorflow", "keras", "torch")
+            or m.startswith(("tb_introspect.keras", "tb_introspect.torch"))] == [], loaded
+
+
 def test_keras_on_pytorch_imports_no_tensorflow() -> None:
     """On Keras's PyTorch backend the callback drives the PyTorch engine: a user without
     TensorFlow installed can use it."""
