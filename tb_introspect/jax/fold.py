@@ -64,17 +64,35 @@ def _split(counts: jax.Array, dt: jnp.dtype) -> tuple[jax.Array, jax.Array]:
     return (counts - low).astype(dt), low.astype(dt)
 
 
+#: Below this many elements a float32 sum of 0/1 or -1/0/1 values is an exact integer: XLA's
+#: CPU reductions of floats are vectorized, several times faster than of booleans or ints.
+_EXACT_F32 = 2**24
+
+
+def _total(v: jax.Array, n: int) -> jax.Array:
+    """The sum of ``v`` (0/1 or -1/0/1 values of ``n`` elements) as an exact int32."""
+    if n < _EXACT_F32:
+        return jnp.sum(v.astype(jnp.float32)).astype(jnp.int32)
+    return jnp.sum(v.astype(jnp.int32))
+
+
 def _columns(active: jax.Array, seg: Segment) -> jax.Array:
     """The non-zero counts (int32) of every channel (the last axis), then of every position
-    (axes 1 to -2), from the 0/1 array ``active`` (batch first)."""
+    (axes 1 to -2), from the 0/1 float32 array ``active`` (batch first): the batch summed
+    first, by a vector-matrix product with ones (exact below 2**24 rows, and XLA's fastest
+    reduction on a CPU), the rest on the small column array."""
     rank = active.ndim
     if rank <= 1:
-        return jnp.sum(active, dtype=jnp.int32).reshape(1)
+        return _total(active, active.size).reshape(1)
+    batch = active.shape[0]
+    if batch < _EXACT_F32:
+        cols = (jnp.ones(batch, active.dtype) @ active.reshape(batch, -1)).astype(jnp.int32)
+    else:
+        cols = jnp.sum(active.astype(jnp.int32), axis=0)
     if rank == 2:
-        return jnp.sum(active, axis=0, dtype=jnp.int32)
-    channel = jnp.sum(active, axis=tuple(range(rank - 1)), dtype=jnp.int32)
-    position = jnp.sum(active, axis=(0, rank - 1), dtype=jnp.int32).reshape(-1)
-    return jnp.concatenate([channel, position])
+        return cols
+    cols = cols.reshape(-1, active.shape[-1])  # (positions, channels)
+    return jnp.concatenate([cols.sum(0), cols.sum(1)])
 
 
 def _floats(x: jax.Array) -> jax.Array:
@@ -87,60 +105,105 @@ def _static(n: int, dt: jnp.dtype) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray([float(n - n % _SPLIT)], dt), jnp.asarray([float(n % _SPLIT)], dt)
 
 
+def _active(xf: jax.Array) -> jax.Array:
+    """1.0 where ``xf`` holds a finite non-zero value, else 0.0 (float32)."""
+    return jnp.where(jnp.isfinite(xf), jnp.abs(jnp.sign(xf)), 0).astype(jnp.float32)
+
+
 def count(st: State, x: jax.Array, seg: Segment) -> State:
     """Add only ``x``'s activity counts (a lean step: ``act_count`` and the per-channel
     and per-position counts of finite non-zero values)."""
     xf = _floats(x)
     dt = st["hi"].dtype
-    cols_big, cols_small = _split(_columns(jnp.isfinite(xf) & (xf != 0), seg), dt)
+    cols_big, cols_small = _split(_columns(_active(xf), seg), dt)
     n_big, n_small = _static(x.size, dt)
     zeros = jnp.zeros(ADDITIVE_LEN - 1, dt)
     return _add(st, jnp.concatenate([zeros, n_big, cols_big]),
                 jnp.concatenate([zeros, n_small, cols_small]))
 
 
-def fold(st: State, x: jax.Array, seg: Segment, key: jax.Array) -> State:
-    """Add every part of ``x`` (a statistics step): counts by kind, sign counts, the sum,
-    the two-pass ``m2``, the count times the mean squared, the activity counts, the
-    extremes of the finite values and ``k`` draws into the bottom-``k`` sample (``key``:
-    a ``jax.random`` key, this tensor's own for this step)."""
-    xf = _floats(x)
-    flat = xf.reshape(-1)
+def _parts(flat: jax.Array, finite: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One step's counts (NaN, +Inf, -Inf, positive, negative; int32), sums (sum, two-pass
+    m2, count * mean**2) and extremes (min, -max) of the finite values of ``flat``.
+    ``finite``: valid only where every value is finite (no pass masks them)."""
     n = flat.size
-    if n == 0:
-        return st
-    dt = st["hi"].dtype
-    finite = jnp.isfinite(flat)
-    xz = jnp.where(finite, flat, 0)
-    ints = jnp.int32
-    kinds = jnp.stack([jnp.sum(jnp.isnan(flat), dtype=ints),
-                       jnp.sum(flat == jnp.inf, dtype=ints),
-                       jnp.sum(flat == -jnp.inf, dtype=ints),
-                       jnp.sum(xz > 0, dtype=ints), jnp.sum(xz < 0, dtype=ints)])
-    nfin = (n - kinds[0] - kinds[1] - kinds[2]).astype(xz.dtype)
+    if finite:
+        xz, infs, inf_bal, nan = flat, 0, 0, 0
+    else:
+        ok = jnp.isfinite(flat)
+        xz = jnp.where(ok, flat, 0)
+        # flat - xz: 0 where finite, NaN or +-Inf where not
+        kinds = flat - xz
+        inf = jnp.nan_to_num(kinds, nan=0.0, posinf=1.0, neginf=-1.0)
+        inf_bal, infs = _total(inf, n), _total(jnp.abs(inf), n)
+        nan = _total(jnp.isnan(kinds), n)
+    sign = jnp.sign(xz)
+    bal, nnz = _total(sign, n), _total(jnp.abs(sign), n)
+    ints = jnp.stack([jnp.asarray(v, jnp.int32) for v in (
+        nan, (infs + inf_bal) // 2, (infs - inf_bal) // 2, (nnz + bal) // 2, (nnz - bal) // 2)])
+    nfin = n - nan - infs
     total = jnp.sum(xz)
-    mean = total / jnp.maximum(nfin, 1)
-    dev = jnp.where(finite, xz - mean, 0)
-    sums = jnp.stack([total, jnp.sum(dev * dev), nfin * mean * mean]).astype(dt)
-    k_big, k_small = _split(kinds, dt)
-    c_big, c_small = _split(_columns((xz != 0).reshape(xf.shape), seg), dt)
-    n_big, n_small = _static(n, dt)  # count, and act_count: every element
-    st = _add(st, jnp.concatenate([n_big, k_big, sums, n_big, c_big]),
-              jnp.concatenate([n_small, k_small, jnp.zeros(3, dt), n_small, c_small]))
-    lo = jnp.min(jnp.where(finite, flat, jnp.inf))
-    hi = jnp.max(jnp.where(finite, flat, -jnp.inf))
-    ext = jnp.minimum(st["ext"], jnp.stack([lo, -hi]).astype(dt))
-    keys, vals = _draws(xz, seg.k, key, dt)
-    both_k = jnp.concatenate([st["keys"], keys])
-    both_v = jnp.concatenate([st["vals"], vals])
-    _, keep = jax.lax.top_k(-both_k, seg.k)
-    return {**st, "ext": ext, "keys": both_k[keep], "vals": both_v[keep]}
+    mean = total / jnp.maximum(nfin, 1).astype(xz.dtype)
+    dev = xz - mean if finite else jnp.where(ok, xz - mean, 0)
+    sums = jnp.stack([total, jnp.sum(dev * dev), jnp.asarray(nfin, xz.dtype) * mean * mean])
+    if finite:
+        lo, hi = jnp.min(flat), jnp.max(flat)
+    else:
+        lo = jnp.min(jnp.where(ok, flat, jnp.inf))
+        hi = jnp.max(jnp.where(ok, flat, -jnp.inf))
+    return ints, sums, jnp.stack([lo, -hi])
+
+
+def fold(st: State, x: jax.Array, seg: Segment, key: jax.Array) -> State:
+    """Add every part of ``x`` (a statistics step): ``fold_many`` of one array."""
+    return fold_many([st], [x], [seg], [key])[0]
+
+
+def fold_many(states: list[State], xs: list[jax.Array], segs: list[Segment],
+              keys: list[jax.Array]) -> list[State]:
+    """Add every part of each array of ``xs`` to its state (a statistics step): counts by
+    kind, sign counts, the sum, the two-pass ``m2``, the count times the mean squared, the
+    activity counts, the extremes of the finite values and ``k`` draws into the
+    bottom-``k`` sample (``keys``: ``jax.random`` keys, each array's own for this step).
+
+    The scalar parts are taken assuming every value is finite (a few passes XLA fuses
+    well), and again with the masking passes only where one of the sums says otherwise: one
+    ``lax.cond`` for all the arrays (a NaN or an Inf is rare; XLA's CPU code for many masked
+    reductions at once is several times slower, and each conditional costs milliseconds)."""
+    flats = [_floats(x).reshape(-1) for x in xs]
+    live = [i for i, f in enumerate(flats) if f.size]  # an empty one adds nothing
+    if not live:
+        return list(states)
+    dt = [st["hi"].dtype for st in states]
+    # What reads the arrays beside the scalar parts comes first, so that the conditional
+    # below is their last use (XLA copies a conditional's operands that live on).
+    cols = {i: _split(_columns(_active(_floats(xs[i])), segs[i]), dt[i]) for i in live}
+    draws = {i: _draws(flats[i], segs[i].k, keys[i], dt[i]) for i in live}
+    # the barrier keeps XLA from moving the fast parts into the branch (code motion)
+    fast = jax.lax.optimization_barrier([_parts(flats[i], True) for i in live])
+    finite = jnp.all(jnp.isfinite(jnp.stack([p[1][0] for p in fast])))
+    parts = dict(zip(live, jax.lax.cond(
+        finite, lambda fs: fast, lambda fs: [_parts(f, False) for f in fs],
+        [flats[i] for i in live]), strict=True))
+    out = list(states)
+    for i in live:
+        st, (ints, sums, ext), (c_big, c_small) = states[i], parts[i], cols[i]
+        k_big, k_small = _split(ints, dt[i])
+        n_big, n_small = _static(flats[i].size, dt[i])  # count, and act_count: every element
+        st = _add(st, jnp.concatenate([n_big, k_big, sums.astype(dt[i]), n_big, c_big]),
+                  jnp.concatenate([n_small, k_small, jnp.zeros(3, dt[i]), n_small, c_small]))
+        both_k = jnp.concatenate([st["keys"], draws[i][0]])
+        both_v = jnp.concatenate([st["vals"], draws[i][1]])
+        _, keep = jax.lax.top_k(-both_k, segs[i].k)
+        out[i] = {**st, "ext": jnp.minimum(st["ext"], ext.astype(dt[i])),
+                  "keys": both_k[keep], "vals": both_v[keep]}
+    return out
 
 
 def _draws(flat: jax.Array, k: int, key: jax.Array, dt: jnp.dtype
            ) -> tuple[jax.Array, jax.Array]:
     """``k`` sample entries of ``flat`` (non-finite values zeroed: placeholders the host
-    skips): every element with its own uniform key when ``flat`` has at most ``k``
+    skips, ``_flushed``): every element with its own uniform key when ``flat`` has at most ``k``
     (infinite keys pad the rest), else ``k`` uniform positions carrying the ``k`` smallest
     of ``n`` uniform keys (exponential spacings), as ``torch/state.py`` draws them."""
     n = flat.size
@@ -155,9 +218,11 @@ def _draws(flat: jax.Array, k: int, key: jax.Array, dt: jnp.dtype
 
 
 def _flushed(v: jax.Array) -> jax.Array:
-    """``v`` with subnormal values zeroed: XLA's CPU kernels treat them as zeros (the
-    counts above did), and a copied value keeps its bits."""
-    return jnp.where(jnp.abs(v) < jnp.finfo(v.dtype).tiny, jnp.zeros_like(v), v)
+    """``v`` with non-finite and subnormal values zeroed (placeholders the host skips):
+    XLA's CPU kernels treat subnormals as zeros (the counts above did), and a copied value
+    keeps its bits."""
+    keep = jnp.isfinite(v) & (jnp.abs(v) >= jnp.finfo(v.dtype).tiny)
+    return jnp.where(keep, v, jnp.zeros_like(v))
 
 
 def to_segment(st: dict[str, np.ndarray], seg: Segment) -> np.ndarray:

@@ -54,7 +54,32 @@ if TYPE_CHECKING:
 #: The carried phase: nothing, the lean part, everything (``Phase.OFF/LEAN/STATS``).
 OFF, LEAN, STATS = 0, 1, 2
 
-Carry = dict[str, Any]
+
+@jax.tree_util.register_pytree_node_class
+class Carry:
+    """What a train step carries: its arrays (the window's gradient sums and output states,
+    a step counter for the draws) and the step's phase. The phase is the pytree's static
+    part, not an array: ``jit`` compiles the step once per phase it runs in (two), and each
+    compiled step holds only its phase's work. A phase switched inside one program (a
+    ``lax.switch``) made every step compute what any branch uses: the output gradients
+    and the layer outputs as separate arrays, 11 % of the reference CNN's lean steps."""
+
+    def __init__(self, arrays: dict[str, Any], phase: int) -> None:
+        self.arrays = arrays
+        self.phase = phase
+
+    def tree_flatten(self) -> tuple[tuple[dict[str, Any]], int]:
+        return (self.arrays,), self.phase
+
+    @classmethod
+    def tree_unflatten(cls, phase: int, children: tuple) -> Carry:
+        return cls(children[0], phase)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.arrays[key]
+
+    def __repr__(self) -> str:
+        return f"Carry(phase={self.phase}, {sorted(self.arrays)})"
 
 
 @dataclass
@@ -221,35 +246,31 @@ class Introspector:
 
     def init(self) -> Carry:
         """The state a train step carries: fresh (empty window), phase of the next step."""
-        carry: Carry = {
-            "phase": jnp.asarray(self._phase, jnp.int32),
+        arrays: dict[str, Any] = {
             "steps": jnp.zeros((), jnp.int32),
             "grads": [jnp.zeros(s.shape, jnp.float32) for s in self.plan.variables]
             if self.plan.want("gradient") else [],
         }
         for view in self.plan.output_views:
-            carry[view] = [folds.empty(o.seg) for o in self._outputs]
-        return carry
+            arrays[view] = [folds.empty(o.seg) for o in self._outputs]
+        return Carry(arrays, self._phase)
 
     def fold(self, stats: Carry, *, grads: Any = None, outputs: Any = None,
              output_grads: Any = None) -> Carry:
         """Add one step's ``grads`` (the parameters' tree), layer ``outputs`` and their
         ``output_grads`` (the ``outputs`` tree of ``__init__``) to the carried ``stats``,
         as its phase says. Pure: call it inside the jitted step."""
-        phase = stats["phase"]
-        key = jax.random.fold_in(jax.random.key(self.options.seed), stats["steps"])
-        g = [] if grads is None else [jnp.asarray(leaf) for leaf in jax.tree.leaves(grads)]
-        outs = self._by_name(outputs, "outputs")
-        out_grads = self._by_name(output_grads, "output_grads")
-
-        def stats_fn(st: Carry) -> Carry:
-            return self._fold(st, g, outs, out_grads, key, full=True)
-
-        def lean_fn(st: Carry) -> Carry:
-            return self._fold(st, g, outs, None, key, full=False)
-
-        out = jax.lax.switch(phase, [lambda st: st, lean_fn, stats_fn], dict(stats))
-        return {**out, "steps": stats["steps"] + 1}
+        st = dict(stats.arrays)
+        steps = st["steps"]
+        if stats.phase != OFF:
+            g = [] if grads is None else [jnp.asarray(leaf) for leaf in jax.tree.leaves(grads)]
+            key = jax.random.fold_in(jax.random.key(self.options.seed), steps)
+            full = stats.phase == STATS
+            st = self._fold(st, g, self._by_name(outputs, "outputs"),
+                            self._by_name(output_grads, "output_grads") if full else None,
+                            key, full)
+        st["steps"] = steps + 1
+        return Carry(st, stats.phase)
 
     def _by_name(self, tree: Any, arg: str) -> dict[str, list[jax.Array]] | None:
         """A layer's arrays (one per call) by name: ``output_grads`` are matched to the
@@ -266,27 +287,34 @@ class Introspector:
                              f" {', '.join(map(repr, sorted(self._output_names)[:5]))})")
         return out
 
-    def _fold(self, st: Carry, grads: list, outs: dict | None, out_grads: dict | None,
-              key: jax.Array, full: bool) -> Carry:
-        st = dict(st)
+    def _fold(self, st: dict, grads: list, outs: dict | None, out_grads: dict | None,
+              key: jax.Array, full: bool) -> dict:
         if grads and st["grads"]:
             st["grads"] = [s + grads[i].astype(jnp.float32)
                            for s, i in zip(st["grads"], self._param_leaves, strict=True)]
-        for view, tree in (("output", outs), ("output_gradient", out_grads)):
-            if view not in st or tree is None:
-                continue
-            states = list(st[view])
+        views = {v: list(st[v]) for v, tree in (("output", outs), ("output_gradient", out_grads))
+                 if v in st and tree is not None}
+        trees = {"output": outs, "output_gradient": out_grads}
+        rounds: list[list] = []  # the c-th call of every layer in round c: one state each
+        for view, states in views.items():
             for o in self._outputs:
                 if not full and not (view == "output" and o.spec.exact):
                     continue
-                for call, x in enumerate(tree.get(o.spec.layer, ())):
-                    if full:
-                        k = jax.random.fold_in(key, o.index * 2 + (view != "output"))
-                        k = jax.random.fold_in(k, call)
-                        states[o.index] = folds.fold(states[o.index], x, o.seg, k)
-                    else:
+                for call, x in enumerate(trees[view].get(o.spec.layer, ())):
+                    if not full:
                         states[o.index] = folds.count(states[o.index], x, o.seg)
-            st[view] = states
+                        continue
+                    if call == len(rounds):
+                        rounds.append([])
+                    k = jax.random.fold_in(key, o.index * 2 + (view != "output"))
+                    rounds[call].append((states, o, x, jax.random.fold_in(k, call)))
+        for items in rounds:  # every tensor's statistics at once (``fold_many``)
+            new = folds.fold_many([states[o.index] for states, o, _, _ in items],
+                                  [x for _, _, x, _ in items], [o.seg for _, o, _, _ in items],
+                                  [k for _, _, _, k in items])
+            for (states, o, _, _), state in zip(items, new, strict=True):
+                states[o.index] = state
+        st.update(views)
         return st
 
     # ------------------------------------------------------------------ host side
@@ -336,7 +364,7 @@ class Introspector:
 
     def _with_phase(self, stats: Carry) -> Carry:
         self._phase = self._next_phase()
-        return {**stats, "phase": jnp.asarray(self._phase, jnp.int32)}
+        return Carry(stats.arrays, self._phase)
 
     def _next_phase(self) -> int:
         if self.pipeline.is_off(STATISTICS):
@@ -377,7 +405,8 @@ class Introspector:
         seed = self.options.seed + self.step_count
 
         def finish() -> Point:
-            host = jax.device_get({"carry": carry, "weights": weights})
+            host = jax.device_get({"carry": None if carry is None else carry.arrays,
+                                   "weights": weights})
             c, w = host["carry"], host["weights"]
             sums = None
             if c is not None and c["grads"]:
