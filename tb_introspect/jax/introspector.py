@@ -18,8 +18,9 @@ and every ``stats_every``-th one after it compute the outputs' statistics, the o
 only the gradient sum and the rectifier outputs' activity counts (an output named
 ``relu``, ``relu_0``, ``relu6``..., or one ``rectifiers=`` names: a JAX activation is a
 function, with no layer type to tell a ReLU by); with ``every=N``, the N-th
-steps, and nothing in between. The governor's time budget (``overhead``) is not used: a
-jitted step returns before it runs, so the host cannot time it without waiting for it.
+steps, and nothing in between. ``overhead`` spaces the statistics steps once, from the first
+steps timed by waiting for them (``pacing.py``): a jitted step returns before it runs, so
+the host cannot time every step as the other front-ends do.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 
 from tb_introspect import metadata, stats_np
 from tb_introspect.jax import fold as folds
+from tb_introspect.jax.pacing import Pacing
 from tb_introspect.jax.trees import ROOT, call_order, layer_order, named_leaves
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part, warn
 from tb_introspect.pipeline.governor import Governor
@@ -218,6 +220,7 @@ class Introspector:
         self.plan.outputs = [o.spec for o in self._outputs]
         self._output_names = {name for name, _ in out_named}
         self.governor = Governor(None, self.plan.stats_every)
+        self.pacing = Pacing(self.governor, options.overhead if self.plan.per_epoch else None)
         self.metric_cells = _Metrics()
         self.params_host = Params(self.plan, None, channels_first=False)
         self._params: Any = None
@@ -332,6 +335,7 @@ class Introspector:
             self._checked = True
         if self._phase == STATS:
             self._stats_steps += 1
+        self.pacing.timed(self._phase == STATS, lambda: jax.block_until_ready(stats.arrays))
         self.governor.ran(self._phase == STATS, None)
         values = dict(metrics)
         if loss is not None:
@@ -350,6 +354,7 @@ class Introspector:
         self.epoch += 1
         self.pipeline.begin_epoch(self.epoch)
         self.governor.begin_window()
+        self.pacing.skip()
         return self._with_phase(out)
 
     def _after(self, stats: Carry, params: Any, run: Callable[[], None]) -> Carry:
@@ -359,6 +364,8 @@ class Introspector:
         finally:
             self._carry = self._params = None
         out = self.init() if self._reset else stats
+        if self._reset:  # the point's work is no step's time
+            self.pacing.skip()
         self.pipeline.raise_stop()
         return self._with_phase(out)
 

@@ -99,11 +99,11 @@ def test_losses_and_no_transfer_between_points(sampled):
 
 
 def test_epoch_windows_and_exact_rectifier_activity(tmp_path):
-    """``every="epoch"``: one point per epoch; the first step and every ``stats_every``-th
-    after it are statistics steps; a ReLU's activity counts every row of every step, the
-    gradient sum every step."""
+    """``every="epoch"``, ``overhead=None``: one point per epoch; the first step and every
+    ``stats_every``-th after it are statistics steps; a ReLU's activity counts every row of
+    every step, the gradient sum every step."""
     steps = 20
-    record = train(str(tmp_path), epochs=2, steps=steps, stats_every=8,
+    record = train(str(tmp_path), epochs=2, steps=steps, stats_every=8, overhead=None,
                    keep=set(range(1, 2 * steps + 1)))
     (run,) = read_logdir(str(tmp_path)).values()
     out = series(run, "output")
@@ -189,3 +189,40 @@ def test_a_tree_it_was_not_made_with_is_a_clear_error(tmp_path):
             jax.jit(lambda st: intro.fold(st, outputs={"g": jnp.ones((8, 2))}))(stats)
         with pytest.raises(ValueError, match="params: 2 arrays"):
             intro.step(stats, {"w": jnp.ones((4, 2)), "b": jnp.ones(2)})
+
+
+def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
+    """The first steps of each kind compile and are not counted; then three lean steps of
+    1 s and a statistics step of 1.5 s: 0.5 s extra at a 5 % budget of 1 s is a statistics
+    step every 10 steps, and nothing is timed (waited for) after that."""
+    from tb_introspect.jax.pacing import Pacing
+    from tb_introspect.pipeline.governor import Governor
+
+    governor = Governor(None, 8)
+    now = [0.0]
+    pacing = Pacing(governor, 0.05, clock=lambda: (now[0], 2 * now[0]))
+    waits = []
+    for full, seconds in ((True, 30.0), (False, 20.0), (False, 1.0), (False, 1.0),
+                          (False, 1.0), (True, 1.5), (False, 1.0)):
+        now[0] += seconds
+        pacing.timed(full, lambda f=full: waits.append(f))
+    assert governor.spacing == 10
+    assert len(waits) == 6  # the last step ran without a wait
+    cheap = Governor(None, 8)
+    cpu = [0.0]
+    pacing = Pacing(cheap, 0.05, clock=lambda: (now[0], cpu[0]))
+    for full, seconds, cpu_seconds in ((True, 3.0, 3.0), (False, 2.0, 2.0), (False, 1.0, 2.0),
+                                       (False, 1.0, 2.0), (False, 1.0, 2.0), (True, 1.01, 2.2)):
+        now[0] += seconds
+        cpu[0] += cpu_seconds
+        pacing.timed(full, lambda: None)
+    assert cheap.spacing == 8  # never closer than stats_every (wall 1 %, CPU 10 %: 2 steps)
+    dear = Governor(None, 8)
+    now, cpu = [0.0], [0.0]
+    pacing = Pacing(dear, 0.05, clock=lambda: (now[0], cpu[0]))
+    for full, seconds, cpu_seconds in ((True, 3.0, 3.0), (False, 2.0, 2.0), (False, 1.0, 2.0),
+                                       (False, 1.0, 2.0), (False, 1.0, 2.0), (True, 1.1, 3.2)):
+        now[0] += seconds
+        cpu[0] += cpu_seconds
+        pacing.timed(full, lambda: None)
+    assert dear.spacing == 12  # CPU: 1.2 s more of 2 s is 60 %, at 5 % one step in 12
