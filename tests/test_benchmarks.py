@@ -74,6 +74,8 @@ TINY: dict[str, tuple[str, list[str], str]] = {
                                              "1", "--cold", "0", "--poll", "0.1"], "serving"),
     "keras_torch_overhead": ("keras_torch_overhead.py", ["--model", "tiny", "--steps", "2",
                                                          "--rounds", "1"], "serving"),
+    "jax_overhead": ("jax_overhead.py", ["--model", "tiny", "--steps", "2", "--rounds", "1"],
+                     "engine"),
 }
 #: Its unit is a fresh process training the quick demo (seconds at least): its tiny run, in
 #: ``test_demo_robustness``, judges made-up cells instead.
@@ -246,6 +248,14 @@ def test_keras_torch_overhead(outputs) -> None:
     (table,) = tables(run(outputs, "keras_torch_overhead"))
     assert labels(table) == ["`Introspect(every='epoch')`", "`Introspect(every=16)`"]
     assert min(column(table, "plain epoch s")) > 0
+
+
+def test_jax_overhead(outputs) -> None:
+    (table,) = tables(run(outputs, "jax_overhead"))
+    assert labels(table) == ["plain step", "Introspector(every='epoch')",
+                             "Introspector(every=16)", "flax histograms per epoch"]
+    assert min(column(table, "epoch wall")) > 0
+    assert column(table, "wall vs plain")[0] == column(table, "CPU vs plain")[0] == 1.0
 
 
 def test_first_fit(outputs) -> None:
