@@ -1,4 +1,4 @@
-"""Do the demo's stories hold on any x86 machine? Train the quick demo of both frameworks
+"""Do the demo's stories hold on any x86 machine? Train the quick demo of every framework
 for every seed, thread count and emulated kernel path, and judge every run.
 
     python benchmarks/demo_robustness.py                       # the whole matrix

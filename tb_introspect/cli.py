@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="statistics cadence: 'epoch' (aggregated per epoch, default) or N"
                       " (every N steps)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    demo.add_argument("--framework", choices=("keras", "torch"), default="keras",
-                      help="train with Keras (default) or PyTorch (needs torch installed)")
+    demo.add_argument("--framework", choices=("keras", "torch", "jax"), default="keras",
+                      help="train with Keras (default), PyTorch or JAX and Flax (each needs"
+                      " its framework installed)")
     demo.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
     demo.set_defaults(func=cmd_demo)
 

@@ -3,7 +3,8 @@
 A cell of the matrix is one ``tb-introspect demo --quick`` of one framework, in a fresh
 process whose environment picks the seed, the compute threads and the kernels the
 framework would choose on another x86 CPU (``ATEN_CPU_CAPABILITY`` for PyTorch,
-``TF_ENABLE_ONEDNN_OPTS`` and ``ONEDNN_MAX_CPU_ISA`` for TensorFlow). Each run of the cell
+``TF_ENABLE_ONEDNN_OPTS`` and ``ONEDNN_MAX_CPU_ISA`` for TensorFlow, ``XLA_FLAGS``'
+``--xla_cpu_max_isa`` for JAX). Each run of the cell
 is judged twice: its findings must tell its scenario's story (``Scenario.story_problems``)
 and its logged numbers must show the situation with a margin over what the findings need
 (``evidence.margin_problems``); no run may log a non-finite loss.
@@ -34,6 +35,11 @@ PATHS: dict[str, dict[str, dict[str, str]]] = {
         "onednn-off": {"TF_ENABLE_ONEDNN_OPTS": "0"},  # Eigen kernels
         "onednn-on": {"TF_ENABLE_ONEDNN_OPTS": "1"},
         "onednn-avx2": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    },
+    "jax": {
+        "xla-native": {},  # the machine's own vector ISA
+        "xla-avx2": {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2"},
+        "xla-sse4": {"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"},
     },
 }
 SEEDS = (0, 1, 2, 3, 4)
@@ -70,12 +76,16 @@ class Cell:
     def environment(self) -> dict[str, str]:
         """The process environment of this cell's demo."""
         env = {k: v for k, v in os.environ.items()
-               if k not in ("ATEN_CPU_CAPABILITY", "TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA")}
+               if k not in ("ATEN_CPU_CAPABILITY", "TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA",
+                            "XLA_FLAGS")}
         threads = str(self.threads)
         env.update(OMP_NUM_THREADS=threads, TF_NUM_INTRAOP_THREADS=threads,
                    TF_NUM_INTEROP_THREADS="1", OMP_WAIT_POLICY="PASSIVE",
                    TF_CPP_MIN_LOG_LEVEL="3")
         env.update(PATHS[self.framework][self.path])
+        if self.framework == "jax" and self.threads == 1:  # XLA's own thread pool
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                                " intra_op_parallelism_threads=1").strip()
         return env
 
 
@@ -98,7 +108,7 @@ class Outcome:
         return not self.error and not any(self.problems.values())
 
 
-def matrix(frameworks: Iterable[str] = ("torch", "keras"), seeds: Iterable[int] = SEEDS,
+def matrix(frameworks: Iterable[str] = tuple(PATHS), seeds: Iterable[int] = SEEDS,
            threads: Iterable[int] = THREADS) -> list[Cell]:
     """Every cell: framework x kernel path x seed x thread count."""
     seeds, threads = tuple(seeds), tuple(threads)

@@ -122,18 +122,21 @@ def run_demo(
         seed: random seed for weights and batch order.
         progress: draw progress bars on ``stream``.
         stream: where progress goes (default ``sys.stderr``).
-        framework: ``"keras"`` or ``"torch"`` (the same scenarios in PyTorch,
-            ``demo/torch_run.py``).
+        framework: ``"keras"``, ``"torch"`` or ``"jax"`` (the same scenarios in PyTorch,
+            ``demo/torch_run.py``, or in Flax, ``demo/jax_run.py``).
     """
-    if framework not in ("keras", "torch"):
-        raise ValueError(f"framework must be 'keras' or 'torch', got {framework!r}")
+    if framework not in ("keras", "torch", "jax"):
+        raise ValueError(f"framework must be 'keras', 'torch' or 'jax', got {framework!r}")
     chosen = [get_scenario(n) for n in scenarios] if scenarios else list(SCENARIOS)
     if epochs is not None and epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     stream = stream if stream is not None else sys.stderr
     paths = prepare_logdir(logdir, chosen)
-    if framework == "torch":
-        from tb_introspect.demo.torch_run import train_scenarios
+    if framework in ("torch", "jax"):
+        if framework == "torch":
+            from tb_introspect.demo.torch_run import train_scenarios
+        else:
+            from tb_introspect.demo.jax_run import train_scenarios
 
         return train_scenarios(chosen, paths, load_digits(seed=seed), epochs=epochs,
                                quick=quick, every=every, seed=seed, progress=progress,

@@ -1,0 +1,97 @@
+"""``tb-introspect demo --framework jax``: the four demo scenarios trained with JAX and Flax,
+read back like the Keras demo's runs: the same stories in the findings (``Scenario.story``)
+and in the numbers (``evidence.margin_problems``), ``tb-introspect diagnose`` and every view
+of the tab in headless Chromium. Other seeds, threads and kernel paths:
+``benchmarks/demo_robustness.py`` (a slice of it in ``tests/test_benchmarks.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tb_introspect import metadata
+from tb_introspect.demo.evidence import (
+    collect,
+    margin_problems,
+    scenario_of,
+    serious_kinds,
+    story_problems,
+)
+from tb_introspect.demo.models import SERIOUS
+from tb_introspect.read import read_logdir
+from tests.browser.browser_session import DEMO_RUNS, Probe
+
+CLI = str(Path(sys.executable).with_name("tb-introspect"))
+
+
+@pytest.fixture(scope="module")
+def jax_demo(tmp_path_factory) -> Path:
+    """The quick JAX demo, trained once through the real command line."""
+    logdir = tmp_path_factory.mktemp("jax_demo") / "logs"
+    r = subprocess.run([CLI, "demo", "--framework", "jax", "--quick", "--no-progress",
+                        "--logdir", str(logdir)], capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Trained 4 runs" in r.stdout
+    return logdir
+
+
+@pytest.mark.slow
+def test_every_run_has_the_four_views_and_tells_its_story(jax_demo):
+    runs = read_logdir(str(jax_demo))
+    assert sorted(runs) == list(DEMO_RUNS)
+    problems = {}
+    for name, run in runs.items():
+        assert set(run.tensors) == set(metadata.VIEWS), name
+        assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(run.metrics), name
+        assert run.activity, name
+        kinds = serious_kinds(run)
+        why = story_problems(name, kinds) + margin_problems(scenario_of(name), collect(run))
+        if why:
+            problems[name] = (why, kinds)
+    assert not problems, problems
+
+
+@pytest.mark.slow
+def test_diagnose_reads_jax_runs(jax_demo):
+    r = subprocess.run([CLI, "diagnose", str(jax_demo), "--json"], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    kinds = {run["run"]: {f["kind"] for f in run["findings"] if f["severity"] in SERIOUS}
+             for run in json.loads(r.stdout)["runs"]}
+    assert sorted(kinds) == list(DEMO_RUNS)
+    problems = {name: story_problems(name, k) for name, k in kinds.items()
+                if story_problems(name, k)}
+    assert not problems, (problems, kinds)
+
+
+@pytest.fixture(scope="module")
+def jax_tb(jax_demo):
+    from tests.browser.browser_support import tensorboard
+
+    with tensorboard(jax_demo, wait_runs=len(DEMO_RUNS), reload=False) as server:
+        yield server
+
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("run", DEMO_RUNS)
+def test_every_view_of_a_jax_run(browser, jax_tb, run):
+    listed = {r["run"]: r for r in jax_tb.get_json("runs")["runs"]}[run]
+    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
+    assert views == metadata.VIEWS, listed
+    p = Probe(browser, jax_tb, embedded=False)
+    try:
+        p.open(f"p.introspect.run={run}")
+        p.check("overview", run)
+        p.sweep_layers(run, views)
+        p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
+        p.check("activity", run)
+        p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
+        p.check("compare", run)
+    finally:
+        p.close()
