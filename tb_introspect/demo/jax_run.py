@@ -4,14 +4,13 @@ same digits, batches, epochs and models as the Keras demo, logged by
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Sequence
 from typing import TextIO
 
 import numpy as np
 
 from tb_introspect.demo.data import Digits
+from tb_introspect.demo.loops import Run
 from tb_introspect.demo.models import BATCH_SIZE, EPOCHS, RunResult, Scenario
 
 
@@ -43,15 +42,8 @@ def train_scenarios(
         intro = Introspector(path, params, outputs=outputs, every=every, seed=seed,
                              rectifiers=rectifiers or None)
         order = np.random.default_rng(seed)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=n_epochs * steps_per_epoch, unit="step", file=stream,
-                       desc=f"[{i}/{len(chosen)}] {os.path.basename(path)}",
-                       dynamic_ncols=True, mininterval=0.5, leave=True)
-        history: dict[str, list[float]] = {"loss": [], "val_loss": [], "val_accuracy": []}
-        start = time.perf_counter()
+        run = Run(scenario, path, n_epochs, steps_per_epoch, index=f"[{i}/{len(chosen)}]",
+                  progress=progress, stream=stream)
         with intro:
             stats = intro.init()
             for _epoch in range(n_epochs):
@@ -63,21 +55,11 @@ def train_scenarios(
                         intro, params, opt_state, stats, data.x_train[idx], data.y_train[idx])
                     stats = intro.step(stats, params, loss=loss, accuracy=accuracy)
                     losses.append(loss)
-                    if bar is not None:
-                        bar.update(1)
+                    run.stepped()
                 val_loss, val_acc = (float(v) for v in evaluate(params, data.x_val, data.y_val))
                 stats = intro.end_epoch(stats, params, val_loss=val_loss, val_accuracy=val_acc)
-                history["loss"].append(float(jnp.mean(jnp.stack(losses))))
-                history["val_loss"].append(val_loss)
-                history["val_accuracy"].append(val_acc)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{history['loss'][-1]:.3f}",
-                                    val_acc=f"{val_acc:.3f}", refresh=False)
-        if bar is not None:
-            bar.close()
-        results.append(RunResult(scenario=scenario, run_name=os.path.basename(path), path=path,
-                                 epochs=n_epochs, seconds=time.perf_counter() - start,
-                                 history=history))
+                run.epoch(float(jnp.mean(jnp.stack(losses))), val_loss, val_acc)
+        results.append(run.result())
     return results
 
 

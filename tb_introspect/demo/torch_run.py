@@ -5,14 +5,13 @@ same digits, batches, epochs and models as the Keras demo, logged by
 from __future__ import annotations
 
 import math
-import os
-import time
 from collections.abc import Sequence
 from typing import TextIO
 
 import numpy as np
 
 from tb_introspect.demo.data import Digits
+from tb_introspect.demo.loops import Run
 from tb_introspect.demo.models import BATCH_SIZE, EPOCHS, RunResult, Scenario
 
 
@@ -38,15 +37,8 @@ def train_scenarios(
         torch.manual_seed(seed)
         model, opt, sched, clip_norm = torch_models.build(scenario.name)
         order = torch.Generator().manual_seed(seed)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=n_epochs * steps_per_epoch, unit="step", file=stream,
-                       desc=f"[{i}/{len(chosen)}] {os.path.basename(path)}",
-                       dynamic_ncols=True, mininterval=0.5, leave=True)
-        history: dict[str, list[float]] = {"loss": [], "val_loss": [], "val_accuracy": []}
-        start = time.perf_counter()
+        run = Run(scenario, path, n_epochs, steps_per_epoch, index=f"[{i}/{len(chosen)}]",
+                  progress=progress, stream=stream)
         # F.cross_entropy below: a from-logits cross-entropy (the findings read it).
         with Introspector(path, model, opt, every=every, seed=seed,
                           criterion={"task": "classification", "from_logits": True}) as intro:
@@ -68,23 +60,13 @@ def train_scenarios(
                     accuracy = (logits.argmax(1) == y_train[idx]).float().mean()
                     intro.step(loss=loss, accuracy=accuracy)
                     losses.append(loss.detach())
-                    if bar is not None:
-                        bar.update(1)
+                    run.stepped()
                 model.eval()
                 with torch.no_grad():
                     val_logits = model(x_val)
                     val_loss = float(F.cross_entropy(val_logits, y_val))
                     val_acc = float((val_logits.argmax(1) == y_val).float().mean())
                 intro.end_epoch(val_loss=val_loss, val_accuracy=val_acc)
-                history["loss"].append(float(torch.stack(losses).mean()))
-                history["val_loss"].append(val_loss)
-                history["val_accuracy"].append(val_acc)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{history['loss'][-1]:.3f}",
-                                    val_acc=f"{val_acc:.3f}", refresh=False)
-        if bar is not None:
-            bar.close()
-        results.append(RunResult(scenario=scenario, run_name=os.path.basename(path), path=path,
-                                 epochs=n_epochs, seconds=time.perf_counter() - start,
-                                 history=history))
+                run.epoch(float(torch.stack(losses).mean()), val_loss, val_acc)
+        results.append(run.result())
     return results

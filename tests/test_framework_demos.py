@@ -1,8 +1,9 @@
-"""``tb-introspect demo --framework jax``: the four demo scenarios trained with JAX and Flax,
-read back like the Keras demo's runs: the same stories in the findings (``Scenario.story``)
-and in the numbers (``evidence.margin_problems``), ``tb-introspect diagnose`` and every view
-of the tab in headless Chromium. Other seeds, threads and kernel paths:
-``benchmarks/demo_robustness.py`` (a slice of it in ``tests/test_benchmarks.py``)."""
+"""``tb-introspect demo --framework torch`` and ``--framework jax``: the four demo scenarios
+trained with PyTorch and with JAX and Flax, read back like the Keras demo's runs: the same
+stories in the findings (``Scenario.story``) and in the numbers
+(``evidence.margin_problems``), ``tb-introspect diagnose`` and every view of the tab in
+headless Chromium. Other seeds, threads and kernel paths: ``benchmarks/demo_robustness.py``
+(a slice of it in ``tests/test_benchmarks.py``)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ from tests.browser.browser_session import DEMO_RUNS, Probe
 CLI = str(Path(sys.executable).with_name("tb-introspect"))
 
 
-@pytest.fixture(scope="module")
-def jax_demo(tmp_path_factory) -> Path:
-    """The quick JAX demo, trained once through the real command line."""
-    logdir = tmp_path_factory.mktemp("jax_demo") / "logs"
-    r = subprocess.run([CLI, "demo", "--framework", "jax", "--quick", "--no-progress",
+@pytest.fixture(scope="module", params=["torch", "jax"])
+def framework_demo(request, tmp_path_factory) -> Path:
+    """The quick demo of one framework, trained once through the real command line."""
+    logdir = tmp_path_factory.mktemp(f"{request.param}_demo") / "logs"
+    r = subprocess.run([CLI, "demo", "--framework", request.param, "--quick", "--no-progress",
                         "--logdir", str(logdir)], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Trained 4 runs" in r.stdout
@@ -41,8 +42,8 @@ def jax_demo(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_every_run_has_the_four_views_and_tells_its_story(jax_demo):
-    runs = read_logdir(str(jax_demo))
+def test_every_run_has_the_four_views_and_tells_its_story(framework_demo):
+    runs = read_logdir(str(framework_demo))
     assert sorted(runs) == list(DEMO_RUNS)
     problems = {}
     for name, run in runs.items():
@@ -57,8 +58,8 @@ def test_every_run_has_the_four_views_and_tells_its_story(jax_demo):
 
 
 @pytest.mark.slow
-def test_diagnose_reads_jax_runs(jax_demo):
-    r = subprocess.run([CLI, "diagnose", str(jax_demo), "--json"], capture_output=True,
+def test_diagnose_reads_the_runs(framework_demo):
+    r = subprocess.run([CLI, "diagnose", str(framework_demo), "--json"], capture_output=True,
                        text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert r.returncode in (0, 1), r.stderr[-2000:]
     kinds = {run["run"]: {f["kind"] for f in run["findings"] if f["severity"] in SERIOUS}
@@ -70,21 +71,21 @@ def test_diagnose_reads_jax_runs(jax_demo):
 
 
 @pytest.fixture(scope="module")
-def jax_tb(jax_demo):
+def framework_tb(framework_demo):
     from tests.browser.browser_support import tensorboard
 
-    with tensorboard(jax_demo, wait_runs=len(DEMO_RUNS), reload=False) as server:
+    with tensorboard(framework_demo, wait_runs=len(DEMO_RUNS), reload=False) as server:
         yield server
 
 
 
 @pytest.mark.browser
 @pytest.mark.parametrize("run", DEMO_RUNS)
-def test_every_view_of_a_jax_run(browser, jax_tb, run):
-    listed = {r["run"]: r for r in jax_tb.get_json("runs")["runs"]}[run]
+def test_every_view_of_a_run(browser, framework_tb, run):
+    listed = {r["run"]: r for r in framework_tb.get_json("runs")["runs"]}[run]
     views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
     assert views == metadata.VIEWS, listed
-    p = Probe(browser, jax_tb, embedded=False)
+    p = Probe(browser, framework_tb, embedded=False)
     try:
         p.open(f"p.introspect.run={run}")
         p.check("overview", run)
