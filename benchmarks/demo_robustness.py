@@ -26,7 +26,8 @@ from tb_introspect.demo.robustness import PATHS, SEEDS, THREADS, Cell, Outcome, 
 
 def _table(outcomes: list[Outcome], scenarios: list[str]) -> str:
     """Markdown: one row per framework and scenario, one column per kernel path."""
-    paths = [(f, p) for f in PATHS for p in PATHS[f]]
+    ran = {o.cell.framework for o in outcomes}
+    paths = [(f, p) for f in PATHS if f in ran for p in PATHS[f]]
     lines = ["| framework | scenario | " + " | ".join(p for _, p in paths) + " |",
              "|---|---|" + "---|" * len(paths)]
     for framework in PATHS:
