@@ -250,7 +250,8 @@ class Introspector:
     def init(self) -> Carry:
         """The state a train step carries: fresh (empty window), phase of the next step."""
         arrays: dict[str, Any] = {
-            "steps": jnp.zeros((), jnp.int32),
+            # the draws' key goes on counting across windows: each window its own draws
+            "steps": jnp.asarray(self.step_count % 2**31, jnp.int32),
             "grads": [jnp.zeros(s.shape, jnp.float32) for s in self.plan.variables]
             if self.plan.want("gradient") else [],
         }
