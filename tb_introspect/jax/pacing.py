@@ -4,7 +4,7 @@
 A jitted step returns before it has run, so the host cannot time each step as the other
 front-ends do without making it wait. Instead the first steps of a run are timed by
 waiting for each (``Pacing.timed``): after a statistics and a lean step have each compiled,
-a few lean steps and one statistics step; then the statistics steps are spaced so that
+a few lean steps and two statistics steps; then the statistics steps are spaced so that
 their extra time, wall or CPU (every thread of the process), is ``overhead`` of the plain
 step's, never closer than ``stats_every``
 (``Governor``'s rule, decided once), and nothing waits again.
@@ -19,8 +19,10 @@ from collections.abc import Callable
 
 from tb_introspect.pipeline.governor import Governor
 
-#: Lean steps timed (their median is the plain step).
+#: Lean steps timed (their median is the plain step), and statistics steps (their mean:
+#: one alone gave spacings of 9 and 19 on the same model in two runs).
 LEAN_SAMPLES = 3
+FULL_SAMPLES = 2
 
 
 class Pacing:
@@ -50,13 +52,13 @@ class Pacing:
         if last is None:
             return
         (self.full if full else self.lean).append((now[0] - last[0], now[1] - last[1]))
-        if len(self.lean) >= LEAN_SAMPLES and self.full:
+        if len(self.lean) >= LEAN_SAMPLES and len(self.full) >= FULL_SAMPLES:
             # wall and CPU time (XLA's threads): a statistics step's reductions may use
             # cores the plain step leaves idle, which costs the machine if not the step
             shares = []
             for i in (0, 1):
                 plain = statistics.median(t[i] for t in self.lean)
-                extra = max(min(t[i] for t in self.full) - plain, 0.0)
+                extra = max(statistics.fmean(t[i] for t in self.full) - plain, 0.0)
                 shares.append(extra / plain if plain > 0 else 0.0)
             spacing = math.ceil(max(shares) / self.overhead)
             self.governor.spacing = max(self.governor.spacing, spacing)
