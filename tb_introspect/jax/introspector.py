@@ -226,6 +226,7 @@ class Introspector:
         self._params: Any = None
         self._carry: Carry | None = None
         self._reset = False
+        self._last_window = 0
         self._checked = False
         if self.plan.want("variable"):  # the first update ratio's reference: the weights now
             self.params_host.w_prev = [np.array(a) for a in jax.device_get(
@@ -240,7 +241,9 @@ class Introspector:
             self.failures.off.add(Part(STATISTICS))
             if jax.process_index() != 0:
                 sink = None
-        self.pipeline = Pipeline(self, sink)
+        # The governor: each window's first step a statistics step (its ends are the
+        # pipeline's), the points' worker CPU recorded for the pacing.
+        self.pipeline = Pipeline(self, sink, governor=self.governor)
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
         self._phase = self._next_phase()
@@ -354,7 +357,6 @@ class Introspector:
         out = self._after(stats, params, lambda: self.pipeline.end_epoch(metrics))
         self.epoch += 1
         self.pipeline.begin_epoch(self.epoch)
-        self.governor.begin_window()
         self.pacing.skip()
         return self._with_phase(out)
 
@@ -367,6 +369,7 @@ class Introspector:
         out = self.init() if self._reset else stats
         if self._reset:  # the point's work is no step's time
             self.pacing.skip()
+            self.pacing.repace(self._last_window)
         self.pipeline.raise_stop()
         return self._with_phase(out)
 
@@ -409,6 +412,7 @@ class Introspector:
         if self.plan.want("variable") and self._params is not None:
             weights = [jnp.copy(a) for a in self._chosen_params(self._params)]
         self._reset = True
+        self._last_window = self._window
         self._window = self._stats_steps = 0
         seed = self.options.seed + self.step_count
 

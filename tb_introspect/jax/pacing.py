@@ -5,9 +5,10 @@ A jitted step returns before it has run, so the host cannot time each step as th
 front-ends do without making it wait. Instead the first steps of a run are timed by
 waiting for each (``Pacing.timed``): after a statistics and a lean step have each compiled,
 a few lean steps and two statistics steps; then the statistics steps are spaced so that
-their extra time, wall or CPU (every thread of the process), is ``overhead`` of the plain
-step's, never closer than ``stats_every``
-(``Governor``'s rule, decided once), and nothing waits again.
+their extra time, wall or CPU (every thread of the process), and the points' host work on
+the worker fit ``overhead`` of the plain step's, never closer than ``stats_every``; the
+spacing is decided again at each point, as the points' measured work comes in (``repace``),
+and nothing waits again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ class Pacing:
     def __init__(self, governor: Governor, overhead: float | None,
                  clock: Callable[[], tuple[float, float]] | None = None) -> None:
         self.governor = governor
+        self.stats_every = governor.spacing
         self.clock = clock or (lambda: (time.perf_counter(), time.process_time()))
+        #: A statistics step's extra time over the plain step's, as a share of it, and the
+        #: plain step's CPU seconds: measured once (None until then).
+        self.share: float | None = None
+        self.plain_cpu = 0.0
         self.overhead = overhead
         self.active = overhead is not None
         self.seen: set[bool] = set()  # phases that compiled
@@ -60,9 +66,22 @@ class Pacing:
                 plain = statistics.median(t[i] for t in self.lean)
                 extra = max(statistics.fmean(t[i] for t in self.full) - plain, 0.0)
                 shares.append(extra / plain if plain > 0 else 0.0)
-            spacing = math.ceil(max(shares) / self.overhead)
-            self.governor.spacing = max(self.governor.spacing, spacing)
+            self.share, self.plain_cpu = max(shares), statistics.median(t[1] for t in self.lean)
             self.active = False
+            self.repace(0)
+
+    def repace(self, window_steps: int) -> None:
+        """Space the statistics steps so that they and the points' host work (the CPU the
+        worker spent on each window's point and maps, ``Governor.worked``, over a window of
+        ``window_steps``) fit ``overhead``; at least a quarter of it is left to the
+        statistics steps."""
+        if self.share is None:
+            return
+        work = sum(statistics.median(d) for kind, d in self.governor.work_seconds.items()
+                   if d and kind in ("point", "activity"))
+        point = work / (window_steps * self.plain_cpu) if window_steps and self.plain_cpu else 0.0
+        left = max(self.overhead - point, self.overhead / 4)
+        self.governor.spacing = max(self.stats_every, math.ceil(self.share / left))
 
     def skip(self) -> None:
         """Something other than a step ran since the last one (a point, an epoch's end):

@@ -208,6 +208,11 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
         pacing.timed(full, lambda f=full: waits.append(f))
     assert governor.spacing == 10
     assert len(waits) == 7  # the last step ran without a wait
+    # Each point's host work comes off the same budget: 2 s of the worker's CPU over a
+    # 40-step window of 2 CPU-s steps is 2.5 %, half the budget: a statistics step every 20.
+    governor.worked("point", 2.0)
+    pacing.repace(40)
+    assert governor.spacing == 20
     cheap = Governor(None, 8)
     cpu = [0.0]
     pacing = Pacing(cheap, 0.05, clock=lambda: (now[0], cpu[0]))
