@@ -233,3 +233,14 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
         cpu[0] += cpu_seconds
         pacing.timed(full, lambda: None)
     assert dear.spacing == 12  # CPU: 1.2 s more of 2 s is 60 %, at 5 % one step in 12
+
+
+def test_every_window_starts_with_a_statistics_step(tmp_path):
+    """``window=5``: a point every 5 steps, each window's first step a statistics step (the
+    pipeline's window ends start the next), none other at ``stats_every=8``."""
+    train(str(tmp_path), epochs=1, steps=20, window=5, stats_every=8, overhead=None)
+    (run,) = read_logdir(str(tmp_path)).values()
+    relu = series(run, "output")["relu_0"]
+    assert relu.steps.tolist() == [5, 10, 15, 20]
+    assert relu.field("stats_steps").tolist() == [1, 1, 1, 1]
+    assert relu.field("activity_steps").tolist() == [5, 5, 5, 5]
