@@ -186,10 +186,9 @@ class Introspector:
             lambda name: matches(options.layers, name))
         self._param_tree = jax.tree_util.tree_structure(params)
         named = named_leaves(params)
-        self._param_leaves = [i for i, (name, _) in enumerate(named)
-                              if chosen(name.rpartition("/")[0] or ROOT)]
+        layer_of = [self._param_layer(name) for name, _ in named]
+        self._param_leaves = [i for i, layer in enumerate(layer_of) if chosen(layer)]
         out_named = named_leaves(outputs, calls=True) if outputs is not None else []
-        layer_of = [name.rpartition("/")[0] or ROOT for name, _ in named]
         layers = layer_order(call_order(outputs) if outputs is not None else [], layer_of)
         depth = {layer: i for i, layer in enumerate(layers)}
         self.plan.variables = [
@@ -209,7 +208,7 @@ class Introspector:
                     spec = Monitored(
                         "output", sanitize(name), name, depth[name],
                         segments.channels_last_shape(shape, False), str(leaf.dtype),
-                        exact=is_rectifier(name) or matches(options.rectifiers, name))
+                        exact=self._exact(name) or matches(options.rectifiers, name))
                     out = by_name[name] = _Output(spec, seg)
                 elif (seg.channels, seg.positions) != (out.seg.channels, out.seg.positions):
                     raise ValueError(f"layer output {name!r}: calls of shapes"
@@ -247,6 +246,16 @@ class Introspector:
         self.pipeline.start(self.step_count)
         self.pipeline.begin_epoch(self.epoch)
         self._phase = self._next_phase()
+
+    # A front-end built on this one (Keras's JAX backend) knows its layers better than
+    # their names say: it overrides these two.
+    def _param_layer(self, name: str) -> str:
+        """The layer a parameter named ``name`` belongs to: its name's prefix."""
+        return name.rpartition("/")[0] or ROOT
+
+    def _exact(self, name: str) -> bool:
+        """Whether the layer output ``name`` makes exact zeros (a rectifier's)."""
+        return is_rectifier(name)
 
     # ------------------------------------------------------------------ device side
 

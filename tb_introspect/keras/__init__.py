@@ -1,8 +1,8 @@
 """Keras integration: ``Introspect``, a callback for an unmodified ``model.fit``, and
 ``Introspector``, the same for a custom TensorFlow training loop (TensorFlow backend).
 
-The callback logs on Keras's TensorFlow and PyTorch backends; on another backend it warns
-once and logs nothing, and the training goes on.
+The callback logs on Keras's TensorFlow, PyTorch and JAX backends; on another backend it
+warns once and logs nothing, and the training goes on.
 
 Example:
     >>> from tb_introspect.keras import Introspect
@@ -19,6 +19,10 @@ if keras.config.backend() == "tensorflow":
     __all__ = ["Introspect", "Introspector"]
 elif keras.config.backend() == "torch":  # TensorFlow need not even be installed
     from tb_introspect.keras.torch_backend import Introspect
+
+    __all__ = ["Introspect"]
+elif keras.config.backend() == "jax":
+    from tb_introspect.keras.jax_backend import Introspect
 
     __all__ = ["Introspect"]
 else:

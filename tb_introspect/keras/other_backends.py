@@ -1,10 +1,10 @@
-"""``Introspect`` where Keras runs on neither TensorFlow nor PyTorch: it says once why it
-logs nothing, and the user's ``fit`` goes on.
+"""``Introspect`` where Keras runs on neither TensorFlow, PyTorch nor JAX (NumPy): it says
+once why it logs nothing, and the user's ``fit`` goes on.
 
 Keras 3 picks its backend once per process (``KERAS_BACKEND``). The callback logs through
-TensorFlow's instrumented train step or the PyTorch engine's hooks; on JAX or NumPy it keeps
-the user's options checked, as elsewhere, and stays out of the way instead of failing
-inside ``fit``.
+TensorFlow's instrumented train step, the PyTorch engine's hooks or the JAX engine's fold;
+on NumPy it keeps the user's options checked, as elsewhere, and stays out of the way
+instead of failing inside ``fit``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,6 @@ class Introspect(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self._warned:
             self._warned = True
-            warn(f"Introspect logs on Keras's TensorFlow and PyTorch backends; this process"
+            warn(f"Introspect logs on Keras's TensorFlow, PyTorch and JAX backends; this process"
                  f" runs Keras on {keras.config.backend()!r} (KERAS_BACKEND), so this fit() is"
                  " trained without statistics.")

@@ -1,0 +1,145 @@
+"""Keras 3 on its JAX backend: ``Introspect`` in an unmodified ``fit`` logs the four views
+through the JAX engine, and they are the TensorFlow backend's numbers on the same weights
+and batches.
+
+Keras picks its backend once per process, so each training runs in a child process (once
+per module for each backend), from weights and data made by numpy; the tests compare the
+two runs' event files slot by slot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.keras import collect_testlib as lib
+
+BATCH, STEPS = 32, 4
+
+TRAIN = textwrap.dedent(f"""
+    import json, sys, warnings
+    import keras, numpy as np
+    from tb_introspect.keras import Introspect
+
+    out = sys.argv[1]
+
+    def model():
+        m = keras.Sequential([
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, activation="relu", name="conv"),
+            keras.layers.Flatten(name="flat"),
+            keras.layers.Dense(16, activation="relu", name="hidden"),
+            keras.layers.Dense(3, name="head"),
+        ])
+        rng = np.random.default_rng(1)
+        m.set_weights([rng.normal(0, 0.3, w.shape).astype("float32") for w in m.get_weights()])
+        m.compile(keras.optimizers.SGD(0.05, momentum=0.9),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+        return m
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=({BATCH * STEPS}, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 3, {BATCH * STEPS})
+    fit = dict(batch_size={BATCH}, verbose=0, shuffle=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        every2 = model()
+        cb = Introspect(out + "/every2", every=2)
+        every2.fit(x, y, epochs=2, validation_data=(x[:64], y[:64]), callbacks=[cb], **fit)
+        every2.fit(x, y, epochs=1, callbacks=[cb], **fit)
+        # the default cadence, its statistics steps fixed (no pacing): the lean steps too
+        per_epoch = model()
+        per_epoch.fit(x, y, epochs=2, callbacks=[Introspect(out + "/epoch", overhead=None,
+                                                            stats_every=2)], **fit)
+        plain = model()
+        plain.fit(x, y, epochs=2, **fit)
+        per_epoch.fit(x, y, epochs=1, **fit)  # after its callback's fit: Keras's own step
+        plain.fit(x, y, epochs=1, **fit)
+    json.dump({{
+        "paths": [v.path for v in every2.trainable_variables],
+        "variables": [len(every2.variables), len(plain.variables)],
+        "same_as_plain": all(np.array_equal(a, b) for a, b in
+                             zip(per_epoch.get_weights(), plain.get_weights())),
+        "warnings": [str(w.message) for w in seen
+                     if str(w.message).startswith("tb_introspect")]}},
+        open(out + "/facts.json", "w"))
+""")
+
+
+def on_backend(backend: str, code: str, out: Path) -> subprocess.CompletedProcess:
+    """``code`` run in a child process whose Keras is on ``backend``, with ``out`` as its
+    argument; it must exit 0."""
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "KERAS_BACKEND": backend})
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    out = {b: tmp_path_factory.mktemp(f"keras_{b}") for b in ("jax", "tensorflow")}
+    for backend, path in out.items():
+        on_backend(backend, TRAIN, path)
+    return out
+
+
+def test_fit_on_jax_logs_the_four_views_named_as_on_tensorflow(runs) -> None:
+    facts = json.loads((runs["jax"] / "facts.json").read_text())
+    assert facts["warnings"] == []
+    run = lib.read_run(str(runs["jax"] / "every2"))
+    assert lib.tags_of(run, "variable") == lib.tags_of(run, "gradient") == sorted(facts["paths"])
+    layers = ["conv", "flat", "hidden", "head"]
+    assert lib.tags_of(run, "output") == lib.tags_of(run, "output_gradient") == sorted(layers)
+    depths = [run[f"introspect/output/{n}"].data.depth for n in layers]
+    assert depths == sorted(depths) and len(set(depths)) == len(layers)
+    # every=2 over two fits (8 steps, then 4 more, the step count carried on)
+    for view in ("variable", "gradient", "output", "output_gradient"):
+        for name in lib.tags_of(run, view):
+            assert run[f"introspect/{view}/{name}"].steps == [2, 4, 6, 8, 10, 12], (view, name)
+    assert run["introspect/metric/loss"].steps == list(range(1, 13))
+    assert run["introspect/metric/val_loss"].steps == [4, 8]
+
+
+def test_the_model_and_its_training_are_left_as_they_were(runs) -> None:
+    """No variable added; after the callback's fit, ``fit`` runs Keras's own train step: the
+    instrumented model then trains exactly as one that never had the callback."""
+    facts = json.loads((runs["jax"] / "facts.json").read_text())
+    assert facts["variables"][0] == facts["variables"][1]
+    assert facts["same_as_plain"]
+
+
+#: Slots that are functions of the tensor alone (not of a sample's draws).
+EXACT = ("count", "finite_count", "nan_count", "zero_fraction", "sign_balance", "mean", "std",
+         "rms", "l2", "min", "max", "activation_rate", "dead_rate", "spatial_dead_rate")
+
+
+@pytest.mark.parametrize("run_dir", ["every2", "epoch"])
+def test_the_numbers_are_the_tensorflow_backends(runs, run_dir) -> None:
+    """The same weights and batches on both backends: every tag at every point holds the
+    same exact statistics, and every step the same loss."""
+    jax_run = lib.read_run(str(runs["jax"] / run_dir))
+    tf_run = lib.read_run(str(runs["tensorflow"] / run_dir))
+    tags = sorted(t for t in tf_run if t.split("/")[1] in (
+        "variable", "gradient", "output", "output_gradient"))
+    assert tags and sorted(t for t in jax_run if t in tags) == tags
+    for tag in tags:
+        ours, theirs = jax_run[tag], tf_run[tag]
+        assert ours.steps == theirs.steps, tag
+        for step in theirs.steps:
+            got, want = ours.at(step), theirs.at(step)
+            for key in EXACT:
+                np.testing.assert_allclose(got[key], want[key], rtol=2e-4, atol=1e-6,
+                                           err_msg=f"{tag} at {step}: {key}")
+    if run_dir == "epoch":  # a rectifier's activity counts every step, lean ones included
+        hidden = jax_run["introspect/output/hidden"].at(STEPS)
+        assert hidden["activity_steps"] == hidden["steps"] == STEPS > hidden["stats_steps"]
+    np.testing.assert_allclose(jax_run["introspect/metric/loss"].field("value"),
+                               tf_run["introspect/metric/loss"].field("value"), rtol=1e-5)
