@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = """
 import sys
 import {module}
@@ -72,12 +74,15 @@ def test_jax_imports_no_other_framework() -> None:
             or m.startswith(("tb_introspect.keras", "tb_introspect.torch"))] == [], loaded
 
 
-def test_keras_on_pytorch_imports_no_tensorflow() -> None:
-    """On Keras's PyTorch backend the callback drives the PyTorch engine: a user without
-    TensorFlow installed can use it."""
-    loaded = loaded_by("tb_introspect.keras", KERAS_BACKEND="torch")
-    assert "tb_introspect.keras.torch_backend" in loaded and "tb_introspect.torch" in loaded
-    assert [m for m in loaded if m.split(".")[0] == "tensorflow"
+@pytest.mark.parametrize("backend,engine,other", [("torch", "torch", "jax"),
+                                                  ("jax", "jax", "torch")])
+def test_keras_on_pytorch_or_jax_imports_no_tensorflow(backend, engine, other) -> None:
+    """On Keras's PyTorch or JAX backend the callback drives that framework's engine: a user
+    without TensorFlow installed can use it."""
+    loaded = loaded_by("tb_introspect.keras", KERAS_BACKEND=backend)
+    assert f"tb_introspect.keras.{backend}_backend" in loaded
+    assert f"tb_introspect.{engine}" in loaded
+    assert [m for m in loaded if m.split(".")[0] in ("tensorflow", other)
             or m in ("tb_introspect.keras.callback", "tb_introspect.stats")] == [], loaded
 
 

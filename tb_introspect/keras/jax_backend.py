@@ -143,6 +143,14 @@ class Introspect(keras.callbacks.Callback):
             # callback's ``self.model`` first syncs Keras's state to the variables, which
             # mid-step would hand the variables arrays the step has already consumed.
             model = self._fit_model = self.model
+            own = [f for f in ("train_step", "compute_loss_and_updates")
+                   if getattr(type(model), f) is not getattr(keras.Model, f)]
+            if own:
+                warn(f"this model has its own {own[0]}(): on the JAX backend Introspect runs"
+                     " Keras's train step to see inside it, so it stays off and this fit()"
+                     " is trained by the model's own step, without statistics")
+                self._stopped = True
+                return
             if model.steps_per_execution > 1:
                 warn("steps_per_execution > 1 on the JAX backend: every step is logged, but"
                      " each execution's steps run one by one")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -75,3 +78,12 @@ def assert_stats_match(got: dict[str, float], x: np.ndarray, rtol: float = 1e-4,
     assert got["count"] == want["count"], (got["count"], want["count"])
     for key in ("min", "max", "mean", "l2"):
         np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=atol, err_msg=key)
+
+
+def on_backend(backend: str, code: str, out: Path) -> subprocess.CompletedProcess:
+    """``code`` run in a child process whose Keras is on ``backend`` (Keras picks its backend
+    once per process), with ``out`` as its argument; it must exit 0."""
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "KERAS_BACKEND": backend})
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r

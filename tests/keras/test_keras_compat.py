@@ -262,7 +262,7 @@ def test_model_kinds(tmp_path, kind):
 
 
 def test_another_keras_backend_trains_with_one_warning_and_checks_the_options(tmp_path):
-    """On a backend it cannot log on (JAX, NumPy), the callback says so once and every fit
+    """On a backend it cannot log on (NumPy), the callback says so once and every fit
     trains; a bad option is still an error at construction. Its hooks are the backend's
     Keras callback hooks, run here by TensorFlow's fit."""
     import warnings

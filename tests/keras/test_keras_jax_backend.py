@@ -10,9 +10,6 @@ two runs' event files slot by slot.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -74,20 +71,11 @@ TRAIN = textwrap.dedent(f"""
 """)
 
 
-def on_backend(backend: str, code: str, out: Path) -> subprocess.CompletedProcess:
-    """``code`` run in a child process whose Keras is on ``backend``, with ``out`` as its
-    argument; it must exit 0."""
-    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "KERAS_BACKEND": backend})
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     out = {b: tmp_path_factory.mktemp(f"keras_{b}") for b in ("jax", "tensorflow")}
     for backend, path in out.items():
-        on_backend(backend, TRAIN, path)
+        lib.on_backend(backend, TRAIN, path)
     return out
 
 
@@ -143,3 +131,34 @@ def test_the_numbers_are_the_tensorflow_backends(runs, run_dir) -> None:
         assert hidden["activity_steps"] == hidden["steps"] == STEPS > hidden["stats_steps"]
     np.testing.assert_allclose(jax_run["introspect/metric/loss"].field("value"),
                                tf_run["introspect/metric/loss"].field("value"), rtol=1e-5)
+
+
+OWN_STEP = textwrap.dedent("""
+    import sys, warnings
+    import keras, numpy as np
+    from tb_introspect.keras import Introspect
+
+    class Custom(keras.Model):
+        def train_step(self, state, data):  # a train step of the user's own
+            return super().train_step(state, data)
+
+    inputs = keras.Input((4,))
+    model = Custom(inputs, keras.layers.Dense(2)(inputs))
+    model.compile("sgd", "mse")
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 2), "float32")
+    cb = Introspect(sys.argv[1], every=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = model.fit(x, y, epochs=2, verbose=0, callbacks=[cb])
+        second = model.fit(x, y, epochs=1, verbose=0, callbacks=[cb])
+    ours = [str(w.message) for w in seen if str(w.message).startswith("tb_introspect")]
+    assert (len(first.history["loss"]), len(second.history["loss"])) == (2, 1)
+    assert len(ours) == 1 and "train_step" in ours[0], ours
+""")
+
+
+def test_a_train_step_of_the_users_own_is_run_and_said_once(tmp_path) -> None:
+    """The callback runs Keras's step instrumented; a model with its own ``train_step`` is
+    trained by it, with one warning and nothing written."""
+    lib.on_backend("jax", OWN_STEP, tmp_path / "run")
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())

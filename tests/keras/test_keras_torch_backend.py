@@ -10,9 +10,6 @@ the tests compare the event files against it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -73,19 +70,10 @@ TRAIN = textwrap.dedent(f"""
 """)
 
 
-def on_torch(code: str, out: Path) -> subprocess.CompletedProcess:
-    """``code`` run in a child process whose Keras is on PyTorch, with ``out`` as its argument;
-    it must exit 0."""
-    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "KERAS_BACKEND": "torch"})
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("keras_torch")
-    on_torch(TRAIN, out)
+    lib.on_backend("torch", TRAIN, out)
     return out
 
 
@@ -172,7 +160,7 @@ PROBED = textwrap.dedent("""
 
 
 def test_the_transformer_probes_read_keras_attention_and_head(tmp_path) -> None:
-    on_torch(PROBED, tmp_path)
+    lib.on_backend("torch", PROBED, tmp_path)
     truth = np.array(json.loads((tmp_path / "truth.json").read_text()))
     series = lib.read_run(str(tmp_path / "run"))["introspect/probes"]
     rows, cols = list(series.data.rows), {f: i for i, f in enumerate(series.data.fields)}
@@ -200,10 +188,11 @@ DIVERGES = textwrap.dedent("""
 """)
 
 
-def test_on_finding_stop_ends_fit_its_own_way(tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_on_finding_stop_ends_fit_its_own_way(tmp_path, backend) -> None:
     """``on_finding="stop"``: a critical finding ends ``fit`` through ``stop_training``, not an
-    exception out of it; the point that showed it is written."""
-    r = on_torch(DIVERGES, tmp_path)
+    exception out of it; the point that showed it is written (on the JAX backend too)."""
+    r = lib.on_backend(backend, DIVERGES, tmp_path)
     epochs, steps = map(int, r.stdout.split()[-2:])
     assert epochs < 20 and steps < 80, r.stdout
     assert "stopping training" in r.stderr, r.stderr[-3000:]
