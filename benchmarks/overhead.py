@@ -48,7 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-if TYPE_CHECKING:  # imported where used: keras_torch_overhead.py's models need no TensorFlow
+if TYPE_CHECKING:  # imported where used: keras_backend_overhead.py's models need no TensorFlow
     import tensorflow as tf
 
 from tb_introspect.keras import Introspect  # noqa: E402

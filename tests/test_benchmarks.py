@@ -35,8 +35,9 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: start (the load test, which waits for its TensorBoard, evens the first out). Three keep
 #: the two cores busy: with two, the trainings ran one after another.
 GROUPS = ("engine", "training", "serving")
-#: id -> (script, smallest arguments, interpreter: one of GROUPS), run in this order; the
-#: last starts Keras on PyTorch in its interpreter, where nothing imported Keras before it.
+#: id -> (script, smallest arguments, interpreter: one of GROUPS), run in this order; Keras on
+#: PyTorch starts Keras in its interpreter, where nothing imported Keras before it (Keras on
+#: JAX then runs in a child process).
 TINY: dict[str, tuple[str, list[str], str]] = {
     "stats_bench": ("stats_bench.py", ["--sizes", "2048", "--kinds", "relu", "--repeats", "1"],
                     "engine"),
@@ -72,8 +73,11 @@ TINY: dict[str, tuple[str, list[str], str]] = {
                                    "--requests", "2", "--poll", "0.1"], "engine"),
     "frontend_bench": ("frontend_bench.py", ["--tensors", "2", "--steps", "10", "--repeats",
                                              "1", "--cold", "0", "--poll", "0.1"], "serving"),
-    "keras_torch_overhead": ("keras_torch_overhead.py", ["--model", "tiny", "--steps", "2",
-                                                         "--rounds", "1"], "serving"),
+    "keras_torch_overhead": ("keras_backend_overhead.py", ["--model", "tiny", "--steps", "2",
+                                                           "--rounds", "1"], "serving"),
+    "keras_jax_overhead": ("keras_backend_overhead.py", ["--backend", "jax", "--model", "tiny",
+                                                         "--steps", "2", "--rounds", "1"],
+                           "serving"),
     "jax_overhead": ("jax_overhead.py", ["--model", "tiny", "--steps", "2", "--rounds", "1"],
                      "engine"),
 }
@@ -244,8 +248,9 @@ def test_overhead_step_functions(outputs) -> None:
     assert len(ops) == 4 and all(re.fullmatch(r"\d+ / \d+", r[4]) for r in ops[1:])
 
 
-def test_keras_torch_overhead(outputs) -> None:
-    (table,) = tables(run(outputs, "keras_torch_overhead"))
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_keras_backend_overhead(outputs, backend) -> None:
+    (table,) = tables(run(outputs, f"keras_{backend}_overhead"))
     assert labels(table) == ["`Introspect(every='epoch')`", "`Introspect(every=16)`"]
     assert min(column(table, "plain epoch s")) > 0
 

@@ -1,4 +1,4 @@
-"""Training overhead of ``Introspect`` on Keras's PyTorch backend (``KERAS_BACKEND=torch``).
+"""Training overhead of ``Introspect`` on Keras's PyTorch or JAX backend (``KERAS_BACKEND``).
 
 The reference CNN of ``overhead.py`` (``--models cnn``; ``tiny`` for a smoke run), identical
 copies side by side in one process: plain ``fit`` and ``fit`` with ``Introspect`` at each
@@ -8,8 +8,9 @@ rounds of the per-round ratio to plain ``fit``, wall and CPU. Keras picks its ba
 per process: where this process has started Keras on another backend, the script runs
 itself in a child process.
 
-    python benchmarks/keras_torch_overhead.py                 # the table of docs/benchmarks.md
-    python benchmarks/keras_torch_overhead.py --model tiny --steps 2 --rounds 1  # smoke run
+    python benchmarks/keras_backend_overhead.py --backend torch  # the tables of
+    python benchmarks/keras_backend_overhead.py --backend jax    # docs/benchmarks.md
+    python benchmarks/keras_backend_overhead.py --model tiny --steps 2 --rounds 1  # smoke run
 """
 
 from __future__ import annotations
@@ -27,21 +28,22 @@ CONFIGS = ("plain fit", "Introspect(every='epoch')", "Introspect(every=16)")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("torch", "jax"), default="torch")
     p.add_argument("--model", choices=("cnn", "tiny"), default="cnn")
     p.add_argument("--steps", type=int, default=96, help="steps per epoch")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    if "keras" not in sys.modules:  # Keras starts on PyTorch in this process
-        os.environ["KERAS_BACKEND"] = "torch"
+    if "keras" not in sys.modules:  # Keras starts on the backend asked for in this process
+        os.environ["KERAS_BACKEND"] = args.backend
     import keras
 
-    if keras.config.backend() != "torch":
+    if keras.config.backend() != args.backend:
         # This process's Keras runs on another backend: a child process that starts on
-        # PyTorch runs the benchmark, its table on this process's stdout.
+        # the one asked for runs the benchmark, its table on this process's stdout.
         r = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:])],
-                           env={**os.environ, "KERAS_BACKEND": "torch"}, capture_output=True,
-                           text=True)
+                           env={**os.environ, "KERAS_BACKEND": args.backend},
+                           capture_output=True, text=True)
         print(r.stdout, end="", flush=True)
         if r.returncode:
             print(r.stderr[-4000:], file=sys.stderr)
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     n = args.steps * args.batch
     x = rng.normal(size=(n, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, n)
-    folder = tempfile.mkdtemp(prefix="keras_torch_overhead_")
+    folder = tempfile.mkdtemp(prefix=f"keras_{args.backend}_overhead_")
     models, callbacks = {}, {}
     for name in CONFIGS:
         keras.utils.set_random_seed(0)
@@ -81,17 +83,23 @@ def run(args: argparse.Namespace) -> int:
                          callbacks=callbacks[name])
         return time.perf_counter() - wall, time.process_time() - cpu
 
-    for name in CONFIGS:  # warm-up: the first point's setup, torch's first calls
+    for name in CONFIGS:  # warm-up: the first point's setup, the first calls and compiles
         epoch(name)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGS}
     for r in range(args.rounds):
         order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
         for name in order:
             times[name].append(epoch(name))
-    import torch
+    if args.backend == "torch":
+        import torch
 
-    print(f"# Keras {keras.__version__} on PyTorch {torch.__version__} ({os.cpu_count()} cores,"
-          f" {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}),"
+        engine = f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads"
+    else:
+        import jax
+
+        engine = f"JAX {jax.__version__} ({jax.default_backend()}"
+    print(f"# Keras {keras.__version__} on {engine}, {os.cpu_count()} cores,"
+          f" load {os.getloadavg()[0]:.1f}),"
           f" {args.model}, batch {args.batch}, {args.steps} steps/epoch,"
           f" median of {args.rounds} interleaved rounds")
     print("| configuration | plain epoch s | wall | CPU | added CPU ms/step |")
