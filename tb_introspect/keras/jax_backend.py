@@ -151,9 +151,6 @@ class Introspect(keras.callbacks.Callback):
                      " is trained by the model's own step, without statistics")
                 self._stopped = True
                 return
-            if model.steps_per_execution > 1:
-                warn("steps_per_execution > 1 on the JAX backend: every step is logged, but"
-                     " each execution's steps run one by one")
             # read now: during an epoch Keras holds the variables' values in its state
             optimizer = getattr(model, "optimizer", None)
             self._initial_step = int(optimizer.iterations.value) if optimizer else 0
@@ -266,16 +263,24 @@ class Introspect(keras.callbacks.Callback):
         (_, (aux, kept)), (grads, output_grads) = jax.value_and_grad(
             loss_fn, argnums=(0, 1), has_aux=True)(tv, perturb)
         unscaled_loss, y_pred, ntv, metrics_before = aux
-        tv, ov = model.optimizer.stateless_apply(ov, grads, tv)
+        # The gradients of the loss, not of the loss the optimizer scaled (mixed precision's
+        # LossScaleOptimizer, ``loss_scale_factor``): what its ``stateless_apply`` divides by.
+        mapping = list(zip(model.optimizer.variables, ov, strict=True))
+        with keras.StatelessScope(state_mapping=mapping):
+            scale = model.optimizer.scale_loss(1.0)
+        tv_new, ov = model.optimizer.stateless_apply(ov, grads, tv)
         logs, mv_after = model._update_metrics_variables(
             metrics_before, unscaled_loss, x, y, y_pred, sample_weight)
+        if not isinstance(scale, float):
+            grads, output_grads = jax.tree.map(lambda g: g / scale.astype(g.dtype),
+                                               (grads, output_grads))
         carry = self.introspector.fold(
             carry, grads=self._params(grads), outputs=kept if carry.phase != OFF else None,
             output_grads=output_grads)
         # A step's value of a mean metric: its change in total over its change in count.
         values = {name: (mv_after[t] - mv[t]) / (mv_after[c] - mv[c])
                   for name, t, c in self._metrics}
-        return logs, (tv, ntv, ov, mv_after), carry, values
+        return logs, (tv_new, ntv, ov, mv_after), carry, values
 
 
 def _index(variables: list, variable: Any) -> int:

@@ -162,3 +162,41 @@ def test_a_train_step_of_the_users_own_is_run_and_said_once(tmp_path) -> None:
     trained by it, with one warning and nothing written."""
     lib.on_backend("jax", OWN_STEP, tmp_path / "run")
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())
+
+
+MIXED = textwrap.dedent("""
+    import json, sys
+    import keras, numpy as np
+    from tb_introspect.keras import Introspect
+
+    out = sys.argv[1]
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 8)).astype("float32"), rng.integers(0, 3, 32)
+    weights = None
+    for policy in ("float32", "mixed_float16"):
+        keras.mixed_precision.set_global_policy(policy)
+        m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu",
+                              name="hidden"), keras.layers.Dense(3, name="head")], name="net")
+        weights = weights or [rng.normal(0, 0.5, w.shape).astype("float32")
+                              for w in m.get_weights()]
+        m.set_weights(weights)
+        m.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        m.fit(x, y, batch_size=32, epochs=1, verbose=0,
+              callbacks=[Introspect(f"{out}/{policy}", every=1)])
+    print(type(m.optimizer).__name__)
+""")
+
+
+def test_mixed_precision_logs_the_gradients_of_the_loss_not_of_the_scaled_loss(tmp_path):
+    """Under ``mixed_float16`` Keras wraps the optimizer in a ``LossScaleOptimizer``, whose
+    gradients are of the loss times 2**15: logged, they are the float32 run's, within
+    float16's rounding."""
+    r = lib.on_backend("jax", MIXED, tmp_path)
+    assert r.stdout.split()[-1] == "LossScaleOptimizer"
+    full, mixed = (lib.read_run(str(tmp_path / p)) for p in ("float32", "mixed_float16"))
+    for view in ("gradient", "output_gradient"):
+        for name in lib.tags_of(full, view):
+            got = mixed[f"introspect/{view}/{name}"].at(1)
+            want = full[f"introspect/{view}/{name}"].at(1)
+            np.testing.assert_allclose(got["l2"], want["l2"], rtol=2e-2, err_msg=name)
