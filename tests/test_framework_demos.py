@@ -1,6 +1,6 @@
 """``tb-introspect demo --framework torch`` and ``--framework jax``: the four demo scenarios
-trained with PyTorch and with JAX and Flax (and the Keras demo itself on Keras's JAX backend,
-``keras-jax``), read back like the Keras demo's runs: the same
+trained with PyTorch and with JAX and Flax (and the Keras demo itself on Keras's PyTorch and
+JAX backends, ``keras-torch`` and ``keras-jax``), read back like the Keras demo's runs: the same
 stories in the findings (``Scenario.story``) and in the numbers
 (``evidence.margin_problems``), ``tb-introspect diagnose`` and every view of the tab in
 headless Chromium. Other seeds, threads and kernel paths: ``benchmarks/demo_robustness.py``
@@ -31,7 +31,7 @@ from tests.browser.browser_session import DEMO_RUNS, Probe
 CLI = str(Path(sys.executable).with_name("tb-introspect"))
 
 
-@pytest.fixture(scope="module", params=["torch", "jax", "keras-jax"])
+@pytest.fixture(scope="module", params=["torch", "jax", "keras-torch", "keras-jax"])
 def framework_demo(request, tmp_path_factory) -> Path:
     """The quick demo of one framework, trained once through the real command line."""
     framework, _, backend = request.param.partition("-")
