@@ -200,3 +200,56 @@ def test_mixed_precision_logs_the_gradients_of_the_loss_not_of_the_scaled_loss(t
             got = mixed[f"introspect/{view}/{name}"].at(1)
             want = full[f"introspect/{view}/{name}"].at(1)
             np.testing.assert_allclose(got["l2"], want["l2"], rtol=2e-2, err_msg=name)
+
+
+DISTRIBUTED = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import keras, numpy as np
+    from keras import distribution as kd
+    from tb_introspect.keras import Introspect
+
+    out = sys.argv[1]
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(128, 8)).astype("float32"), rng.integers(0, 3, 128)
+    weights = None
+    for mode in ("one", "data", "model"):
+        mesh = kd.DeviceMesh((2, 2), ["batch", "model"], devices=kd.list_devices())
+        layout = kd.LayoutMap(mesh)
+        layout["net/hidden/kernel"], layout["net/hidden/bias"] = (None, "model"), ("model",)
+        layout["net/head/kernel"] = ("model", None)
+        kd.set_distribution({"one": None, "data": kd.DataParallel(),
+                             "model": kd.ModelParallel(layout_map=layout,
+                                                       batch_dim_name="batch")}[mode])
+        m = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu",
+                              name="hidden"), keras.layers.Dense(3, name="head")], name="net")
+        weights = weights or [rng.normal(0, 0.5, w.shape).astype("float32")
+                              for w in m.get_weights()]
+        m.set_weights(weights)
+        m.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        m.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False,
+              callbacks=[Introspect(f"{out}/{mode}", every=2)])
+        print(mode, getattr(m.get_layer("hidden").kernel.value.sharding, "spec", None))
+""")
+
+
+def test_keras_distribution_data_and_model_parallel_equal_one_device(tmp_path) -> None:
+    """Keras's own distribution API on 4 host devices: batches split over them
+    (``DataParallel``), and kernels split as well (``ModelParallel``, a (batch, model) mesh):
+    the exact slots of every view at every point are the one-device run's."""
+    r = lib.on_backend("jax", DISTRIBUTED, tmp_path)
+    assert "model P(None, 'model')" in r.stdout, r.stdout  # the kernel was split
+    one = lib.read_run(str(tmp_path / "one"))
+    tags = [t for t in one if t.split("/")[1] in ("variable", "gradient", "output",
+                                                  "output_gradient")]
+    assert len(tags) == 12  # 4 variables, their gradients, 2 outputs and theirs
+    for mode in ("data", "model"):
+        run = lib.read_run(str(tmp_path / mode))
+        for tag in tags:
+            assert run[tag].steps == one[tag].steps == [2, 4, 6, 8], (mode, tag)
+            for step in one[tag].steps:
+                for key in EXACT:
+                    np.testing.assert_allclose(run[tag].at(step)[key], one[tag].at(step)[key],
+                                               rtol=1e-4, atol=1e-6,
+                                               err_msg=f"{mode} {tag} at {step}: {key}")
