@@ -28,6 +28,7 @@ import keras
 
 from tb_introspect import metadata
 from tb_introspect.jax.introspector import OFF, STATS, Carry, Introspector
+from tb_introspect.keras.engine_callback import EngineCallback
 from tb_introspect.keras.model_parts import (
     CapturedLayer,
     is_rectifier,
@@ -37,7 +38,7 @@ from tb_introspect.keras.model_parts import (
 )
 from tb_introspect.pipeline.failures import warn
 from tb_introspect.pipeline.findings import FindingStop
-from tb_introspect.pipeline.options import OptionArgs, Options, check_log_dir
+from tb_introspect.pipeline.options import OptionArgs
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -95,7 +96,7 @@ class _Taps:
                 del layer.call
 
 
-class Introspect(keras.callbacks.Callback):
+class Introspect(EngineCallback):
     """The Keras callback on the JAX backend (``KERAS_BACKEND=jax``): the same views,
     options and findings as on TensorFlow, from an unmodified ``fit``.
 
@@ -106,32 +107,13 @@ class Introspect(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = metadata.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
-        super().__init__()
-        Options.of(views, every, dict(options))  # a bad option fails here, not in fit
-        self.log_dir = check_log_dir(os.fspath(log_dir))
-        self.views, self.every, self.options = tuple(views), every, dict(options)
+        super().__init__(log_dir, views, every, **options)
         self.introspector: _KerasIntrospector | None = None
         self._carry: Carry | None = None
         self._keras_function: Any = None  # the model's train function, put back at the end
         self._steps: dict[bool, Callable] = {}  # jitted: instrumented or plain
         self._fit_model: Any = None
         self._epoch = self._initial_step = 0
-        self._stopped = False  # the glue failed: no logging for the rest of this callback
-
-    # The engine never raises into fit (its parts switch off and warn); what is left to fail
-    # is this glue, which then stops logging with one warning.
-    def _off(self, error: BaseException) -> None:
-        warn(f"Introspect stopped logging ({type(error).__name__}: {error}); training goes on")
-        self._stopped = True
-        self._close()
-
-    def _close(self) -> None:
-        intro, self.introspector, self._carry = self.introspector, None, None
-        if intro is not None:
-            try:
-                intro.close()
-            except Exception as e:  # noqa: BLE001 - training goes on
-                warn(f"Introspect could not close its run ({type(e).__name__}: {e})")
 
     # ------------------------------------------------------------------ fit's hooks
 

@@ -21,6 +21,7 @@ import keras
 import torch
 
 from tb_introspect import metadata
+from tb_introspect.keras.engine_callback import EngineCallback
 from tb_introspect.keras.model_parts import (
     is_rectifier,
     layers_to_capture,
@@ -28,7 +29,7 @@ from tb_introspect.keras.model_parts import (
     variable_owners,
 )
 from tb_introspect.pipeline.failures import warn
-from tb_introspect.pipeline.options import OptionArgs, Options, check_log_dir
+from tb_introspect.pipeline.options import OptionArgs
 from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.torch import FindingStop, Introspector
 from tb_introspect.torch.modules import OutputSpec, ParamSpec, Parts
@@ -73,7 +74,7 @@ def keras_parts(model: keras.Model, plan: Plan) -> Parts:
     return Parts(params, outputs, attention, head)
 
 
-class Introspect(keras.callbacks.Callback):
+class Introspect(EngineCallback):
     """The Keras callback on the PyTorch backend (``KERAS_BACKEND=torch``): the same views,
     options and findings as on TensorFlow, from an unmodified ``fit``.
 
@@ -84,27 +85,11 @@ class Introspect(keras.callbacks.Callback):
 
     def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = metadata.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
-        super().__init__()
-        Options.of(views, every, dict(options))  # a bad option fails here, not in fit
-        self.log_dir = check_log_dir(os.fspath(log_dir))
-        self.views, self.every, self.options = tuple(views), every, dict(options)
+        super().__init__(log_dir, views, every, **options)
         self.introspector: Introspector | None = None
         self._metrics: list[Any] = []
         self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._said_executions = False
-        self._stopped = False  # the glue failed: no logging for the rest of this callback
-
-    # The engine never raises into fit (its parts switch off and warn); what is left to fail
-    # is this glue, which then stops logging with one warning.
-    def _off(self, error: BaseException) -> None:
-        warn(f"Introspect stopped logging ({type(error).__name__}: {error}); training goes on")
-        self._stopped = True
-        intro, self.introspector = self.introspector, None
-        if intro is not None:
-            try:
-                intro.close()
-            except Exception:  # noqa: BLE001 - already off; training goes on
-                pass
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._stopped:
@@ -160,9 +145,4 @@ class Introspect(keras.callbacks.Callback):
             self._off(e)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        intro, self.introspector = self.introspector, None
-        if intro is not None:
-            try:
-                intro.close()
-            except Exception as e:
-                warn(f"Introspect could not close its run ({type(e).__name__}: {e})")
+        self._close()
