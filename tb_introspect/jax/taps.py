@@ -23,10 +23,10 @@ _LINEN_KEY, _KEY = OUTPUT_KEYS[:2]  # ``__call__``: where capture_intermediates 
 
 def tap(module: Any, x: jax.Array, name: str | None = None) -> jax.Array:
     """``x`` kept as a monitored layer output, in a Flax module's ``__call__`` (Linen) or
-    in an NNX module run under ``nnx.capture``. ``name``: the output's name inside
-    ``module`` (an activation's: ``tap(self, nn.relu(h), "relu_0")``); None: ``module``'s
-    own output, named as the layer. Returns the value to use from here on (``x`` plus a
-    zero perturbation, so that its gradient is taken)."""
+    in an NNX module run under ``nnx.capture`` (outside it, ``x`` as it is). ``name``: the
+    output's name inside ``module`` (an activation's: ``tap(self, nn.relu(h), "relu_0")``);
+    None: ``module``'s own output, named as the layer. Returns the value to use from here
+    on (``x`` plus a zero perturbation, so that its gradient is taken)."""
     from flax import linen
 
     if isinstance(module, linen.Module):
@@ -36,6 +36,11 @@ def tap(module: Any, x: jax.Array, name: str | None = None) -> jax.Array:
         return x
     from flax import nnx
 
+    if not hasattr(module, "__captures__"):
+        # Outside ``nnx.capture`` (an evaluation, a plain call) a tap does nothing: NNX would
+        # keep the value on the module itself, a deprecated path where the perturbation and
+        # the intermediate of one name clash.
+        return x
     key = name or _KEY
     x = module.perturb(key, x)
     module.sow(nnx.Intermediate, key, x)

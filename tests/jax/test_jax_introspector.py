@@ -177,6 +177,11 @@ def test_nnx_capture(tmp_path):
     weights = np.asarray(model.hidden.kernel[...])
     last = series(run, "variable")["hidden/kernel"]
     assert last.field("mean")[-1] == pytest.approx(weights.mean(), rel=1e-6)
+    # Called outside nnx.capture (an evaluation), the taps do nothing and keep nothing.
+    before = nnx.state(model)
+    logits = model(x[:BATCH])
+    assert logits.shape == (BATCH, 10)
+    assert jax.tree.structure(nnx.state(model)) == jax.tree.structure(before)
 
 
 def test_a_tree_it_was_not_made_with_is_a_clear_error(tmp_path):
