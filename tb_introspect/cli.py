@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--framework", choices=("keras", "torch", "jax"), default="keras",
                       help="train with Keras (default), PyTorch or JAX and Flax (each needs"
                       " its framework installed)")
+    demo.add_argument("--flax", choices=("linen", "nnx"), default="linen",
+                      help="with --framework jax: the models in Flax Linen (default) or NNX")
     demo.add_argument("--no-progress", action="store_true", help="do not draw progress bars")
     demo.set_defaults(func=cmd_demo)
 
@@ -178,7 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         results = run_demo(
             logdir, epochs=args.epochs, quick=args.quick, scenarios=args.scenario,
             every=args.every, seed=args.seed, progress=not args.no_progress,
-            framework=args.framework,
+            framework=args.framework, flax=args.flax,
         )
     except OSError as e:
         raise CliError(f"cannot write to --logdir {logdir!r}: {e}") from e

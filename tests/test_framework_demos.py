@@ -1,9 +1,9 @@
 """``tb-introspect demo --framework torch`` and ``--framework jax``: the four demo scenarios
-trained with PyTorch and with JAX and Flax (and the Keras demo itself on Keras's PyTorch and
-JAX backends, ``keras-torch`` and ``keras-jax``), read back like the Keras demo's runs: the same
-stories in the findings (``Scenario.story``) and in the numbers
-(``evidence.margin_problems``), ``tb-introspect diagnose`` and every view of the tab in
-headless Chromium. Other seeds, threads and kernel paths: ``benchmarks/demo_robustness.py``
+trained with PyTorch and with JAX and Flax (Linen, and NNX: ``jax-nnx``; and the Keras demo
+itself on Keras's PyTorch and JAX backends, ``keras-torch`` and ``keras-jax``), read back
+like the Keras demo's runs: the same stories in the findings (``Scenario.story``) and in the
+numbers (``evidence.margin_problems``), ``tb-introspect diagnose`` and every view of the tab
+in headless Chromium. Other seeds, threads and kernel paths: ``benchmarks/demo_robustness.py``
 (a slice of it in ``tests/test_benchmarks.py``)."""
 
 from __future__ import annotations
@@ -31,15 +31,19 @@ from tests.browser.browser_session import DEMO_RUNS, Probe
 CLI = str(Path(sys.executable).with_name("tb-introspect"))
 
 
-@pytest.fixture(scope="module", params=["torch", "jax", "keras-torch", "keras-jax"])
+@pytest.fixture(scope="module", params=["torch", "jax", "jax-nnx", "keras-torch", "keras-jax"])
 def framework_demo(request, tmp_path_factory) -> Path:
     """The quick demo of one framework, trained once through the real command line."""
-    framework, _, backend = request.param.partition("-")
+    framework, _, variant = request.param.partition("-")
     logdir = tmp_path_factory.mktemp(f"{request.param}_demo") / "logs"
-    env = {**os.environ, **({"KERAS_BACKEND": backend} if backend else {})}
-    r = subprocess.run([CLI, "demo", "--framework", framework, "--quick", "--no-progress",
-                        "--logdir", str(logdir)], capture_output=True, text=True, timeout=1200,
-                       env=env)
+    env, args = dict(os.environ), []
+    if framework == "keras" and variant:
+        env["KERAS_BACKEND"] = variant
+    elif variant:
+        args = ["--flax", variant]
+    r = subprocess.run([CLI, "demo", "--framework", framework, *args, "--quick",
+                        "--no-progress", "--logdir", str(logdir)], capture_output=True,
+                       text=True, timeout=1200, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Trained 4 runs" in r.stdout
     return logdir

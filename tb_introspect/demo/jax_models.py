@@ -1,5 +1,5 @@
-"""The four demo scenarios in Flax Linen: the Keras demo's models (``models.py``), layer for
-layer, with the same names, initialisation, optimizers and learning rates.
+"""The four demo scenarios in Flax, Linen and NNX: the Keras demo's models (``models.py``),
+layer for layer, with the same names, initialisation, optimizers and learning rates.
 
 As in ``torch_models.py``, a layer is a dense or convolution layer and its activation, one
 module whose tapped output is after the activation (``taps.tap``), so the layer outputs,
@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from tb_introspect.demo.models import (
     CLIP_NORM,
@@ -87,22 +88,107 @@ class MLP(nn.Module):
         return Dense(10, name="classifier")(x)
 
 
-#: Per scenario: the model, its optimizer, and the layers whose outputs are ReLUs'.
-def build(name: str) -> tuple[nn.Module, optax.GradientTransformation, list[str]]:
-    """The model, optimizer and rectifier layers of scenario ``name``."""
-    if name == "healthy_cnn":
-        return CNN(), optax.sgd(HEALTHY_LR, momentum=MOMENTUM), ["conv1", "conv2", "dense"]
+class NnxDense(nnx.Module):
+    """``Dense`` in NNX."""
+
+    def __init__(self, features: int, units: int, activation: str = "linear",
+                 bias: float = 0.0, *, rngs: nnx.Rngs) -> None:
+        self.kernel = nnx.Param(nn.initializers.glorot_uniform()(rngs.params(),
+                                                                 (features, units)))
+        self.bias = nnx.Param(jnp.full((units,), bias, jnp.float32))
+        self.activation = activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return tap(self, ACTIVATIONS[self.activation](x @ self.kernel[...] + self.bias[...]))
+
+
+class NnxConv(nnx.Module):
+    """``Conv`` in NNX."""
+
+    def __init__(self, features: int, channels: int, activation: str = "linear", *,
+                 rngs: nnx.Rngs) -> None:
+        self.kernel = nnx.Param(nn.initializers.glorot_uniform()(
+            rngs.params(), (3, 3, features, channels)))
+        self.bias = nnx.Param(jnp.zeros((channels,), jnp.float32))
+        self.activation = activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(x, self.kernel[...], (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return tap(self, ACTIVATIONS[self.activation](y + self.bias[...]))
+
+
+class NnxCNN(nnx.Module):
+    """``CNN`` in NNX, for 8x8 one-channel images."""
+
+    def __init__(self, *, rngs: nnx.Rngs) -> None:
+        self.conv1 = NnxConv(1, 16, "relu", rngs=rngs)
+        self.conv2 = NnxConv(16, 32, "relu", rngs=rngs)
+        self.dense = NnxDense(4 * 4 * 32, 64, "relu", rngs=rngs)
+        self.classifier = NnxDense(64, 10, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+        x = nn.max_pool(self.conv1(x), (2, 2), (2, 2))
+        x = nn.max_pool(self.conv2(x), (2, 2), (2, 2))
+        return self.classifier(self.dense(x.reshape(x.shape[0], -1)))
+
+
+class NnxMLP(nnx.Module):
+    """``MLP`` in NNX, for 8x8 images: its layers ``dense1``... as attributes, as Linen
+    names them."""
+
+    def __init__(self, width: int, depth: int, activation: str, bias: float = 0.0, *,
+                 rngs: nnx.Rngs) -> None:
+        self.depth = depth
+        for i in range(depth):
+            setattr(self, f"dense{i + 1}", NnxDense(64 if i == 0 else width, width,
+                                                     activation, bias, rngs=rngs))
+        self.classifier = NnxDense(width, 10, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0], -1)
+        for i in range(self.depth):
+            x = getattr(self, f"dense{i + 1}")(x)
+        return self.classifier(x)
+
+
+#: Per scenario: the model (Linen's, and NNX's from its arguments), its optimizer.
+_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nnx.Rngs], nnx.Module]]] = {
+    "healthy_cnn": (CNN, lambda rngs: NnxCNN(rngs=rngs)),
+    "lr_too_high_cnn": (CNN, lambda rngs: NnxCNN(rngs=rngs)),
+    "dying_relu_mlp": (lambda: MLP(64, 4, "relu", DEAD_BIAS),
+                       lambda rngs: NnxMLP(64, 4, "relu", DEAD_BIAS, rngs=rngs)),
+    "vanishing_sigmoid_mlp": (lambda: MLP(32, 8, "sigmoid"),
+                              lambda rngs: NnxMLP(32, 8, "sigmoid", rngs=rngs)),
+}
+#: The layers whose outputs are ReLUs'.
+RECTIFIERS = {"healthy_cnn": ["conv1", "conv2", "dense"],
+              "lr_too_high_cnn": ["conv1", "conv2", "dense"],
+              "dying_relu_mlp": [f"dense{i + 1}" for i in range(4)],
+              "vanishing_sigmoid_mlp": []}
+
+
+def optimizer(name: str) -> optax.GradientTransformation:
+    """Scenario ``name``'s optimizer."""
     if name == "lr_too_high_cnn":
         # Keras's piecewise-constant rate: two epochs at the healthy rate, then too high.
         rate = optax.piecewise_constant_schedule(HEALTHY_LR,
                                                  {JUMP_STEP: TOO_HIGH_LR / HEALTHY_LR})
-        return CNN(), optax.chain(optax.clip_by_global_norm(CLIP_NORM),
-                                  optax.sgd(rate, momentum=MOMENTUM)), ["conv1", "conv2", "dense"]
-    if name == "dying_relu_mlp":
-        return (MLP(64, 4, "relu", DEAD_BIAS), optax.sgd(HEALTHY_LR, momentum=MOMENTUM),
-                [f"dense{i + 1}" for i in range(4)])
-    if name == "vanishing_sigmoid_mlp":
-        return MLP(32, 8, "sigmoid"), optax.sgd(0.05, momentum=MOMENTUM), []
-    raise KeyError(f"unknown scenario {name!r}")
+        return optax.chain(optax.clip_by_global_norm(CLIP_NORM),
+                           optax.sgd(rate, momentum=MOMENTUM))
+    return optax.sgd(0.05 if name == "vanishing_sigmoid_mlp" else HEALTHY_LR,
+                     momentum=MOMENTUM)
+
+
+def build(name: str, seed: int = 0, flax: str = "linen") -> tuple[
+        nn.Module | nnx.Module, optax.GradientTransformation, list[str]]:
+    """The model (Linen's, or NNX's initialised from ``seed``), optimizer and rectifier
+    layers of scenario ``name``."""
+    if name not in _MODELS:
+        raise KeyError(f"unknown scenario {name!r}")
+    linen, nnx_model = _MODELS[name]
+    model = linen() if flax == "linen" else nnx_model(nnx.Rngs(seed))
+    return model, optimizer(name), RECTIFIERS[name]
 
 

@@ -109,6 +109,7 @@ def run_demo(
     progress: bool = True,
     stream: TextIO | None = None,
     framework: str = "keras",
+    flax: str = "linen",
 ) -> list[RunResult]:
     """Train the demo scenarios into new runs of ``logdir``; return what each produced.
 
@@ -124,23 +125,28 @@ def run_demo(
         stream: where progress goes (default ``sys.stderr``).
         framework: ``"keras"``, ``"torch"`` or ``"jax"`` (the same scenarios in PyTorch,
             ``demo/torch_run.py``, or in Flax, ``demo/jax_run.py``).
+        flax: with ``framework="jax"``, Flax's ``"linen"`` or ``"nnx"`` API.
     """
     if framework not in ("keras", "torch", "jax"):
         raise ValueError(f"framework must be 'keras', 'torch' or 'jax', got {framework!r}")
+    if flax not in ("linen", "nnx"):
+        raise ValueError(f"flax must be 'linen' or 'nnx', got {flax!r}")
     chosen = [get_scenario(n) for n in scenarios] if scenarios else list(SCENARIOS)
     if epochs is not None and epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
     stream = stream if stream is not None else sys.stderr
     paths = prepare_logdir(logdir, chosen)
     if framework in ("torch", "jax"):
+        options: dict[str, Any] = {}
         if framework == "torch":
             from tb_introspect.demo.torch_run import train_scenarios
         else:
             from tb_introspect.demo.jax_run import train_scenarios
 
+            options["flax"] = flax
         return train_scenarios(chosen, paths, load_digits(seed=seed), epochs=epochs,
                                quick=quick, every=every, seed=seed, progress=progress,
-                               stream=stream)
+                               stream=stream, **options)
 
     # TensorFlow is imported only now: `tb-introspect --help` and `diagnose` stay fast.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

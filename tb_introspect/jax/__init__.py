@@ -6,6 +6,6 @@ and writes points from the host (``step``, ``end_epoch``). See ``docs/jax.md``.
 """
 
 from tb_introspect.jax.introspector import Introspector
-from tb_introspect.jax.taps import tap, tap_layers
+from tb_introspect.jax.taps import nnx_outputs, tap, tap_layers
 
-__all__ = ["Introspector", "tap", "tap_layers"]
+__all__ = ["Introspector", "nnx_outputs", "tap", "tap_layers"]

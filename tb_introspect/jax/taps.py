@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from tb_introspect.jax.trees import OUTPUT_KEYS
+from tb_introspect.jax.trees import OUTPUT_KEYS, ROOT
 
 _LINEN_KEY, _KEY = OUTPUT_KEYS[:2]  # ``__call__``: where capture_intermediates keeps one
 
@@ -42,9 +42,61 @@ def tap(module: Any, x: jax.Array, name: str | None = None) -> jax.Array:
         # the intermediate of one name clash.
         return x
     key = name or _KEY
+    if _nnx_calls is not None and (module, key) not in _nnx_calls:
+        _nnx_calls.append((module, key))
     x = module.perturb(key, x)
     module.sow(nnx.Intermediate, key, x)
     return x
+
+
+#: While ``nnx_outputs`` runs a model: the (module, key) of each tap, in the order they ran.
+_nnx_calls: list[tuple[Any, str]] | None = None
+
+
+def nnx_outputs(model: Any, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """One call of the NNX ``model`` on ``args``: its taps' perturbations (the zeros whose
+    gradients are the output gradients) and their outputs, ``{layer: calls}`` in the order
+    the layers ran, for ``Introspector(outputs=...)``. ``nnx.capture`` returns its state
+    sorted by name, which loses that order (the layers' depth: which is the first layer).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> from tb_introspect.jax import nnx_outputs, tap
+        >>> class Net(nnx.Module):
+        ...     def __init__(self, rngs):
+        ...         self.z_in = nnx.Linear(4, 8, rngs=rngs)
+        ...         self.a_out = nnx.Linear(8, 2, rngs=rngs)
+        ...     def __call__(self, x):
+        ...         h = tap(self.z_in, self.z_in(x))
+        ...         return tap(self.a_out, self.a_out(h))
+        >>> taps, outputs = nnx_outputs(Net(nnx.Rngs(0)), jnp.ones((3, 4)))
+        >>> list(outputs)
+        ['z_in', 'a_out']
+    """
+    global _nnx_calls
+    from flax import nnx
+
+    from tb_introspect.jax.trees import named_leaves
+
+    calls: list[tuple[Any, str]] = []
+    _nnx_calls = calls
+    try:
+        _, perturbations = nnx.capture(model, nnx.Perturbation)(*args, **kwargs)
+    finally:
+        _nnx_calls = None
+    _, captured = nnx.capture(model, nnx.Intermediate, init=perturbations)(*args, **kwargs)
+    by_name: dict[str, list] = {}
+    for name, leaf in named_leaves(captured, calls=True):
+        by_name.setdefault(name, []).append(leaf)
+    paths = {id(m): "/".join(str(k) for k in path) for path, m in nnx.iter_modules(model)}
+    order = []
+    for module, key in calls:
+        path = paths.get(id(module), "")
+        order.append((path if key == _KEY else f"{path}/{key}".lstrip("/")) or ROOT)
+    ranked = {name: i for i, name in enumerate(dict.fromkeys(order))}
+    names = sorted(by_name, key=lambda n: ranked.get(n, len(ranked)))
+    return perturbations, {name: tuple(by_name[name]) for name in names}
 
 
 @contextlib.contextmanager

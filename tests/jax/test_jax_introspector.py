@@ -184,6 +184,55 @@ def test_nnx_capture(tmp_path):
     assert jax.tree.structure(nnx.state(model)) == jax.tree.structure(before)
 
 
+def test_nnx_outputs_give_the_layers_depth_in_the_order_they_ran(tmp_path):
+    """NNX's captured state is sorted by name; ``nnx_outputs`` keeps the order the layers
+    ran, so a model whose ``classifier`` sorts before ``dense1`` still has it last: its
+    layer outputs and parameters are written at the depths of the calls."""
+    import optax
+    from flax import nnx
+
+    from tb_introspect.jax import Introspector, nnx_outputs, tap
+    from tests.jax.jax_support import digits
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.dense1 = nnx.Linear(64, 16, rngs=rngs)
+            self.classifier = nnx.Linear(16, 10, rngs=rngs)
+
+        def __call__(self, x):
+            h = tap(self.dense1, nnx.relu(self.dense1(x)))
+            return tap(self.classifier, self.classifier(h))
+
+    x, y = digits()
+    model = Net(nnx.Rngs(0))
+    taps, outputs = nnx_outputs(model, x[:BATCH])
+    assert list(outputs) == ["dense1", "classifier"]
+    _, state = nnx.capture(model, nnx.Intermediate)(x[:BATCH])
+    assert list(state) == ["classifier", "dense1"]  # what nnx_outputs is for
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    intro = Introspector(str(tmp_path), nnx.state(model, nnx.Param), outputs=outputs, every=1)
+
+    def loss_fn(model, taps, xb, yb):
+        logits, outs = nnx.capture(model, nnx.Intermediate, init=taps)(xb)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean(), outs
+
+    @nnx.jit
+    def step(model, optimizer, taps, stats, xb, yb):
+        (g, og), outs = nnx.grad(loss_fn, argnums=(0, 1), has_aux=True)(model, taps, xb, yb)
+        optimizer.update(model, g)
+        return intro.fold(stats, grads=g, outputs=outs, output_grads=og)
+
+    with intro:
+        intro.step(step(model, optimizer, taps, intro.init(), x[:BATCH], y[:BATCH]),
+                   nnx.state(model, nnx.Param))
+    (run,) = read_logdir(str(tmp_path)).values()
+    for view in ("output", "output_gradient", "variable"):
+        depth = {name: s.info.depth for name, s in series(run, view).items()}
+        first = [d for name, d in depth.items() if name.startswith("dense1")]
+        last = [d for name, d in depth.items() if name.startswith("classifier")]
+        assert first and last and max(first) < min(last), (view, depth)
+
+
 def test_a_tree_it_was_not_made_with_is_a_clear_error(tmp_path):
     from tb_introspect.jax import Introspector
 
