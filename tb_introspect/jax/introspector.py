@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,6 +93,7 @@ class _Output:
 
     spec: Monitored
     seg: segments.Segment
+    example: Any = None  # its first call's shape and dtype
     index: int = 0  # in ``plan.outputs``
 
 
@@ -186,6 +189,7 @@ class Introspector:
             lambda name: matches(options.layers, name))
         self._param_tree = jax.tree_util.tree_structure(params)
         named = named_leaves(params)
+        self._param_shapes = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for _, leaf in named]
         layer_of = [self._param_layer(name) for name, _ in named]
         self._param_leaves = [i for i, layer in enumerate(layer_of) if chosen(layer)]
         out_named = named_leaves(outputs, calls=True) if outputs is not None else []
@@ -209,7 +213,8 @@ class Introspector:
                         "output", sanitize(name), name, depth[name],
                         segments.channels_last_shape(shape, False), str(leaf.dtype),
                         exact=self._exact(name) or matches(options.rectifiers, name))
-                    out = by_name[name] = _Output(spec, seg)
+                    out = by_name[name] = _Output(spec, seg, jax.ShapeDtypeStruct(
+                        leaf.shape, leaf.dtype))
                 elif (seg.channels, seg.positions) != (out.seg.channels, out.seg.positions):
                     raise ValueError(f"layer output {name!r}: calls of shapes"
                                      f" {out.spec.shape} and {shape} cannot be folded together")
@@ -219,7 +224,8 @@ class Introspector:
         self.plan.outputs = [o.spec for o in self._outputs]
         self._output_names = {name for name, _ in out_named}
         self.governor = Governor(None, self.plan.stats_every)
-        self.pacing = Pacing(self.governor, options.overhead if self.plan.per_epoch else None)
+        self.pacing = Pacing(self.governor, options.overhead if self.plan.per_epoch else None,
+                             lean_work=self._lean_work)
         self.metric_cells = _Metrics()
         self.params_host = Params(self.plan, None, channels_first=False)
         self._params: Any = None
@@ -332,6 +338,23 @@ class Introspector:
                 states[o.index] = state
         st.update(views)
         return st
+
+    def _lean_work(self) -> tuple[float, float]:
+        """Wall and CPU seconds of a lean step's own work, apart from the step: ``fold`` of
+        zeros of the step's gradients and rectifier outputs, compiled, then the median of
+        three runs (for the pacing: no step of a run is without it)."""
+        grads = [jnp.zeros(s.shape, s.dtype) for s in self._param_shapes]
+        outs = {o.spec.layer: [jnp.zeros(o.example.shape, o.example.dtype)]
+                for o in self._outputs if o.spec.exact}
+        fold = jax.jit(lambda st, g, o: self.fold(st, grads=g, outputs=o or None))
+        lean = Carry(self.init().arrays, LEAN)
+        times = []
+        for _ in range(4):  # the first compiles
+            wall, cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(fold(lean, grads, outs))
+            times.append((time.perf_counter() - wall, time.process_time() - cpu))
+        return (statistics.median(t[0] for t in times[1:]),
+                statistics.median(t[1] for t in times[1:]))
 
     # ------------------------------------------------------------------ host side
 

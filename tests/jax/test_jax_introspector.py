@@ -287,6 +287,18 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
         cpu[0] += cpu_seconds
         pacing.timed(full, lambda: None)
     assert dear.spacing == 12  # CPU: 1.2 s more of 2 s is 60 %, at 5 % one step in 12
+    # The lean steps' own work, timed apart (20 ms of a 1 s lean step, 40 ms of its 2 CPU-s),
+    # is paid first: 2 % of the plain step, leaving 3 % to a statistics step's 51 %.
+    paced = Governor(None, 8)
+    now = [0.0]
+    pacing = Pacing(paced, 0.05, clock=lambda: (now[0], 2 * now[0]),
+                    lean_work=lambda: (0.02, 0.04))
+    for full, seconds in ((True, 30.0), (False, 20.0), (False, 1.0), (False, 1.0),
+                          (False, 1.0), (True, 1.4), (True, 1.6)):
+        now[0] += seconds
+        pacing.timed(full, lambda: None)
+    assert pacing.lean_share == pytest.approx(0.02 / 0.98)
+    assert paced.spacing == math.ceil((0.5 / 0.98) / (0.05 - 0.02 / 0.98))  # 18
 
 
 def test_every_window_starts_with_a_statistics_step(tmp_path):
