@@ -83,6 +83,15 @@ class Pacing:
             self.active = False
             self.repace(0)
 
+    def resume(self, earlier: Pacing) -> None:
+        """Take ``earlier``'s measurement, of the same compiled steps (a later ``fit`` of one
+        Keras model): nothing is timed again."""
+        if earlier.share is None:
+            return
+        self.share, self.lean_share = earlier.share, earlier.lean_share
+        self.plain_cpu, self.active = earlier.plain_cpu, False
+        self.repace(0)
+
     def repace(self, window_steps: int) -> None:
         """Space the statistics steps so that they, the lean steps' own work and the points'
         host work (the CPU the worker spent on each window's point and maps,

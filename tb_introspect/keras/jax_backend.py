@@ -28,6 +28,7 @@ import keras
 
 from tb_introspect import metadata
 from tb_introspect.jax.introspector import OFF, STATS, Carry, Introspector
+from tb_introspect.jax.pacing import Pacing
 from tb_introspect.keras.engine_callback import EngineCallback
 from tb_introspect.keras.model_parts import (
     CapturedLayer,
@@ -113,6 +114,7 @@ class Introspect(EngineCallback):
         self._keras_function: Any = None  # the model's train function, put back at the end
         self._steps: dict[bool, Callable] = {}  # jitted: instrumented or plain
         self._fit_model: Any = None
+        self._pacing: Pacing | None = None
         self._epoch = self._initial_step = 0
 
     # ------------------------------------------------------------------ fit's hooks
@@ -213,6 +215,9 @@ class Introspect(EngineCallback):
             initial_epoch=self._epoch, owners={v.path: owner.get(id(v), model.name)
                                                  for v in variables},
             exact={e.name for e in layers if is_rectifier(e.layer)}, **self.options)
+        if self._pacing is not None:  # an earlier fit timed these steps already
+            self.introspector.pacing.resume(self._pacing)
+        self._pacing = self.introspector.pacing
         self._carry = self.introspector.init()
 
     def _params(self, values: Any) -> dict[str, Any]:
