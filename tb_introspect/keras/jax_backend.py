@@ -206,8 +206,7 @@ class Introspect(EngineCallback):
         self._metrics = [(m.name, *(_index(model.metrics_variables, v)
                                     for v in (m.total, m.count)))
                          for m in mean_metrics(model)]
-        # The outputs' shapes: the instrumented forward pass, traced once without running.
-        _, kept = jax.eval_shape(lambda s: self._forward(s, data, None), state)
+        kept = self._output_shapes(state, data)
         kept = {e.name: kept[e.name] for e in layers if e.name in kept}  # in model order
         self.introspector = _KerasIntrospector(
             self.log_dir, self._params(state[0]), kept, self.every, views=self.views,
@@ -222,6 +221,11 @@ class Introspect(EngineCallback):
 
     def _params(self, values: Any) -> dict[str, Any]:
         return dict(zip(self._paths, values, strict=True))
+
+    def _output_shapes(self, state: tuple, data: Any) -> dict[str, list]:
+        """The kept outputs' shapes and dtypes: the instrumented forward pass traced, not
+        run."""
+        return jax.eval_shape(lambda s: self._forward(s, data, None), state)[1]
 
     def _forward(self, state: tuple, data: Any, perturb: dict | None,
                  trainable: list | None = None) -> tuple[Any, dict[str, list]]:
@@ -240,8 +244,8 @@ class Introspect(EngineCallback):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         perturb = None
         if carry.phase == STATS and "output_gradient" in self.introspector.plan.output_views:
-            _, shapes = jax.eval_shape(lambda s: self._forward(s, data, None), state)
-            perturb = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            perturb = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                   self._output_shapes(state, data))
 
         def loss_fn(trainable: list, perturb: dict | None) -> tuple:
             (loss, aux), kept = self._forward(state, data, perturb, trainable)
