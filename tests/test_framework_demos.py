@@ -98,9 +98,6 @@ def test_every_view_of_a_run(browser, framework_tb, run):
         p.open(f"p.introspect.run={run}")
         p.check("overview", run)
         p.sweep_layers(run, views)
-        p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
-        p.check("activity", run)
-        p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
-        p.check("compare", run)
+        p.sweep_tabs(run)
     finally:
         p.close()

@@ -153,7 +153,7 @@ class NnxMLP(nnx.Module):
         return self.classifier(x)
 
 
-#: Per scenario: the model (Linen's, and NNX's from its arguments), its optimizer.
+#: Per scenario: its model's Linen class, and its NNX model made from the rngs.
 _MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nnx.Rngs], nnx.Module]]] = {
     "healthy_cnn": (CNN, lambda rngs: NnxCNN(rngs=rngs)),
     "lr_too_high_cnn": (CNN, lambda rngs: NnxCNN(rngs=rngs)),
@@ -190,5 +190,3 @@ def build(name: str, seed: int = 0, flax: str = "linen") -> tuple[
     linen, nnx_model = _MODELS[name]
     model = linen() if flax == "linen" else nnx_model(nnx.Rngs(seed))
     return model, optimizer(name), RECTIFIERS[name]
-
-

@@ -24,8 +24,9 @@ from collections.abc import Callable
 
 from tb_introspect.pipeline.governor import Governor
 
-#: Lean steps timed (their median is the plain step), and statistics steps (their mean:
-#: one alone gave spacings of 9 and 19 on the same model in two runs).
+#: Lean steps timed (their median, less the lean work timed apart, is the plain step), and
+#: statistics steps (their mean: one alone gave spacings of 9 and 19 on the same model in
+#: two runs).
 LEAN_SAMPLES = 3
 FULL_SAMPLES = 2
 
@@ -86,7 +87,7 @@ class Pacing:
     def resume(self, earlier: Pacing) -> None:
         """Take ``earlier``'s measurement, of the same compiled steps (a later ``fit`` of one
         Keras model): nothing is timed again."""
-        if earlier.share is None:
+        if earlier.share is None or self.overhead is None:
             return
         self.share, self.lean_share = earlier.share, earlier.lean_share
         self.plain_cpu, self.active = earlier.plain_cpu, False

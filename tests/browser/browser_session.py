@@ -302,6 +302,12 @@ class Probe:
                 self.check(f"layers {view} {mode or 'default'}", run, self.skipped(skip))
                 current = mode
 
+    def sweep_tabs(self, run: str, tabs: tuple[str, ...] = ("activity", "compare")) -> None:
+        """Each of ``tabs`` opened and checked in turn."""
+        for tab in tabs:
+            self.act(lambda t=tab: self.f.locator(f'.tab[data-tab="{t}"]').click())
+            self.check(tab, run)
+
     def skipped(self, skip) -> tuple[str, ...]:
         names = self.f.evaluate(
             "() => [...document.querySelectorAll('.chart')].map((c) => c.dataset.chart)")

@@ -147,10 +147,7 @@ def test_every_view_of_a_real_run(browser, real_tb, run):
         ilr = real_tb.get_json(f"overview?run={run}")["views"]["variable"].get("ilr")
         swept = (run, "layers variable ilr") in {(r, label) for r, label, _ in TIMINGS}
         assert swept == bool(ilr), (run, swept)
-        p.act(lambda: p.f.locator('.tab[data-tab="activity"]').click())
-        p.check("activity", run)
-        p.act(lambda: p.f.locator('.tab[data-tab="compare"]').click())
-        p.check("compare", run)
+        p.sweep_tabs(run)
     finally:
         p.close()
 
