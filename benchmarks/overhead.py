@@ -5,8 +5,10 @@ For each model, identical copies train side by side in one process: plain
 ``Introspect`` at each cadence (default settings, all four views). The models: two CNNs,
 the GPT-style model of ``torch_overhead.py`` and MobileNetV2. After a
 warm-up epoch each (tracing), rounds of one epoch per variant are interleaved
-(the order rotates every round) and each figure is the median over rounds of
-the per-round ratio to plain ``fit``. ``--jit`` adds a pair with
+(the order rotates every round and runs backwards every second one, so no variant
+always follows the same one) and each figure is the median over rounds of the
+per-round ratio to plain ``fit``. ``--control`` adds a second plain copy, whose ratio
+to the first is what two identical copies differ by here. ``--jit`` adds a pair with
 ``jit_compile=True``, ``--jit-only`` runs that pair alone. ``--profile`` splits the
 instrumented epoch into logging time (statistics at the logged points + writing) and
 metric draining.
@@ -221,6 +223,8 @@ def variants(args: argparse.Namespace) -> list[tuple[str, bool, object]]:
     out = [("plain fit", False, None),
            ("keras TensorBoard(histogram_freq=1)", False,
             lambda d: keras.callbacks.TensorBoard(d, histogram_freq=1))]
+    if args.control:
+        out.append(("plain fit, a second copy", False, None))
     for every in args.every.split(","):
         cadence = every if every == "epoch" else int(every)
         label = "Introspect(every='epoch')" if every == "epoch" else f"Introspect(every={every})"
@@ -272,7 +276,7 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
         order = list(range(len(vs)))
         order = order[r % len(order):] + order[:r % len(order)]
         wall, cpu = {}, {}
-        for i in order:
+        for i in order[::-1] if r % 2 else order:
             timers.reset()
             c0, t0 = time.process_time(), time.perf_counter()
             models[i].fit(ds, epochs=1, verbose=0, callbacks=cbs[i])
@@ -405,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --step-functions: the N ops whose time the lean step adds most")
     p.add_argument("--probes", action="store_true",
                    help="add rows without the transformer probes (their own cost)")
+    p.add_argument("--control", action="store_true",
+                   help="add a second plain copy: what two identical copies differ by")
     p.add_argument("--quick", action="store_true", help="smoke run: 4 steps, 1 round, no jit")
     p.add_argument("--autotune", action="store_true",
                    help="tf.data's autotune on, as by default (epochs past 5.11 s quantised)")
@@ -453,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
                 line += (f" {statistics.median(row['log']):.3f} |"
                          f" {statistics.median(row['drain']):.3f} |")
             print(line, flush=True)
-            if row["label"].startswith("plain fit"):
+            if row["label"].startswith("plain fit") and "second copy" not in row["label"]:
                 memory.append((kind, row))
             elif row["state"] and row["label"] in ("Introspect(every='epoch')",
                                                     "Introspect(every='epoch'), jit_compile=True"):

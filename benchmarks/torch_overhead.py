@@ -5,8 +5,12 @@ the same loop with ``Introspector`` at ``every="epoch"`` and ``every=16`` (defau
 settings, all four views), and the same loop with ``wandb.watch(model, log="all",
 log_freq=N)`` (offline: ``WANDB_MODE=offline``, nothing leaves the machine) at the same
 cadences. After a warm-up epoch each, rounds of one epoch per variant are interleaved (the
-order rotates every round) and each figure is the median over rounds of the per-round
-ratio to the plain loop. "added CPU ms/step" is the CPU time above the plain loop divided
+order rotates every round and runs backwards every second one, so no variant always follows
+the same one) and each figure is the median over rounds of the per-round ratio to the plain
+loop. An instrumented epoch ends with ``flush()``: the work its point left to the
+worker thread is counted in its epoch, not in the next variant's. ``--control`` adds a
+second plain copy, whose ratio to the first is what two identical copies differ by here.
+"added CPU ms/step" is the CPU time above the plain loop divided
 by the epoch's steps, logging included. Every variant hands its loss over once per step
 (``intro.step(loss=loss)``, ``wandb.log({"loss": loss.item()})``); the plain loop does not.
 
@@ -24,6 +28,7 @@ with nanoGPT's blocks (``sdpa``: attention through ``F.scaled_dot_product_attent
 small Hugging Face Llama of the same sizes (``llama``).
 
     python benchmarks/torch_overhead.py --threads 1           # the table of docs/benchmarks.md
+    python benchmarks/torch_overhead.py --models gpt,sdpa,llama --threads 1 --control
     python benchmarks/torch_overhead.py --on-finding --no-wandb  # on_finding's cost
     python benchmarks/torch_overhead.py --models cnn --quick  # a fast smoke run
     python benchmarks/torch_overhead.py --profile --models cnn,gpt  # where a step's time goes
@@ -65,6 +70,11 @@ from tb_introspect.torch.probe_points import Held  # noqa: E402
 _WATCHED = itertools.count()
 COMPILED = "compiled: "
 TARGETS = {"Introspector(every='epoch')": (1.05, 1.10), "Introspector(every=16)": (1.10, 1.10)}
+#: The transformers' (wall, CPU) targets, probes on: the wall's tighter at ``every=16``.
+TRANSFORMER_TARGETS = {"Introspector(every='epoch')": (1.05, 1.10),
+                       "Introspector(every=16)": (1.05, 1.10)}
+#: The second plain copy of ``--control``.
+CONTROL = "plain, a second copy"
 
 
 def reference_cnn() -> nn.Sequential:
@@ -247,6 +257,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable, int, str]] = {
     "digits": (digits_cnn, digits, 16, "digits CNN (Lightning's)"),
     "gpt2": (tiny_gpt2, gpt2_tokens, 8, "tiny GPT-2 (Hugging Face's)"),
 }
+TRANSFORMERS = ("gpt", "sdpa", "llama")
 #: A later point's cost on the training thread, its statistics step's extra time
 #: included (ms): the trainer benchmarks' two models.
 POINT_TARGET_MS = {"digits": 10.0, "gpt2": 15.0}
@@ -290,6 +301,7 @@ class Variant:
                 self.wandb.log({"loss": loss.item()})
         if self.intro is not None:
             self.intro.end_epoch()
+            self.intro.flush()  # its point's work on the worker: this epoch's, not the next's
         return time.perf_counter() - wall, time.process_time() - cpu
 
     def close(self) -> None:
@@ -306,6 +318,8 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
     specs = [("plain", "plain", None),
              ("Introspector(every='epoch')", "introspector", "epoch"),
              ("Introspector(every=16)", "introspector", 16)]
+    if args.control:
+        specs.append((CONTROL, "control", None))
     if args.wandb:
         os.environ["WANDB_MODE"] = "offline"
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -335,7 +349,7 @@ def run_model(kind: str, args: argparse.Namespace, root: str) -> list[dict]:
                 v.epoch(data)
     for r in range(args.rounds):
         order = variants[r % len(variants):] + variants[: r % len(variants)]
-        for v in order:
+        for v in order[::-1] if r % 2 else order:
             w, c = v.epoch(data)
             v.wall.append(w)
             v.cpu.append(c)
@@ -517,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
                         " (default backend: inductor), against the compiled plain loop")
     p.add_argument("--profile", action="store_true",
                    help="per-step costs and operator profiles instead of the overhead table")
+    p.add_argument("--control", action="store_true",
+                   help="add a second plain copy: what two identical copies differ by")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 8, 1
@@ -539,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | configuration | wall | CPU | added CPU ms/step | target |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
-        wall_t, cpu_t = TARGETS.get(r["variant"], (None, None))
+        targets = TRANSFORMER_TARGETS if r["model"] in TRANSFORMERS else TARGETS
+        wall_t, cpu_t = targets.get(r["variant"], (None, None))
         target = " / ".join(f"≤ {t:.2f}×" for t in (wall_t, cpu_t) if t) or ""
         name = MODELS[r["model"]][3]
         print(f"| {name} | `{r['variant']}` | {r['wall']:.2f}× | {r['cpu']:.2f}× |"

@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from tb_introspect.pipeline.governor import Governor
+from tb_introspect.pipeline.governor import HEADROOM, Governor
 
 #: Lean steps timed (their median, less the lean work timed apart, is the plain step), and
 #: statistics steps (their mean: one alone gave spacings of 9 and 19 on the same model in
@@ -96,14 +96,16 @@ class Pacing:
     def repace(self, window_steps: int) -> None:
         """Space the statistics steps so that they, the lean steps' own work and the points'
         host work (the CPU the worker spent on each window's point and maps,
-        ``Governor.worked``, over a window of ``window_steps``) fit ``overhead``; at least a
-        quarter of it is left to the statistics steps."""
+        ``Governor.worked``, over a window of ``window_steps``) fit the share of ``overhead``
+        the governor plans to spend (``HEADROOM``); at least a quarter of it is left to the
+        statistics steps."""
         if self.share is None:
             return
         work = sum(statistics.median(d) for kind, d in self.governor.work_seconds.items()
                    if d and kind in ("point", "activity"))
         point = work / (window_steps * self.plain_cpu) if window_steps and self.plain_cpu else 0.0
-        left = max(self.overhead - point - self.lean_share, self.overhead / 4)
+        budget = self.overhead * HEADROOM
+        left = max(budget - point - self.lean_share, budget / 4)
         self.governor.spacing = max(self.stats_every, math.ceil(self.share / left))
 
     def skip(self) -> None:

@@ -7,8 +7,9 @@ the metrics); a statistics step also computes the layer outputs' and output grad
 statistics and runs the output-gradient probes. With ``every="epoch"`` the governor makes the
 first execution of each window (epoch) a statistics execution, never more often than one
 execution in ``spacing`` (``stats_every``), and otherwise only when the time it has saved
-covers one more: a budget of ``overhead`` times the plain step time accrues with every step,
-and each statistics execution's extra time and each logged point's time are paid from it.
+covers one more: a budget of ``overhead`` times the plain step time (``HEADROOM`` of it:
+the rest is kept for what no timer sees) accrues with every step, and each statistics
+execution's extra time and each logged point's time are paid from it.
 The plain step time is what the lean steps take, less the host time a front-end measured in
 its own instrumentation of them (the PyTorch hooks run on the host, so it can: their time is
 paid from the same budget, and a lean step that already costs the whole budget leaves only
@@ -47,6 +48,11 @@ from collections.abc import Callable
 HISTORY = 32
 #: Window ends timed before a paced window may grow (the first pays one-time costs).
 PACING_POINTS = 2
+#: The share of ``overhead`` the governor plans to spend. ``overhead`` is a ceiling: the
+#: estimates are medians of noisy timings, and part of what the instrumentation costs no
+#: timer sees (the hooks' dispatch outside their own time, caches a statistics step leaves
+#: cold), so a plan that spent the whole budget would exceed it about half of the time.
+HEADROOM = 0.8
 
 
 class Phase(enum.Enum):
@@ -86,7 +92,7 @@ class Governor:
 
     Args:
         overhead: share of the plain step time the statistics may add (None: no budget,
-            a statistics execution every ``spacing``).
+            a statistics execution every ``spacing``); ``HEADROOM`` of it is spent.
         spacing: the densest cadence, in executions.
         clock: seconds (``time.perf_counter``; tests pass a fake).
     """
@@ -94,6 +100,8 @@ class Governor:
     def __init__(self, overhead: float | None, spacing: int,
                  clock: Callable[[], float] = time.perf_counter):
         self.overhead = overhead
+        #: What each step's plain time adds to the budget, as a share of it.
+        self.rate = None if overhead is None else overhead * HEADROOM
         self.spacing = max(int(spacing), 1)
         self.clock = clock
         self.lean: deque[float] = deque(maxlen=HISTORY)  # seconds per step
@@ -168,7 +176,7 @@ class Governor:
         log = statistics.median(self.log_seconds) if self.log_seconds else 0.0
         log += self._work_per_window()
         steps = max(self.window_runs, 1)
-        spare = self.overhead * plain - added - log / steps - self.probe_share()
+        spare = self.rate * plain - added - log / steps - self.probe_share()
         if spare <= 0:
             return float(2**31)
         return float(min(max(self.spacing, math.ceil(extra / spare)), 2**31))
@@ -186,7 +194,7 @@ class Governor:
                 or len(self.window_seconds) < PACING_POINTS):
             return planned
         added = statistics.median(self.lean_added) if self.lean_added else 0.0
-        spare = self.overhead * plain - added - self.probe_share()
+        spare = self.rate * plain - added - self.probe_share()
         if spare <= 0:
             return None
         fixed = extra + _later(self.window_seconds) + self._work_per_window()
@@ -251,7 +259,7 @@ class Governor:
         plain = self.plain_step()
         if self.overhead is None or plain is None:
             return
-        self.credit += self.overhead * plain * steps
+        self.credit += self.rate * plain * steps
         self.credit -= max(seconds - plain * steps, 0.0) if full else instrumented
 
     def logged(self, seconds: float) -> None:

@@ -174,7 +174,8 @@ class Introspector:
         # probe steps of a paced run (``probe_every``).
         regression = (metadata.parse_loss(criterion_info(criterion)) or {}).get("task")
         self.probes = Probes(self.model, parts, self.outputs, self.plan, device,
-                             self.hooks.passes, regression=regression == "regression")
+                             self.hooks.passes, regression=regression == "regression",
+                             folds=self.output_states)
         self.hooks.listeners.append(self.probes.follow)
         self.metric_ring = MetricRing(device)
         self.pipeline = Pipeline(self, EventSink(self.log_dir, upload_secs=options.flush_secs)

@@ -58,6 +58,11 @@ class OutputStates:
         # where a GPU would make each lean step wait for the device.
         self.checks_finite = device.type == "cpu"
         self.nonfinite_seen = False
+        #: Outputs whose statistics fold also takes the kurtosis (set by the probes while
+        #: their layer hooks are on), and what it took: name -> (the output folded, its
+        #: kurtosis), until the probe of the same call reads it.
+        self.kurtosis_of: set[str] = set()
+        self.kurtosis: dict[str, tuple[torch.Tensor, float]] = {}
 
     def add(self, spec: OutputSpec, x: torch.Tensor, full: bool) -> bool:
         """Fold one call's output ``x`` (``full``: a statistics step's every part, else the
@@ -81,9 +86,12 @@ class OutputStates:
                 if not finite:
                     full = self.nonfinite_seen = True
             salt = self.salts["output", spec.name]
-            state.fold(self.buffers["output"], spec.segments["output"], x,
-                       salt.add_(self._salt_stride) if full else salt, full, self.arange,
-                       self.tallies.get(spec.name), finite=finite)
+            kurtosis = state.fold(self.buffers["output"], spec.segments["output"], x,
+                                  salt.add_(self._salt_stride) if full else salt, full,
+                                  self.arange, self.tallies.get(spec.name), finite=finite,
+                                  kurtosis=full and spec.name in self.kurtosis_of)
+            if kurtosis is not None:
+                self.kurtosis[spec.name] = (x, kurtosis)
             if (finite and spec.name in self.tallies and x.dtype == torch.float32
                     and self.tallies[spec.name].accepts(x, spec.segments["output"])):
                 self._counted[spec.name] = x.shape  # its next lean calls: ``_count``

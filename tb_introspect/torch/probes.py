@@ -44,6 +44,7 @@ from tb_introspect.pipeline.plan import Plan, sanitize
 from tb_introspect.torch import modules
 from tb_introspect.torch.attention_kernels import KERNELS
 from tb_introspect.torch.modules import OutputSpec
+from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.passes import ForwardPasses
 from tb_introspect.torch.probe_values import abs_median, logit_peak, mha_logit_peak
 from tb_introspect.torch.ranks import host_copy
@@ -79,7 +80,7 @@ class Probes:
 
     def __init__(self, model: nn.Module, parts: modules.Parts, outputs: Sequence[OutputSpec],
                  plan: Plan, device: torch.device, passes: ForwardPasses, *,
-                 regression: bool = False) -> None:
+                 regression: bool = False, folds: OutputStates | None = None) -> None:
         self.model = model
         self.passes = passes
         self.failures = plan.failures
@@ -88,7 +89,12 @@ class Probes:
         attention = parts.attention
         self.on = plan.options.probes and bool(attention or head)
         self.rows: dict[str, int] = {}
-        self._outputs = [(self._row(s.name), s.module) for s in outputs] if self.on else []
+        self._outputs = [(self._row(s.name), s.module, s.name) for s in outputs] \
+            if self.on else []
+        # The outputs' statistics folds: while the layer hooks are on, they also take the
+        # kurtosis where they have the deviations at hand (``OutputStates.kurtosis``), and
+        # the probe takes no passes of its own for it.
+        self.folds = folds
         by_module = {id(s.module): s.name for s in outputs}
         self._attention = {id(m): (self._row(sanitize(n)), m) for n, m in attention} \
             if self.on else {}
@@ -162,8 +168,10 @@ class Probes:
     def _install(self, light: bool = False) -> None:
         hook = self._handles.append
         self.light = light
-        for i, module in () if light else self._outputs:
-            hook(module.register_forward_hook(self._output_hook(i)))
+        for i, module, name in () if light else self._outputs:
+            hook(module.register_forward_hook(self._output_hook(i, name)))
+        if self.folds is not None and not light:
+            self.folds.kurtosis_of = {name for _, _, name in self._outputs}
         for i, module in self._attention.values():
             hook(module.register_forward_pre_hook(self._enter_hook(i)))
             hook(module.register_forward_hook(self._leave_hook, always_call=True))
@@ -184,6 +192,9 @@ class Probes:
         self._stack.clear()
         self._running = 0
         self._head_out = None
+        if self.folds is not None:
+            self.folds.kurtosis_of = set()
+            self.folds.kurtosis.clear()
         KERNELS.remove(self)
         self.active = self.light = False
 
@@ -259,15 +270,17 @@ class Probes:
         if start is not None:
             self.spent += time.perf_counter() - start
 
-    def _output_hook(self, i: int) -> Callable:
+    def _output_hook(self, i: int, name: str) -> Callable:
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
             x = modules.first_tensor(output)
+            folded = None if self.folds is None else self.folds.kurtosis.pop(name, None)
             if (x is not None and x.is_floating_point() and x.numel() and self._training()
                     and self.passes.reads(module)):
-                self._guarded(self._layer, i, x.detach())
+                kurtosis = folded[1] if folded is not None and folded[0] is x else None
+                self._guarded(self._layer, i, x.detach(), kurtosis)
         return hook
 
-    def _layer(self, i: int, x: torch.Tensor) -> None:
+    def _layer(self, i: int, x: torch.Tensor, kurtosis: float | None = None) -> None:
         flat = (x if x.dtype == torch.float64 else x.float()).reshape(-1)
         n = flat.numel()
         # The same uniform positions at every step (the batches differ): no draw to pay,
@@ -283,6 +296,9 @@ class Probes:
         d = scratch(flat, n, 1)[0]
         if flat.device.type == "cpu":  # numbers on the host: a few numpy calls, not kernels
             self._mean(i, "abs_median", probe_window.abs_median(sample.numpy()))
+            if kurtosis is not None:  # the statistics fold's (``folded``)
+                self._mean(i, "kurtosis", kurtosis)
+                return
             torch.sub(flat, float(flat.sum()) / n, out=d)
             m2 = float(torch.dot(d, d)) / n
             d.square_()

@@ -217,7 +217,7 @@ class ActivityTally:
 
 def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
          full: bool, arange: torch.Tensor, tally: ActivityTally | None = None,
-         finite: bool = False) -> None:
+         finite: bool = False, kurtosis: bool = False) -> float | None:
     """Add tensor ``x`` to its segment of ``buf``. ``full``: every part (a statistics step);
     otherwise only the activity counts (``act_count`` and the channel/position counts of
     finite non-zero values): two elementwise passes and a column sum (one pass fewer when
@@ -242,24 +242,23 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     a = o + ADDITIVE_LEN
     n = xf.numel()
     if n == 0:  # adds nothing (and aminmax has no identity)
-        return
+        return None
     big = n >= 2**24
     flat = xf.reshape(-1)
     if not full:
         if tally is not None and tally.accepts(xf, seg):
             tally.add(buf, seg, xf, finite)
-            return
+            return None
         (act,) = scratch(flat, n, 1)
         active = _finite_nonzero(flat, finite, act)
         buf[a:a + c + p].add_(_columns(active.view(xf.shape), seg))
         buf[a - 1].add_(float(n))
-        return
+        return None
     xz, work = scratch(flat, n, 2)
     host = _numpy_view(buf)
     total = _finite_sum(flat, big) if host is not None else None
     if total is not None:
-        _fold_finite(host, seg, xf, flat, total, work, int(seed))
-        return
+        return _fold_finite(host, seg, xf, flat, total, work, int(seed), kurtosis)
     torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0, out=xz)
     total = _sum(xz, big)
     sign = torch.sign(xz, out=work)
@@ -298,14 +297,16 @@ def fold(buf: torch.Tensor, seg: Segment, x: torch.Tensor, seed: torch.Tensor,
     buf[o:a + c + p].add_(torch.cat([parts, cols]))
     e = seg.extremes_at
     buf[e:e + EXTREMES_LEN] = torch.minimum(buf[e:e + EXTREMES_LEN], ext)
+    return None
 
 
 def _fold_finite(host: np.ndarray, seg: Segment, xf: torch.Tensor, flat: torch.Tensor,
-                 total: float, work: torch.Tensor, seed: int) -> None:
+                 total: float, work: torch.Tensor, seed: int,
+                 kurtosis: bool = False) -> float | None:
     """``fold``'s statistics fold of a CPU tensor of finite ``total`` (so every value is
     finite): five passes over it (its sum, its signs, their sum, its extremes, the deviations'
     dot product) and the column counts, the rest in numpy on the buffer's memory ``host``.
-    The state is the general path's, bit for bit."""
+    The state is the general path's, bit for bit. ``kurtosis``: ``fold``'s."""
     o, c, p, n = seg.offset, seg.channels, seg.positions, flat.numel()
     a = o + ADDITIVE_LEN
     fresh = host[o] == 0  # no statistics fold since the reset: the sample is empty
@@ -324,6 +325,12 @@ def _fold_finite(host: np.ndarray, seg: Segment, xf: torch.Tensor, flat: torch.T
     e = seg.extremes_at
     host[e] = min(host[e], float(mn))
     host[e + 1] = min(host[e + 1], -float(mx))
+    if not kurtosis:
+        return None
+    m2 /= n
+    squares = dev.square_()
+    m4 = float(torch.dot(squares, squares)) / n
+    return m4 / (m2 * m2) if m2 * m2 > 0 else math.nan
 
 
 def _merge_sample(buf: torch.Tensor, seg: Segment, flat: torch.Tensor, seed: torch.Tensor,

@@ -250,11 +250,12 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
     1 s and two statistics steps of 1.4 and 1.6 s: 0.5 s extra at a 5 % budget of 1 s is a
     statistics step every 10 steps, and nothing is timed (waited for) after that."""
     from tb_introspect.jax.pacing import Pacing
-    from tb_introspect.pipeline.governor import Governor
+    from tb_introspect.pipeline.governor import HEADROOM, Governor
 
+    five = 0.05 / HEADROOM  # the overhead of which the pacing plans to spend 5 %
     governor = Governor(None, 8)
     now = [0.0]
-    pacing = Pacing(governor, 0.05, clock=lambda: (now[0], 2 * now[0]))
+    pacing = Pacing(governor, five, clock=lambda: (now[0], 2 * now[0]))
     waits = []
     for full, seconds in ((True, 30.0), (False, 20.0), (False, 1.0), (False, 1.0),
                           (False, 1.0), (True, 1.4), (True, 1.6), (False, 1.0)):
@@ -269,7 +270,7 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
     assert governor.spacing == 20
     cheap = Governor(None, 8)
     cpu = [0.0]
-    pacing = Pacing(cheap, 0.05, clock=lambda: (now[0], cpu[0]))
+    pacing = Pacing(cheap, five, clock=lambda: (now[0], cpu[0]))
     for full, seconds, cpu_seconds in ((True, 3.0, 3.0), (False, 2.0, 2.0), (False, 1.0, 2.0),
                                        (False, 1.0, 2.0), (False, 1.0, 2.0), (True, 1.01, 2.2),
                                        (True, 1.01, 2.2)):
@@ -279,7 +280,7 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
     assert cheap.spacing == 8  # never closer than stats_every (wall 1 %, CPU 10 %: 2 steps)
     dear = Governor(None, 8)
     now, cpu = [0.0], [0.0]
-    pacing = Pacing(dear, 0.05, clock=lambda: (now[0], cpu[0]))
+    pacing = Pacing(dear, five, clock=lambda: (now[0], cpu[0]))
     for full, seconds, cpu_seconds in ((True, 3.0, 3.0), (False, 2.0, 2.0), (False, 1.0, 2.0),
                                        (False, 1.0, 2.0), (False, 1.0, 2.0), (True, 1.1, 3.1),
                                        (True, 1.1, 3.3)):
@@ -291,7 +292,7 @@ def test_pacing_spaces_the_statistics_steps_by_their_measured_cost():
     # is paid first: 2 % of the plain step, leaving 3 % to a statistics step's 51 %.
     paced = Governor(None, 8)
     now = [0.0]
-    pacing = Pacing(paced, 0.05, clock=lambda: (now[0], 2 * now[0]),
+    pacing = Pacing(paced, five, clock=lambda: (now[0], 2 * now[0]),
                     lean_work=lambda: (0.02, 0.04))
     for full, seconds in ((True, 30.0), (False, 20.0), (False, 1.0), (False, 1.0),
                           (False, 1.0), (True, 1.4), (True, 1.6)):
