@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import keras
 
 from tb_introspect import metadata
-from tb_introspect.jax.introspector import OFF, STATS, Carry, Introspector
+from tb_introspect.jax.carry import OFF, STATS, Carry
+from tb_introspect.jax.introspector import Introspector
 from tb_introspect.jax.pacing import Pacing
 from tb_introspect.keras.engine_callback import EngineCallback
 from tb_introspect.keras.model_parts import (
