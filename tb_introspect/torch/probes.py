@@ -350,7 +350,7 @@ class Probes:
             self.state[i, probe_window.PEAK["logit_max"]] = -math.inf
             self.state[i, probe_window.SUM["logit_lse"]] = 0.0
             self.state[i, probe_window.COUNT["logit_lse"]] = 0.0
-            if all(j != i for j, _ in self._outputs):
+            if all(j != i for j, _, _ in self._outputs):
                 self.seen.discard(i)  # no layer output's row either
             self._head = None
             if not self._attention:

@@ -9,6 +9,7 @@ reduction and the parity with Keras: ``tests/stats/test_probe_parity.py``."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -223,16 +224,19 @@ def test_probes_false_writes_none(tmp_path):
 
 def test_no_head_no_attention_no_probes(tmp_path):
     """A model whose last Linear does not make its output (a softmax after it) and with no
-    attention has no probes at all."""
+    attention has no probes at all, and says nothing failed."""
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4), nn.Softmax(-1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Introspector(tmp_path, model, opt, every=1) as intro:
-        for _ in range(2):
-            loss = model(torch.randn(16, 8)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            intro.step(loss=loss)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Introspector(tmp_path, model, opt, every=1) as intro:
+            for _ in range(2):
+                loss = model(torch.randn(16, 8)).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                intro.step(loss=loss)
+    assert not [str(w.message) for w in said if "failed" in str(w.message)]
     assert metadata.probes_tag() not in lib.read_run(str(tmp_path))
 
 
