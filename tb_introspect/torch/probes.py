@@ -48,7 +48,7 @@ from tb_introspect.torch.outputs import OutputStates
 from tb_introspect.torch.passes import ForwardPasses
 from tb_introspect.torch.probe_values import abs_median, logit_peak, mha_logit_peak
 from tb_introspect.torch.ranks import host_copy
-from tb_introspect.torch.state import hash_uniform, scratch
+from tb_introspect.torch.state import deviation_kurtosis, hash_uniform, scratch
 
 _WIDTH = probe_window.WIDTH
 PROBES = Part("probes")
@@ -300,10 +300,7 @@ class Probes:
                 self._mean(i, "kurtosis", kurtosis)
                 return
             torch.sub(flat, float(flat.sum()) / n, out=d)
-            m2 = float(torch.dot(d, d)) / n
-            d.square_()
-            m4 = float(torch.dot(d, d)) / n
-            self._mean(i, "kurtosis", m4 / (m2 * m2) if m2 * m2 > 0 else math.nan)
+            self._mean(i, "kurtosis", deviation_kurtosis(d))
             return
         self._mean(i, "abs_median", abs_median(sample))  # by selection, on the device
         # kurtosis: two passes from the mean, the sums of powers as dot products (fused); the

@@ -325,9 +325,14 @@ def _fold_finite(host: np.ndarray, seg: Segment, xf: torch.Tensor, flat: torch.T
     e = seg.extremes_at
     host[e] = min(host[e], float(mn))
     host[e + 1] = min(host[e + 1], -float(mx))
-    if not kurtosis:
-        return None
-    m2 /= n
+    return deviation_kurtosis(dev, m2) if kurtosis else None
+
+
+def deviation_kurtosis(dev: torch.Tensor, m2: float | None = None) -> float:
+    """The kurtosis m4 / m2² of a CPU tensor from its deviations from the mean ``dev``
+    (squared in place), ``m2`` their sum of squares when known; NaN for a constant one."""
+    n = dev.numel()
+    m2 = (float(torch.dot(dev, dev)) if m2 is None else m2) / n
     squares = dev.square_()
     m4 = float(torch.dot(squares, squares)) / n
     return m4 / (m2 * m2) if m2 * m2 > 0 else math.nan
