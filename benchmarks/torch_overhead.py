@@ -71,8 +71,7 @@ _WATCHED = itertools.count()
 COMPILED = "compiled: "
 TARGETS = {"Introspector(every='epoch')": (1.05, 1.10), "Introspector(every=16)": (1.10, 1.10)}
 #: The transformers' (wall, CPU) targets, probes on: the wall's tighter at ``every=16``.
-TRANSFORMER_TARGETS = {"Introspector(every='epoch')": (1.05, 1.10),
-                       "Introspector(every=16)": (1.05, 1.10)}
+TRANSFORMER_TARGETS = {**TARGETS, "Introspector(every=16)": (1.05, 1.10)}
 #: The second plain copy of ``--control``.
 CONTROL = "plain, a second copy"
 
