@@ -57,7 +57,7 @@ $(STAMP): Makefile setup.py pyproject.toml $(wildcard frontend/package.json fron
 	$(BIN)/uv pip install --python $(BIN)/python --no-deps 'tf-keras>=2.16,<2.22'
 	touch $(STAMP)
 
-# Rebuild the frontend bundle after editing frontend/src, tb_introspect/metadata.py or
+# Rebuild the frontend bundle after editing frontend/src, tb_introspect/metadata.py, slots.py or
 # tb_introspect/schema.py: frontend/src/schema.js (the names and chart texts the tab imports)
 # is generated from them.
 frontend: $(STAMP)

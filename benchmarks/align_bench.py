@@ -18,17 +18,17 @@ import time
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.plugin import overview
 from tb_introspect.read.series import Series, TagInfo, align
 
-FIELDS = ("rms", "epoch", *metadata.ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS)
+FIELDS = ("rms", "epoch", *slots.ACTIVITY_FIELDS, *slots.NONFINITE_FIELDS)
 
 
 def synthetic_view(tensors: int, steps: int) -> list[Series]:
     """``tensors`` gradient series; every tenth one logged at every other step only."""
     rng = np.random.default_rng(0)
-    fields = metadata.tensor_stats_fields("gradient")
+    fields = slots.tensor_stats_fields("gradient")
     out = []
     for i in range(tensors):
         at = np.arange(1, steps + 1) if i % 10 else np.arange(1, steps + 1, 2)

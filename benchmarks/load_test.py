@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 from plugin_bench import write_bench_run  # noqa: E402
 
-from tb_introspect import metadata  # noqa: E402
+from tb_introspect import metadata, slots  # noqa: E402
 from tests.reliability.reliability_testlib import serve  # noqa: E402
 
 #: One client's requests cycle through these routes in order.
@@ -92,7 +92,7 @@ def _check(route: str, doc: dict, run: str, tags: list[str], want_tags: list[str
     elif route == "overview":
         # The Overview draws the run's sample (bounded reads): at most every step, and
         # always the last one.
-        assert set(doc["views"]) == set(metadata.VIEWS)
+        assert set(doc["views"]) == set(slots.VIEWS)
         for view in doc["views"].values():
             assert 0 < len(view["steps"]) <= steps and view["steps"][-1] == steps - 1
             assert len(view["tensors"]) == len(tags) // 4
@@ -166,7 +166,7 @@ def run_load(plugin_url: str, run: str, tags: list[str], steps: int, *, clients:
 def bench_tags(tensors: int) -> list[str]:
     """The statistics tags of ``write_bench_run``'s run."""
     return [metadata.stats_tag(view, f"layer_{i:03d}/kernel")
-            for view in metadata.VIEWS for i in range(tensors)]
+            for view in slots.VIEWS for i in range(tensors)]
 
 
 def complete(entry: dict, steps: int) -> bool:

@@ -34,7 +34,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # the tests package: reuse its process helpers
 
-from tb_introspect import metadata, summary_pb  # noqa: E402
+from tb_introspect import metadata, slots, summary_pb  # noqa: E402
 from tb_introspect.plugin.introspect_plugin import LISTING_TTL_S  # noqa: E402
 from tb_introspect.writer import NumpyWriter  # noqa: E402
 from tests.plugin.plugin_testlib import fetch, get_json, tensorboard, wait_for  # noqa: E402
@@ -121,7 +121,7 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
     rng = np.random.default_rng(0)
     layers = [f"layer_{i:03d}" for i in range(tensors)]
     tags, metas = {}, {}
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         for depth, layer in enumerate(layers):
             tags[(view, layer)] = metadata.stats_tag(view, f"{layer}/kernel")
             metas[(view, layer)] = _as_version(metadata.create_tensor_stats_metadata(
@@ -129,8 +129,8 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
                 format_version)
     loss_meta = _as_version(metadata.create_metric_metadata("loss"), format_version)
     summaries = summary_pb.ViewSummaries()
-    widths = {v: len(metadata.tensor_stats_fields(v)) for v in metadata.VIEWS}
-    cols = {f: i for i, f in enumerate(metadata.tensor_stats_fields("variable"))}
+    widths = {v: len(slots.tensor_stats_fields(v)) for v in slots.VIEWS}
+    cols = {f: i for i, f in enumerate(slots.tensor_stats_fields("variable"))}
     # A healthy tensor of 4,096 values: no NaN/Inf; the other slots stay random in [0, 1].
     fixed = {"count": 4096, "finite_count": 4096, "nan_count": 0, "posinf_count": 0,
              "neginf_count": 0}
@@ -144,7 +144,7 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
         for step in range(steps):
             epoch = step // steps_per_epoch
             wall = 1e9 + step
-            for view in metadata.VIEWS:
+            for view in slots.VIEWS:
                 block = rng.uniform(0, 1, size=(tensors, widths[view]))
                 for name, value in fixed.items():
                     block[:, cols[name]] = value

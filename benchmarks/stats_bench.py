@@ -44,11 +44,11 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tb_introspect import metadata, stats  # noqa: E402
+from tb_introspect import slots, stats  # noqa: E402
 from tb_introspect.keras import kernels  # noqa: E402
 from tb_introspect.pipeline import options  # noqa: E402
 
-Q = tuple(metadata.DEFAULT_QUANTILES)
+Q = tuple(slots.DEFAULT_QUANTILES)
 STEP_K = options.DEFAULT_STEP_SAMPLE_SIZE
 LOG_K = options.DEFAULT_LOG_SAMPLE_SIZE
 CHANNELS = 32

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from tb_introspect import aliases, metadata
+from tb_introspect import aliases, slots
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs
 from tb_introspect.torch.introspector import Introspector, IntrospectorArgs
@@ -62,7 +62,7 @@ class IntrospectCallback(Callback):
         log_dir: str | os.PathLike | None = None,
         every: str | int = "auto",
         *,
-        views: Sequence[str] = metadata.VIEWS,
+        views: Sequence[str] = slots.VIEWS,
         **options: Unpack[OptionArgs],
     ):
         self.args = IntrospectorArgs(log_dir, every, views, options)

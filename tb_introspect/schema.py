@@ -9,27 +9,33 @@ so it must never import TensorFlow.
 
 from __future__ import annotations
 
-from tb_introspect.metadata import (
+from tb_introspect.metadata import CADENCES, PLUGIN_NAME, PROTO_VERSION, TAG_PREFIX
+from tb_introspect.slots import (
     ACTIVITY_FIELDS,
     BASE_FIELDS,
-    CADENCES,
     DEFAULT_QUANTILES,
     ILR_PREFIX,
     METRIC_EPOCH_BAND_FIELDS,
     METRIC_EPOCH_FIELDS,
     METRIC_FIELDS,
     NONFINITE_FIELDS,
-    PLUGIN_NAME,
     PROBE_FIELDS,
-    PROBE_REFERENCES,
     PROBE_VALUE_FIELDS,
-    PROTO_VERSION,
-    TAG_PREFIX,
     VIEW_EXTRA_FIELDS,
     VIEWS,
     WINDOW_STEP_FIELDS,
     quantile_field,
 )
+
+#: The findings' severities, most severe first.
+SEVERITIES = ("critical", "warning", "info")
+#: Reference thresholds the tab draws and the findings use: an attention logit past
+#: Megatron-LM's ``--qk-clip-threshold`` (100), the kurtosis of a Gaussian (3, a layer
+#: output at initialisation), a massive activation (|a| > 100 and > 1000 times the layer
+#: output's median |a|).
+PROBE_REFERENCES: dict[str, float] = {
+    "attn_logit_max": 100.0, "kurtosis": 3.0, "massive_abs": 100.0, "massive_ratio": 1000.0,
+}
 
 #: Each formula the tab prints, defined once; the chart texts below quote them.
 FORMULAS: dict[str, str] = {

@@ -1,7 +1,7 @@
 """Writes ``frontend/src/schema.js``: ``tb_introspect.schema.schema()`` as an ES module.
 
 The frontend imports the format's names and the chart texts from that module instead of
-keeping copies. Regenerate it after editing ``metadata.py`` (the format's names) or
+keeping copies. Regenerate it after editing ``metadata.py`` or ``slots.py`` (the format's names) or
 ``schema.py`` (the tab's texts)::
 
     python -m tb_introspect.schema_js            # rewrite frontend/src/schema.js
@@ -23,8 +23,8 @@ from tb_introspect import schema as tab_schema
 TARGET = Path("frontend") / "src" / "schema.js"
 
 HEADER = """\
-// Generated from tb_introspect/schema.py (schema.schema(), over metadata.py's names) by
-// `python -m tb_introspect.schema_js`: do not edit, edit those and regenerate.
+// Generated from tb_introspect/schema.py (schema.schema(), over metadata.py's and slots.py's
+// names) by `python -m tb_introspect.schema_js`: do not edit, edit those and regenerate.
 // One constant per key of the schema: the format's slot and view names and the
 // tab's chart texts, so that the frontend keeps no copy of its own.
 """

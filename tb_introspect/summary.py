@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from tb_introspect import metadata, stats
+from tb_introspect import metadata, slots, stats, summary_pb
 
 
 def _fill(vector: tf.Tensor, fields: Sequence[str], values: Mapping[str, object]) -> tf.Tensor:
@@ -61,7 +61,7 @@ def write_stats_vector(
     shape: Sequence[int | None] = (),
     dtype: str = "float32",
     cadence: str = "step",
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
 ) -> tf.Tensor:
     """Write an already computed statistics vector (e.g. from ``stats.tensor_stats``).
 
@@ -78,7 +78,7 @@ def write_stats_vector(
         view=view, name=name, layer=layer, depth=depth, shape=shape, dtype=dtype,
         cadence=cadence, quantiles=quantiles,
     )
-    n = len(metadata.tensor_stats_fields(view, quantiles))
+    n = len(slots.tensor_stats_fields(view, quantiles))
     vec = tf.cast(tf.reshape(vector, [-1]), tf.float64)
     if vec.shape[0] is not None and vec.shape[0] != n:
         raise ValueError(f"{name}: statistics vector has {vec.shape[0]} slots, layout has {n}")
@@ -96,7 +96,7 @@ def tensor_stats_summary(
     layer: str = "",
     depth: int = 0,
     cadence: str = "step",
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     epoch=0,
     sample_size: int = stats.DEFAULT_SAMPLE_SIZE,
     seed=None,
@@ -118,7 +118,7 @@ def tensor_stats_summary(
     vec = stats.tensor_stats(
         t, view, quantiles=quantiles, sample_size=sample_size, seed=seed, name=name
     )
-    fields = metadata.tensor_stats_fields(view, quantiles)
+    fields = slots.tensor_stats_fields(view, quantiles)
     vec = _fill(vec, fields, {"epoch": epoch, **(extras or {})})
     return write_stats_vector(
         name, vec, step, view=view, layer=layer, depth=depth,
@@ -146,7 +146,7 @@ def metric_summary(name: str, value, step=None, *, epoch=0) -> tf.Tensor:
 def metric_epoch_band(values, epoch=0) -> tf.Tensor:
     """``[epoch, min, p25, p50, p75, max, mean, count]`` over the finite ``values``.
 
-    ``metadata.metric_epoch_band`` run as a numpy function (eagerly or in a ``tf.function``,
+    ``summary_pb.metric_epoch_band`` run as a numpy function (eagerly or in a ``tf.function``,
     not under XLA, where ``tf.summary`` cannot run either).
 
     >>> metric_epoch_band([1.0, 2.0, float("nan"), 3.0], epoch=2).numpy().tolist()
@@ -155,9 +155,9 @@ def metric_epoch_band(values, epoch=0) -> tf.Tensor:
     v = tf.convert_to_tensor(values, dtype_hint=tf.float64)  # Python floats stay float64
     v = tf.cast(tf.reshape(v, [-1]), tf.float64)
     band = tf.numpy_function(
-        metadata.metric_epoch_band, [v, tf.cast(epoch, tf.float64)], tf.float64, stateful=False
+        summary_pb.metric_epoch_band, [v, tf.cast(epoch, tf.float64)], tf.float64, stateful=False
     )
-    return tf.ensure_shape(band, [len(metadata.METRIC_EPOCH_FIELDS)])
+    return tf.ensure_shape(band, [len(slots.METRIC_EPOCH_FIELDS)])
 
 
 def metric_epoch_summary(name: str, values, step=None, *, epoch=0) -> tf.Tensor:

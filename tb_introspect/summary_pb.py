@@ -13,54 +13,54 @@ import numpy as np
 from tensorboard.compat.proto import summary_pb2, types_pb2
 from tensorboard.util import tensor_util
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 
 
 def _float32_held(out: np.ndarray) -> np.ndarray:
     """``out`` as the summaries' float32, a finite value past its range held at its largest
     (still "too big", not non-finite)."""
-    big = float(np.finfo(metadata.SUMMARY_DTYPE).max)
-    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(metadata.SUMMARY_DTYPE)
+    big = float(np.finfo(slots.SUMMARY_DTYPE).max)
+    return np.where(np.isfinite(out), np.clip(out, -big, big), out).astype(slots.SUMMARY_DTYPE)
 
 
 def view_summary(view: str, rows: Sequence[str], vectors: np.ndarray,
-                 quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+                 quantiles: Sequence[float] = slots.DEFAULT_QUANTILES) -> np.ndarray:
     """The VIEW_SUMMARY matrix ``[rows, summary_fields(view)]`` (float32) of the packed
-    TENSOR_STATS vectors ``[rows, metadata.tensor_stats_fields(view, quantiles)]`` of one logged
+    TENSOR_STATS vectors ``[rows, slots.tensor_stats_fields(view, quantiles)]`` of one logged
     point, ``rows`` their tags. A finite slot past float32's range is held at its largest
     value (still "too big", not non-finite). Every writer builds its summary with this one
     function."""
-    fields = metadata.tensor_stats_fields(view, quantiles)
+    fields = slots.tensor_stats_fields(view, quantiles)
     v = np.asarray(vectors, dtype=np.float64).reshape(-1, len(fields))
     if len(rows) != len(v):
         raise ValueError(f"{view} summary: {len(rows)} rows, {len(v)} vectors")
     index = {f: i for i, f in enumerate(fields)}
-    cols = [np.array([metadata.row_key(t) for t in rows], dtype=np.float64)]
-    cols += [v[:, index[f]] for f in metadata.SUMMARY_FIELDS[1:]]
+    cols = [np.array([slots.row_key(t) for t in rows], dtype=np.float64)]
+    cols += [v[:, index[f]] for f in slots.SUMMARY_FIELDS[1:]]
     if view == "variable":
-        lo, hi, w = metadata.median_weights(quantiles)
-        a, b = (v[:, index[metadata.ILR_PREFIX + metadata.quantile_field(q)]] for q in (lo, hi))
+        lo, hi, w = slots.median_weights(quantiles)
+        a, b = (v[:, index[slots.ILR_PREFIX + slots.quantile_field(q)]] for q in (lo, hi))
         cols.append(a if w == 0.0 else (1.0 - w) * a + w * b)
     out = np.stack(cols, axis=1)
     return _float32_held(out)
 
 
 def probes_matrix(rows: Sequence[str], values: dict, epoch: float = 0) -> np.ndarray:
-    """The PROBES matrix ``[rows, metadata.PROBE_FIELDS]`` (float32) of one point: ``values[name]``
+    """The PROBES matrix ``[rows, slots.PROBE_FIELDS]`` (float32) of one point: ``values[name]``
     holds row ``name``'s ``PROBE_VALUE_FIELDS`` (a row without one is NaN but for its
     ``row_key``; a name that is not a row is left out). A finite value past float32's range
     is held at its largest value, as in ``view_summary``."""
-    width = len(metadata.PROBE_VALUE_FIELDS)
-    out = np.full((len(rows), len(metadata.PROBE_FIELDS)), np.nan)
+    width = len(slots.PROBE_VALUE_FIELDS)
+    out = np.full((len(rows), len(slots.PROBE_FIELDS)), np.nan)
     for i, name in enumerate(rows):
-        out[i, 0] = metadata.row_key(name)
+        out[i, 0] = slots.row_key(name)
         v = values.get(name)
         if v is None:
             continue
         v = np.asarray(v, dtype=np.float64).reshape(-1)
         if v.size != width:
             raise ValueError(f"probes of {name!r}: {v.size} values, expected {width}"
-                             f" ({', '.join(metadata.PROBE_VALUE_FIELDS)})")
+                             f" ({', '.join(slots.PROBE_VALUE_FIELDS)})")
         out[i, 1] = epoch
         out[i, 2:] = v
     return _float32_held(out)
@@ -98,7 +98,7 @@ def tensor_stats_pb(
     shape: Sequence[int | None] = (),
     dtype: str = "float32",
     cadence: str = "step",
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     with_metadata: bool = True,
 ) -> summary_pb2.Summary:
     """A Summary holding an already packed statistics vector (see docs/format.md).
@@ -109,7 +109,7 @@ def tensor_stats_pb(
     tag = metadata.stats_tag(view, name)
     metadata.check_cadence(cadence)
     vec = np.asarray(stats_vector, dtype=np.float64).reshape(-1)
-    expected = len(metadata.tensor_stats_fields(view, quantiles))
+    expected = len(slots.tensor_stats_fields(view, quantiles))
     if vec.size != expected:
         raise ValueError(f"{tag}: packed vector has {vec.size} slots, layout has {expected}")
     summary = summary_pb2.Summary()
@@ -125,20 +125,33 @@ def tensor_stats_pb(
 
 def metric_pb(name: str, value: float, epoch: int = 0, loss: str = "") -> summary_pb2.Summary:
     """A Summary holding one per-step value of a loss or metric (``loss``: the training
-    loss's description, ``metadata.loss_json``)."""
+    loss's description, ``loss_field.loss_json``)."""
     return _summary(
         metadata.metric_tag(name), metadata.create_metric_metadata(name, loss=loss),
         [epoch, value],
     )
 
 
+def metric_epoch_band(values, epoch: float = 0) -> np.ndarray:
+    """The METRIC_EPOCH vector ``[epoch, min, p25, p50, p75, max, mean, count]`` of ``values``.
+
+    Over the finite values only, percentiles with numpy's linear interpolation (exact: the
+    values of one epoch are few); NaN with ``count`` 0 when none is finite. The writers and
+    the overview (a band computed from per-step values) all use this one definition.
+    """
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    band = [*np.percentile(v, [0, 25, 50, 75, 100]), v.mean()] if v.size else [np.nan] * 6
+    return np.array([epoch, *band, v.size], dtype=np.float64)
+
+
 def metric_epoch_pb(name: str, values: Sequence[float], epoch: int,
                     loss: str = "") -> summary_pb2.Summary:
-    """A Summary holding the per-epoch band (``metadata.metric_epoch_band``) of ``values``."""
+    """A Summary holding the per-epoch band (``metric_epoch_band``) of ``values``."""
     return _summary(
         metadata.metric_tag(name, per_epoch=True),
         metadata.create_metric_metadata(name, per_epoch=True, loss=loss),
-        metadata.metric_epoch_band(values, epoch),
+        metric_epoch_band(values, epoch),
     )
 
 
@@ -164,11 +177,11 @@ def activity_pb(
 
 
 def fill_slots(
-    vector, view: str, quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES, **values: float
+    vector, view: str, quantiles: Sequence[float] = slots.DEFAULT_QUANTILES, **values: float
 ) -> np.ndarray:
     """A copy of a packed vector, or of a ``[rows, slots]`` stack of them, with the named
     slots (e.g. ``epoch=3``) set (a value per row, or one for all)."""
-    fields = metadata.tensor_stats_fields(view, quantiles)
+    fields = slots.tensor_stats_fields(view, quantiles)
     vec = np.array(vector, dtype=np.float64)
     if vec.ndim != 2:
         vec = vec.reshape(-1)
@@ -189,7 +202,7 @@ def view_summary_pb(
     rows: Sequence[str],
     vectors,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     cadence: str = "step",
     with_metadata: bool = True,
 ) -> summary_pb2.Summary:
@@ -212,7 +225,7 @@ def view_summary_pb(
         >>> pb.value[0].tag, tensor_util.make_ndarray(pb.value[0].tensor).shape
         ('introspect/summary/gradient', (2, 9))
     """
-    width = len(metadata.tensor_stats_fields(view, quantiles))
+    width = len(slots.tensor_stats_fields(view, quantiles))
     v = np.asarray(vectors, dtype=np.float64)
     if v.shape != (len(rows), width):
         raise ValueError(f"{view} summary: vectors have shape {v.shape}, expected"
@@ -237,7 +250,7 @@ def probes_pb(
 ) -> summary_pb2.Summary:
     """A Summary holding one logged point's PROBES matrix (format version 4).
 
-    ``probes``: module name -> its ``metadata.PROBE_VALUE_FIELDS`` (NaN where a probe does
+    ``probes``: module name -> its ``slots.PROBE_VALUE_FIELDS`` (NaN where a probe does
     not apply). ``rows``: the modules the matrix covers, in order (default: ``probes``'
     names); keep them the same at every point of a run, as with ``view_summary_pb``, and
     write the metadata with the tag's first point only.
@@ -313,14 +326,14 @@ class ViewSummaries:
         tags: Sequence[str],
         vectors,
         *,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
         cadence: str = "step",
     ) -> summary_pb2.Summary | None:
         """The summary of ``view`` at one point whose tensors' tags are ``tags`` and packed
         vectors ``vectors`` (``[len(tags), slots]``); None when the point has no tensor."""
         if not len(tags):
             return None
-        width = len(metadata.tensor_stats_fields(view, quantiles))
+        width = len(slots.tensor_stats_fields(view, quantiles))
         v = np.asarray(vectors, dtype=np.float64).reshape(len(tags), width)
         if view not in self.rows:
             self.rows[view] = tuple(dict.fromkeys(tags))  # a repeated tag is one row

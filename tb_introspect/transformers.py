@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.pipeline.failures import Failures
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.options import OptionArgs
@@ -79,7 +79,7 @@ class IntrospectCallback(TrainerCallback):
         log_dir: str | os.PathLike | None = None,
         every: str | int = "auto",
         *,
-        views: Sequence[str] = metadata.VIEWS,
+        views: Sequence[str] = slots.VIEWS,
         **options: Unpack[OptionArgs],
     ):
         self.args = IntrospectorArgs(log_dir, every, views, options)

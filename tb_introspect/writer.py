@@ -23,7 +23,7 @@ from types import TracebackType
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
-from tb_introspect import metadata, stats_np, summary_pb
+from tb_introspect import metadata, slots, stats_np, summary_pb
 from tb_introspect.pipeline.sink import EventSink
 
 
@@ -36,7 +36,7 @@ def tensor_stats_pb_from_array(
     depth: int = 0,
     cadence: str = "step",
     epoch: int = 0,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     sample_size: int | None = None,
     seed: int | None = None,
     extras: dict[str, float] | None = None,
@@ -114,7 +114,7 @@ class NumpyWriter:
         depth: int = 0,
         cadence: str = "step",
         epoch: int = 0,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
         sample_size: int | None = None,
         seed: int | None = None,
         extras: dict[str, float] | None = None,
@@ -142,7 +142,7 @@ class NumpyWriter:
         shape: Sequence[int | None] = (),
         dtype: str = "float32",
         cadence: str = "step",
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     ) -> None:
         """Write an already packed statistics vector."""
         self.add_summary(
@@ -158,7 +158,7 @@ class NumpyWriter:
     def add_metric(self, name: str, value: float, step: int, *, epoch: int = 0,
                    loss: str = "") -> None:
         """Write one per-step value of a loss or metric; ``loss``: the training loss's
-        description (``metadata.loss_json``), for the ``loss`` metric."""
+        description (``loss_field.loss_json``), for the ``loss`` metric."""
         self.add_summary(summary_pb.metric_pb(name, value, epoch=epoch, loss=loss), step)
 
     def add_metric_epoch(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.demo.evidence import (
     collect,
     margin_problems,
@@ -55,7 +55,7 @@ def test_every_run_has_the_four_views_and_tells_its_story(framework_demo):
     assert sorted(runs) == list(DEMO_RUNS)
     problems = {}
     for name, run in runs.items():
-        assert set(run.tensors) == set(metadata.VIEWS), name
+        assert set(run.tensors) == set(slots.VIEWS), name
         assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(run.metrics), name
         assert run.activity, name
         kinds = serious_kinds(run)
@@ -91,8 +91,8 @@ def framework_tb(framework_demo):
 @pytest.mark.parametrize("run", DEMO_RUNS)
 def test_every_view_of_a_run(browser, framework_tb, run):
     listed = {r["run"]: r for r in framework_tb.get_json("runs")["runs"]}[run]
-    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
-    assert views == metadata.VIEWS, listed
+    views = tuple(v for v in slots.VIEWS if listed["views"].get(v))
+    assert views == slots.VIEWS, listed
     p = Probe(browser, framework_tb, embedded=False)
     try:
         p.open(f"p.introspect.run={run}")

@@ -104,7 +104,8 @@ def test_checking_options_imports_neither_the_findings_engine_nor_the_plugin() -
 #: The parts of docs/design.md's dependency block: the first name of a module's path after
 #: ``tb_introspect`` that names a part, or the part it belongs to.
 PARTS = {"summary": "keras", "transformers": "trainers",
-         "lightning": "trainers", "metadata": "format", "proto": "format",
+         "lightning": "trainers", "metadata": "format", "slots": "format",
+         "loss_field": "format", "proto": "format",
          "summary_pb": "format", "schema": "format", "schema_js": "format",
          "rundata": "read"}
 

@@ -1,5 +1,5 @@
-// Generated from tb_introspect/schema.py (schema.schema(), over metadata.py's names) by
-// `python -m tb_introspect.schema_js`: do not edit, edit those and regenerate.
+// Generated from tb_introspect/schema.py (schema.schema(), over metadata.py's and slots.py's
+// names) by `python -m tb_introspect.schema_js`: do not edit, edit those and regenerate.
 // One constant per key of the schema: the format's slot and view names and the
 // tab's chart texts, so that the frontend keeps no copy of its own.
 

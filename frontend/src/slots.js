@@ -1,5 +1,5 @@
 // Slot and tag names built by the rules of the generated schema (./schema.js,
-// from tb_introspect/metadata.py): the naming lives there, the spelling here.
+// from tb_introspect/metadata.py and slots.py): the naming lives there, the spelling here.
 
 import { ILR_PREFIX, QUANTILE_FIELD, TAG_PREFIX, VIEWS } from "./schema.js";
 
@@ -36,7 +36,7 @@ export function formatG(x, digits = QUANTILE_FIELD.significant_digits) {
   return `${sign}${m}e${e < 0 ? "-" : "+"}${String(Math.abs(e)).padStart(2, "0")}`;
 }
 
-/** The slot of percentile `q` (metadata.quantile_field): q12.5, or with `log` logq12.5. */
+/** The slot of percentile `q` (slots.quantile_field): q12.5, or with `log` logq12.5. */
 export function quantileField(q, log) {
   return `${log ? QUANTILE_FIELD.log_prefix : QUANTILE_FIELD.prefix}${formatG(q)}`;
 }

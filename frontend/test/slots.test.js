@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { QUANTILE_FIELD, TAG_PREFIX, VIEWS } from "../src/schema.js";
 import { formatG, ilrField, quantileField, tensorNameOfTag, viewOfTag } from "../src/slots.js";
 
-test("quantileField spells every example of the schema as Python's metadata.quantile_field", () => {
+test("quantileField spells every example of the schema as Python's slots.quantile_field", () => {
   assert.ok(QUANTILE_FIELD.examples.length >= 10);
   for (const [q, plain, log] of QUANTILE_FIELD.examples) {
     assert.equal(quantileField(q, false), plain, `q=${q}`);

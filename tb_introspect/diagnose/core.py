@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect.metadata import PROBE_REFERENCES, SEVERITIES
 from tb_introspect.read.json_values import jsonable
 from tb_introspect.read.series import Aligned, RunSeries, align
 from tb_introspect.read.series import point_spans as point_spans  # re-exported for the rules
 from tb_introspect.read.series import unique as unique
+from tb_introspect.schema import PROBE_REFERENCES, SEVERITIES
 
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.diagnose.core import Finding, RunView, rule
 
 
-@rule("nonfinite", needs=(*metadata.VIEWS, "loss"), needs_history=False)
+@rule("nonfinite", needs=(*slots.VIEWS, "loss"), needs_history=False)
 def nonfinite(rv: RunView) -> list[Finding]:
     """The first step where any tensor or metric holds NaN/Inf (critical; one point suffices)."""
     # Per view: the first non-finite column, and (step, view order, depth, tag, view, layer,
@@ -16,7 +16,7 @@ def nonfinite(rv: RunView) -> list[Finding]:
     hits: list[tuple[int, int, int, str, str, str, float, float]] = []
     epochs: dict[int, int | None] = {}
     ever: set[str] = set()
-    for order, view in enumerate(metadata.VIEWS):
+    for order, view in enumerate(slots.VIEWS):
         a = rv.view(view)
         if a is None:
             continue

@@ -97,7 +97,7 @@ def infer_task(rv: RunView) -> Task | None:
 
 
 def declared_loss(rv: RunView) -> dict | None:
-    """What the loss is as the front-end recorded it (``metadata.parse_loss``), or None."""
+    """What the loss is as the front-end recorded it (``loss_field.parse_loss``), or None."""
     return rv.run.loss_info
 
 

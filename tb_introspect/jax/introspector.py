@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import slots, stats_np
 from tb_introspect.jax import fold as folds
 from tb_introspect.jax.carry import LEAN, OFF, STATS, Carry
 from tb_introspect.jax.pacing import Pacing
@@ -141,7 +141,7 @@ class Introspector:
         outputs: Any = None,
         every: str | int = "epoch",
         *,
-        views: Sequence[str] = metadata.VIEWS,
+        views: Sequence[str] = slots.VIEWS,
         initial_step: int = 0,
         initial_epoch: int = 0,
         **options: Unpack[OptionArgs],

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 import tensorflow as tf
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.keras import capture, private, probes
 from tb_introspect.keras import loss as compiled_loss
 from tb_introspect.keras.discovery import any_batch, batch_spec, discover_outputs
@@ -125,7 +125,7 @@ class Introspect(keras.callbacks.Callback):
         ...               callbacks=[Introspect(tempfile.mkdtemp(), every=1)])
     """
 
-    def __init__(self, log_dir: str, views: Sequence[str] = metadata.VIEWS,
+    def __init__(self, log_dir: str, views: Sequence[str] = slots.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
         super().__init__()
         self.options = Options.of(views, every, options)

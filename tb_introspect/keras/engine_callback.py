@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.pipeline.failures import warn
 from tb_introspect.pipeline.options import OptionArgs, Options, check_log_dir
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class EngineCallback(keras.callbacks.Callback):
     """A Keras callback that drives one of the framework engines (``introspector``)."""
 
-    def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = metadata.VIEWS,
+    def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = slots.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
         super().__init__()
         Options.of(views, every, dict(options))  # a bad option fails here, not in fit

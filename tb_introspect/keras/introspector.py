@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.keras import probes
 from tb_introspect.keras.front_end import KerasFrontEnd
 from tb_introspect.keras.workers import is_chief
@@ -83,7 +83,7 @@ class Introspector:
         >>> intro.close()
     """
 
-    def __init__(self, log_dir: str, views: Sequence[str] = metadata.VIEWS,
+    def __init__(self, log_dir: str, views: Sequence[str] = slots.VIEWS,
                  every: str | int = "epoch", *, initial_step: int = 0,
                  initial_epoch: int = 0, model: Any = None, **options: Unpack[OptionArgs]):
         if options.get("overhead") is not None:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.jax.carry import OFF, STATS, Carry
 from tb_introspect.jax.introspector import Introspector
 from tb_introspect.jax.pacing import Pacing
@@ -107,7 +107,7 @@ class Introspect(EngineCallback):
         >>> model.fit(x, y, epochs=10, callbacks=[Introspect("logs/run1")])  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = metadata.VIEWS,
+    def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = slots.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
         super().__init__(log_dir, views, every, **options)
         self.introspector: _KerasIntrospector | None = None

@@ -12,7 +12,7 @@ from typing import Any
 
 import keras
 
-from tb_introspect import metadata
+from tb_introspect import loss_field
 
 _CLASSIFICATION = ("sparse_categorical_crossentropy", "categorical_crossentropy",
                    "binary_crossentropy", "binary_focal_crossentropy",
@@ -26,7 +26,7 @@ def _functions(names: tuple[str, ...]) -> set:
 
 
 def describe(loss: Any) -> str:
-    """``metadata.loss_json`` of a compiled loss (a string, a function or a Loss object);
+    """``loss_field.loss_json`` of a compiled loss (a string, a function or a Loss object);
     "" when the loss is not one of Keras's cross-entropies or regression losses."""
     if isinstance(loss, str):
         try:
@@ -39,11 +39,11 @@ def describe(loss: Any) -> str:
         fn, kwargs = loss.fn, dict(getattr(loss, "_fn_kwargs", {}) or {})
     name = getattr(fn, "__name__", type(fn).__name__)
     if fn in _functions(_CLASSIFICATION):
-        return metadata.loss_json(
+        return loss_field.loss_json(
             "classification", from_logits=bool(kwargs.get("from_logits", False)),
             label_smoothing=float(kwargs.get("label_smoothing", 0.0) or 0.0), name=name)
     if fn in _functions(_REGRESSION):
-        return metadata.loss_json("regression", name=name)
+        return loss_field.loss_json("regression", name=name)
     return ""
 
 
@@ -55,12 +55,12 @@ def describe_model(model: Any) -> str:
     if loss is None or isinstance(loss, (dict, list, tuple)):
         return ""
     text = describe(loss)
-    info = metadata.parse_loss(text) or {}
+    info = loss_field.parse_loss(text) or {}
     if info.get("from_logits") and _keras_takes_the_logits(model):
         # Keras's softmax keeps its input on the TensorFlow tensor it returns, and the
         # cross-entropies take that as the logits even under from_logits=True (warning
         # about it): the loss then never sees probabilities.
-        text = metadata.loss_json("classification", from_logits=False,
+        text = loss_field.loss_json("classification", from_logits=False,
                                   label_smoothing=info["label_smoothing"], name=info["name"])
     return text
 

@@ -5,7 +5,7 @@ Per monitored layer output, the lower median of its finite |a| (of a sample of a
 ``MultiHeadAttention`` layer, the largest |pre-softmax logit| at evenly spread query rows
 against every key, the mask applied; for the output head (the last Dense layer of a
 classifier or language model), its largest logit and the mean over rows of the logits'
-logsumexp (``metadata.PROBE_FIELDS``, ``docs/format.md``). The definitions, the window
+logsumexp (``slots.PROBE_FIELDS``, ``docs/format.md``). The definitions, the window
 state and its reduction over replicas are the probes' contract, shared with PyTorch
 (``pipeline/probe_window.py``).
 
@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tb_introspect import metadata
+from tb_introspect import loss_field
 from tb_introspect.keras import capture, kernels, private
 from tb_introspect.keras.model_parts import CapturedLayer
 from tb_introspect.keras.probe_values import (
@@ -282,7 +282,7 @@ def discover(captured: Sequence[CapturedLayer], order: Sequence[str],
         dense = isinstance(last, (keras.layers.Dense, keras.layers.EinsumDense))
         probabilities = _activation_name(last) in _PROBABILITIES or any(
             _is_softmax(layer) for layer in ordered[weighted[-1] + 1:])
-        task = (metadata.parse_loss(loss_info) or {}).get("task")
+        task = (loss_field.parse_loss(loss_info) or {}).get("task")
         if dense and (task == "classification" or probabilities):
             head = (last, names[id(last)])
     if not attention and head is None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 import torch
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.keras.engine_callback import EngineCallback
 from tb_introspect.keras.model_parts import (
     is_rectifier,
@@ -83,7 +83,7 @@ class Introspect(EngineCallback):
         >>> model.fit(x, y, epochs=10, callbacks=[Introspect("logs/run1")])  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = metadata.VIEWS,
+    def __init__(self, log_dir: str | os.PathLike, views: Sequence[str] = slots.VIEWS,
                  every: str | int = "epoch", **options: Unpack[OptionArgs]):
         super().__init__(log_dir, views, every, **options)
         self.introspector: Introspector | None = None

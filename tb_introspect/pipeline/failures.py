@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from tb_introspect import metadata
+from tb_introspect import slots
 
 #: The host's parts: what a failure between training steps switches off.
 METRICS, STATISTICS, WRITING = "metrics", "statistics", "writing"
@@ -28,7 +28,7 @@ class Part(NamedTuple):
     def __str__(self) -> str:
         if self.name is not None:
             return f"{self.view} {self.name}"
-        return f"{self.view} view" if self.view in metadata.VIEWS else self.view
+        return f"{self.view} view" if self.view in slots.VIEWS else self.view
 
 
 def warn(message: str) -> None:

@@ -71,7 +71,7 @@ class Ring:
     def __init__(self) -> None:
         self.last_step = 0  # the last step whose values were written
         self.epoch_values: dict[str, list[float]] = {}  # of the window
-        #: The training loss's description (``metadata.loss_json``), written in the
+        #: The training loss's description (``loss_field.loss_json``), written in the
         #: metadata of the ``loss`` metric; set by the front-end before the first step.
         self.loss_info = ""
 

@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import schema, slots
 from tb_introspect.pipeline import storage
 
 #: Percentile sample bound for tensors summarised once per logged point
@@ -106,12 +106,12 @@ class OptionArgs(TypedDict, total=False):
 class Options:
     """What to collect and how; build it with ``Options.make`` (which validates)."""
 
-    views: tuple[str, ...] = metadata.VIEWS
+    views: tuple[str, ...] = slots.VIEWS
     every: str | int = "epoch"
     sample_size: int = DEFAULT_LOG_SAMPLE_SIZE
     step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE
     stats_every: int = DEFAULT_STATS_EVERY
-    quantiles: tuple[float, ...] = metadata.DEFAULT_QUANTILES
+    quantiles: tuple[float, ...] = slots.DEFAULT_QUANTILES
     flush_secs: float | None = None
     seed: int = 0
     layers: LayerNames = None
@@ -125,11 +125,11 @@ class Options:
     @classmethod
     def make(
         cls,
-        views: Sequence[str] = metadata.VIEWS,
+        views: Sequence[str] = slots.VIEWS,
         every: str | int = "epoch",
         sample_size: int = DEFAULT_LOG_SAMPLE_SIZE,
         step_sample_size: int = DEFAULT_STEP_SAMPLE_SIZE,
-        quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+        quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
         flush_secs: float | None = None,
         seed: int = 0,
         stats_every: int = DEFAULT_STATS_EVERY,
@@ -143,7 +143,7 @@ class Options:
     ) -> Options:
         """Validated options; raises ``ValueError`` naming the bad argument."""
         q = tuple(float(x) for x in quantiles)
-        metadata.tensor_stats_fields("variable", q)
+        slots.tensor_stats_fields("variable", q)
         every = check_every(every)
         return cls(
             views=check_views(views), every=every, window=check_window(window, every),
@@ -216,8 +216,8 @@ def check_overhead(value: float | None) -> float | None:
 def check_views(views: Sequence[str]) -> tuple[str, ...]:
     views = tuple(views)
     for v in views:
-        if v not in metadata.VIEWS:
-            raise ValueError(f"unknown view {v!r}; expected some of {', '.join(metadata.VIEWS)}")
+        if v not in slots.VIEWS:
+            raise ValueError(f"unknown view {v!r}; expected some of {', '.join(slots.VIEWS)}")
     return views
 
 
@@ -283,7 +283,7 @@ def check_on_finding(value: Any) -> Any:
 
 def check_severity(value: Any) -> str:
     """The least severity that acts: ``"critical"``, ``"warning"`` or ``"info"``."""
-    if isinstance(value, str) and value in metadata.SEVERITIES:
+    if isinstance(value, str) and value in schema.SEVERITIES:
         return value
-    raise ValueError(f"on_finding_severity must be one of {', '.join(metadata.SEVERITIES)},"
+    raise ValueError(f"on_finding_severity must be one of {', '.join(schema.SEVERITIES)},"
                      f" got {value!r}")

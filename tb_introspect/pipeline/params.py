@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tb_introspect import metadata, stats_np, summary_pb
+from tb_introspect import slots, stats_np, summary_pb
 from tb_introspect.pipeline.plan import Plan
 from tb_introspect.pipeline.point import Block, Point
 
@@ -244,7 +244,7 @@ class Params:
                             ilr[j] = merged[i, "ilr"]
                 extras = {"update_ratio": ratio}
                 if gsums is not None:
-                    extras.update({metadata.ILR_PREFIX + metadata.quantile_field(q): ilr[:, k]
+                    extras.update({slots.ILR_PREFIX + slots.quantile_field(q): ilr[:, k]
                                    for k, q in enumerate(o.quantiles)})
                 vecs = summary_pb.fill_slots(self._stats(keep, weights, "variable", merged, "w"),
                                              "variable", o.quantiles, **extras)

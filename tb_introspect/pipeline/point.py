@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tensorboard.compat.proto import summary_pb2
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.pipeline.plan import Monitored, Plan
 
 
@@ -40,7 +40,7 @@ class Point:
     # [variables, 3]: NaN, +Inf, -Inf values of the gradients of steps the optimizer
     # skipped (loss scaling found an overflow), in the plan's variable order.
     skipped: np.ndarray | None = None
-    # Module name -> its ``metadata.PROBE_VALUE_FIELDS`` over the window (NaN where a probe
+    # Module name -> its ``slots.PROBE_VALUE_FIELDS`` over the window (NaN where a probe
     # does not apply); written as the point's one PROBES summary, nothing when empty.
     probes: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -49,7 +49,7 @@ def fill(block: Block, plan: Plan, epoch: int, point: Point) -> np.ndarray:
     """``block``'s vectors with the ``epoch`` and step-count slots set and the skipped
     steps' non-finite values counted."""
     q = plan.options.quantiles
-    fields = metadata.tensor_stats_fields(block.view, q)
+    fields = slots.tensor_stats_fields(block.view, q)
     at = {f: i for i, f in enumerate(fields)}
     v = np.array(block.vectors, dtype=np.float64).reshape(len(block.specs), len(fields))
     v[:, at["epoch"]] = epoch
@@ -63,7 +63,7 @@ def fill(block: Block, plan: Plan, epoch: int, point: Point) -> np.ndarray:
         # Those steps left the sum (it would be Inf); their values are still counted.
         rows = {id(s): i for i, s in enumerate(plan.variables)}
         skipped = point.skipped[[rows[id(s)] for s in block.specs]]
-        for j, f in enumerate(metadata.NONFINITE_FIELDS):
+        for j, f in enumerate(slots.NONFINITE_FIELDS):
             v[:, at[f]] += skipped[:, j]
         v[:, at["count"]] += skipped.sum(axis=1)
     return v

@@ -37,9 +37,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 
-VALUE_FIELDS: tuple[str, ...] = metadata.PROBE_VALUE_FIELDS
+VALUE_FIELDS: tuple[str, ...] = slots.PROBE_VALUE_FIELDS
 #: The probes averaged over the window's statistics steps (a sum and a count each).
 MEANS: tuple[str, ...] = ("abs_median", "kurtosis", "logit_lse")
 #: The probes whose window value is the largest of its statistics steps'.
@@ -56,7 +56,7 @@ PEAK: dict[str, int] = {f: 2 * len(MEANS) + i for i, f in enumerate(MAXIMA)}
 MAXIMA_AT = 2 * len(MEANS)
 
 #: At most this many values of a layer output give ``abs_median`` (every value up to it).
-SAMPLE_SIZE = metadata.PROBE_SAMPLE_SIZE
+SAMPLE_SIZE = slots.PROBE_SAMPLE_SIZE
 #: At most this many query rows of an attention call give its ``attn_logit_max``.
 QUERY_ROWS = 64
 #: At most about this many logits of an attention call are made: fewer batch elements past

@@ -19,7 +19,7 @@ from tensorboard import plugin_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.plugin import (
     activity,
     assets,
@@ -298,7 +298,7 @@ class IntrospectPlugin(base_plugin.TBPlugin):
         runs = []
         for run in sorted(set(infos) | set(bad)):
             tags = infos.get(run, {}).values()
-            views = {v: 0 for v in metadata.VIEWS}
+            views = {v: 0 for v in slots.VIEWS}
             for t in tags:
                 if t.kind == provider.KIND_TENSOR_STATS:
                     views[t.view] = views.get(t.view, 0) + 1

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect import diagnose, metadata
+from tb_introspect import diagnose, slots, summary_pb
 from tb_introspect.read.json_values import int_list, num_list
 from tb_introspect.read.series import Aligned, RunSeries, Series, align
 
 logger = logging.getLogger(__name__)
 
 #: Percentiles (over tensors) of the per-tensor RMS drawn as model-level bands.
-RMS_QUANTILES: tuple[float, ...] = metadata.DEFAULT_QUANTILES
+RMS_QUANTILES: tuple[float, ...] = slots.DEFAULT_QUANTILES
 DEFAULT_MAX_POINTS = 2000
 #: Percentiles (over layers) of the per-layer median implicit learning rate.
 ILR_BAND_QUANTILES: tuple[float, ...] = (0.0, 25.0, 50.0, 75.0, 100.0)
@@ -129,7 +129,7 @@ def median_fields(s: Series) -> tuple[str, str, float] | None:
     A layout whose percentile points skip 50 is interpolated linearly between the two
     logged points around it, as numpy interpolates between order statistics.
     """
-    how = metadata.median_weights([q for q in s.info.quantiles if s.has(_ilr_field(q))])
+    how = slots.median_weights([q for q in s.info.quantiles if s.has(_ilr_field(q))])
     if how is None:
         return None
     lo, hi, w = how
@@ -137,7 +137,7 @@ def median_fields(s: Series) -> tuple[str, str, float] | None:
 
 
 def _ilr_field(q: float) -> str:
-    return metadata.ILR_PREFIX + metadata.quantile_field(q)
+    return slots.ILR_PREFIX + slots.quantile_field(q)
 
 
 def ilr_overview(a: Aligned, rows: Sequence[int], cols: np.ndarray) -> dict[str, Any] | None:
@@ -171,7 +171,7 @@ def ilr_overview(a: Aligned, rows: Sequence[int], cols: np.ndarray) -> dict[str,
 def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS) -> dict[str, Any]:
     """The overview of one view (see docs/http_api.md) as a JSON-ready dict."""
     a = align("", series)
-    a.raws(("rms", *metadata.ACTIVITY_FIELDS, *metadata.NONFINITE_FIELDS))  # in one pass
+    a.raws(("rms", *slots.ACTIVITY_FIELDS, *slots.NONFINITE_FIELDS))  # in one pass
     steps, epochs, rms = a.steps, a.epochs, a.raw("rms")
     nonfinite_m = a.nonfinite_counts()
     first_nonfinite = None
@@ -186,7 +186,7 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
     with np.errstate(divide="ignore", invalid="ignore"):
         log_rms = np.where(np.isfinite(rms_c) & (rms_c > 0), np.log10(rms_c), np.nan)
     activity = {}
-    for name in metadata.ACTIVITY_FIELDS:
+    for name in slots.ACTIVITY_FIELDS:
         summary = summarise_rows(a.raw(name)[:, cols])
         entry = {k: num_list(summary[k]) for k in ("mean", "min", "max")}
         if name != "activation_rate":
@@ -217,17 +217,17 @@ def view_overview(series: Sequence[Series], max_points: int = DEFAULT_MAX_POINTS
 
 
 def epoch_band_from_steps(values: np.ndarray, epochs: np.ndarray, steps: np.ndarray) -> dict:
-    """Per-epoch ``metadata.metric_epoch_band`` of per-step values, grouped by epoch."""
+    """Per-epoch ``summary_pb.metric_epoch_band`` of per-step values, grouped by epoch."""
     keep = np.isfinite(epochs)
     epochs, values, steps = epochs[keep], values[keep], steps[keep]
     groups = np.unique(epochs)
-    bands = np.array([metadata.metric_epoch_band(values[epochs == e], e) for e in groups])
-    bands = bands.reshape(len(groups), len(metadata.METRIC_EPOCH_FIELDS))
+    bands = np.array([summary_pb.metric_epoch_band(values[epochs == e], e) for e in groups])
+    bands = bands.reshape(len(groups), len(slots.METRIC_EPOCH_FIELDS))
     out: dict[str, list] = {
         "steps": [int(steps[epochs == e].max()) for e in groups],
         "epochs": int_list(groups),
     }
-    for i, key in enumerate(metadata.METRIC_EPOCH_FIELDS[1:], start=1):
+    for i, key in enumerate(slots.METRIC_EPOCH_FIELDS[1:], start=1):
         out[key] = int_list(bands[:, i]) if key == "count" else num_list(bands[:, i])
     return out
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import metadata, schema, slots
 from tb_introspect.read.json_values import int_list, num_list
 from tb_introspect.read.series import PROBE_DERIVED_FIELDS, Probes, RunSeries, TagInfo, probes_of
 
 #: Every field ``./probes`` can serve, in order.
-FIELDS: tuple[str, ...] = metadata.PROBE_VALUE_FIELDS + PROBE_DERIVED_FIELDS
+FIELDS: tuple[str, ...] = slots.PROBE_VALUE_FIELDS + PROBE_DERIVED_FIELDS
 
 
 def listing(infos: Mapping[str, TagInfo]) -> dict[str, Any] | None:
@@ -39,7 +39,7 @@ def document(run: str, rs: RunSeries, fields: Sequence[str] = ()) -> dict[str, A
     doc: dict[str, Any] = {
         "run": run,
         "fields": list(fields),
-        "references": dict(metadata.PROBE_REFERENCES),
+        "references": dict(schema.PROBE_REFERENCES),
         "steps": [], "epochs": [], "cadence": None, "rows": [], "values": {f: [] for f in fields},
     }
     if p is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.plugin import activity, probes
 from tb_introspect.plugin.http_io import int_list, num_list
 from tb_introspect.read.series import RunSeries, Series, TagInfo
@@ -19,7 +19,7 @@ def document(
 ) -> dict[str, Any]:
     """The ``./run`` JSON of a run (see docs/http_api.md); ``sampled``: tags read in part,
     ``infos``: the run's listing (activity maps are listed from it, never read here)."""
-    views: dict[str, list] = {v: [] for v in metadata.VIEWS}
+    views: dict[str, list] = {v: [] for v in slots.VIEWS}
     for view, series in rs.tensors.items():
         views[view] = [tensor_entry(s, s.info.tag in sampled, infos.get(s.info.tag, s.info))
                        for s in series]

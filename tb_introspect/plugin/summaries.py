@@ -1,7 +1,7 @@
 """The first screen from the VIEW_SUMMARY tags (format version 3).
 
 A view summary holds, per logged point, the few slots the Overview draws for every tensor
-of its view (``metadata.SUMMARY_FIELDS``). Reading 4 such tags instead of one tag per
+of its view (``slots.SUMMARY_FIELDS``). Reading 4 such tags instead of one tag per
 tensor is what makes the first screen of a long run fast: TensorBoard's data provider
 converts every point to numpy one proto at a time, so the cost is in the number of protos.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.read import provider
 from tb_introspect.read.series import RunSeries, Series, TagInfo
 
@@ -50,7 +50,7 @@ def mismatch(summary: Series) -> str | None:
         return "no row_key slot"
     col = summary.info.fields.index("row_key")
     keys = summary.values.reshape(len(summary), len(rows), len(summary.info.fields))[:, :, col]
-    want = np.array([metadata.row_key(t) for t in rows])
+    want = np.array([slots.row_key(t) for t in rows])
     bad = np.flatnonzero((keys != want).any(axis=1))
     if bad.size:
         return f"rows at step {int(summary.steps[bad[0]])} are not the rows of its metadata"

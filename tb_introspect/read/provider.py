@@ -18,7 +18,7 @@ import numpy as np
 from tensorboard import context as tb_context
 from tensorboard.data import provider as tb_provider
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.read.series import RunSeries, Series, TagInfo
 
 __all__ = [
@@ -198,7 +198,7 @@ def series_from_datums(info: TagInfo, datums: Sequence[tb_provider.TensorDatum])
         values = values.reshape(n, width)
     else:
         values = np.empty((0, width), dtype=np.float64)
-    values = metadata.upgrade_values(info.version, info.fields, values)
+    values = slots.upgrade_values(info.version, info.fields, values)
     return Series(info=info, steps=steps, wall_times=wall_times, values=values)
 
 
@@ -225,7 +225,7 @@ def assemble_run(
             result.probes = s
         # VIEW_SUMMARY tags repeat slots of the TENSOR_STATS tags (plugin.summaries reads them)
     # Views in the format's order, unknown (newer) views after them.
-    order = {v: i for i, v in enumerate(metadata.VIEWS)}
+    order = {v: i for i, v in enumerate(slots.VIEWS)}
     result.tensors = dict(
         sorted(result.tensors.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
     )

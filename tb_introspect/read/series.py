@@ -18,7 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import loss_field, metadata, slots
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class TagInfo:
     max_wall_time: float = 0.0
     #: VIEW_SUMMARY only: the TENSOR_STATS tag of each row of its [rows, fields] matrix.
     rows: tuple[str, ...] = ()
-    #: The training loss's metric only: what the loss is (``metadata.loss_json``), or "".
+    #: The training loss's metric only: what the loss is (``loss_field.loss_json``), or "".
     loss: str = ""
 
     @property
@@ -114,11 +114,11 @@ class RunSeries:
 
     @property
     def loss_info(self) -> dict | None:
-        """What the training loss is, as the front-end recorded it (``metadata.parse_loss``:
+        """What the training loss is, as the front-end recorded it (``loss_field.parse_loss``:
         task, from_logits, label_smoothing, name), or None when not recorded."""
         for s in (self.metrics.get("loss"), self.metric_epochs.get("loss")):
             if s is not None and s.info.loss:
-                return metadata.parse_loss(s.info.loss)
+                return loss_field.parse_loss(s.info.loss)
         return None
 
     def all_series(self) -> dict[str, Series]:
@@ -179,7 +179,7 @@ class Aligned:
         evidence of nothing but the NaN itself.
         """
         m = self.raw(name).copy()
-        if finite_only and name not in metadata.NONFINITE_FIELDS:
+        if finite_only and name not in slots.NONFINITE_FIELDS:
             m[self.nonfinite_mask()] = np.nan
         return m
 
@@ -187,7 +187,7 @@ class Aligned:
         """NaN + Inf values each tensor held at each step (0 where not logged)."""
         if "__nonfinite__" not in self._cache:
             self._cache["__nonfinite__"] = sum(
-                np.nan_to_num(self.raw(f), nan=0.0) for f in metadata.NONFINITE_FIELDS
+                np.nan_to_num(self.raw(f), nan=0.0) for f in slots.NONFINITE_FIELDS
             )
         return self._cache["__nonfinite__"]
 
@@ -240,7 +240,7 @@ def align(view: str, series: Sequence[Series]) -> Aligned:
     return a
 
 
-#: What :class:`Probes` holds besides ``metadata.PROBE_VALUE_FIELDS``: the layer output's
+#: What :class:`Probes` holds besides ``slots.PROBE_VALUE_FIELDS``: the layer output's
 #: max|a| (max(|min|, |max|) of its output packed vector at the probe's step) and the
 #: massive-activation ratio max|a| / abs_median.
 PROBE_DERIVED_FIELDS: tuple[str, ...] = ("max_abs", "massive_ratio")
@@ -290,12 +290,12 @@ def probes_of(run: RunSeries) -> Probes | None:
     cube = s.values.reshape(len(s), len(rows), len(fields))
     index = {f: i for i, f in enumerate(fields)}
     if "row_key" in index:
-        want = np.array([metadata.row_key(r) for r in rows])
+        want = np.array([slots.row_key(r) for r in rows])
         wrong = cube[:, :, index["row_key"]] != want  # (points, rows)
     else:
         wrong = np.zeros(cube.shape[:2], dtype=bool)
     values: dict[str, np.ndarray] = {}
-    for f in metadata.PROBE_VALUE_FIELDS:
+    for f in slots.PROBE_VALUE_FIELDS:
         m = cube[:, :, index[f]].T.copy() if f in index else np.full((len(rows), len(s)), np.nan)
         m[wrong.T] = np.nan
         values[f] = m

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import slots, stats_np
 from tb_introspect.stats.state import STATE_MERGE
 
 
@@ -37,7 +37,7 @@ def numpy_states(stacked: Mapping[str, np.ndarray]) -> list[stats_np.State]:
 
 
 def finalize_rows(stacked: Mapping[str, np.ndarray], view: str, *,
-                  quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+                  quantiles: Sequence[float] = slots.DEFAULT_QUANTILES) -> np.ndarray:
     """``[n, slots]``: the packed vector of each stacked engine state (``stats.finalize``'s
     slots, computed by ``stats_np.finalize_many``; ``epoch`` and the view's extra slots
     NaN)."""

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.stats import shapes
 from tb_introspect.stats.numeric import (
     DEFAULT_SAMPLE_SIZE,
@@ -39,9 +39,9 @@ def finalize(
     state: Mapping[str, tf.Tensor],
     view: str | None,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
 ) -> tf.Tensor:
-    """The packed statistics vector of a state, laid out as ``metadata.tensor_stats_fields``
+    """The packed statistics vector of a state, laid out as ``slots.tensor_stats_fields``
     (``view`` None: without the view's extra slots, the part every view shares).
 
     States stacked on leading axes (one per tensor: scalars ``[n]``, counts and samples
@@ -51,7 +51,7 @@ def finalize(
     (``finalize_rows``, the numpy twin's same slots).
     """
     if view is not None:
-        metadata.tensor_stats_fields(view, quantiles)  # validates the view
+        slots.tensor_stats_fields(view, quantiles)  # validates the view
     q = check_quantiles(quantiles)
     check_state(state)
     with tf.name_scope("finalize_stats"):
@@ -108,7 +108,7 @@ def finalize(
 def with_extra_slots(shared: tf.Tensor, view: str, quantiles: Sequence[float]) -> tf.Tensor:
     """``shared`` (``finalize(state, None)``: the slots every view shares, on the last axis)
     with ``view``'s extra slots appended, NaN (a logged point fills them on the host)."""
-    extra = len(metadata.view_extra_fields(view, quantiles))
+    extra = len(slots.view_extra_fields(view, quantiles))
     if not extra:
         return shared
     nan = tf.fill(tf.concat([tf.shape(shared)[:-1], [extra]], 0), tf.constant(NAN, F64))
@@ -120,12 +120,12 @@ def tensor_stats(
     x,
     view: str,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     sample_size: int = DEFAULT_SAMPLE_SIZE,
     seed=None,
     name: str | None = None,
 ) -> tf.Tensor:
-    """Statistics of ``x`` as a float64 vector laid out as ``metadata.tensor_stats_fields``:
+    """Statistics of ``x`` as a float64 vector laid out as ``slots.tensor_stats_fields``:
     the state of ``x`` as one batch, finalized.
 
     The ``epoch`` slot and the view's extra slots are NaN (callers fill them).
@@ -134,10 +134,10 @@ def tensor_stats(
     ``TypeError`` for string/complex tensors and ``ValueError`` for unknown rank.
 
     >>> v = tensor_stats(tf.range(10.0), "variable")
-    >>> float(v[metadata.tensor_stats_fields("variable").index("max")])
+    >>> float(v[slots.tensor_stats_fields("variable").index("max")])
     9.0
     """
-    metadata.tensor_stats_fields(view, quantiles)
+    slots.tensor_stats_fields(view, quantiles)
     k = check_sample_size(sample_size)
     x = to_float(x, name)
     if x.shape.rank is None:

@@ -1,7 +1,7 @@
 """Numpy twin of the TensorFlow statistics engine ``tb_introspect.stats`` (no TensorFlow).
 
 The same algebra of states: ``tensor_state`` (one array), ``merge_states`` and
-``finalize`` (the packed vector, ``metadata.tensor_stats_fields``), so
+``finalize`` (the packed vector, ``slots.tensor_stats_fields``), so
 ``tensor_stats(x)`` is ``finalize(tensor_state(x))``. PyTorch's device segments
 (``torch/state.py``) become these states on the host, and the numpy writer finalizes them
 too. Its modules mirror ``tb_introspect.stats``: ``state`` (the states), ``vector`` (the

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.stats_np.quantiles import Sorted
 from tb_introspect.stats_np.state import flat64
 
@@ -69,7 +69,7 @@ def cos_prevs(gs: Sequence[np.ndarray], prevs: Sequence[np.ndarray]) -> np.ndarr
 
 
 def implicit_lrs(dws: Sequence[np.ndarray], gsums: Sequence[np.ndarray],
-                 quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+                 quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
                  steps_per_sample: float = 1.0, seed: int = 0) -> np.ndarray:
     """``[variables, Q]``, the ``ilr_q<p>`` slots: percentiles of |dw| / |G| over the
     elements whose gradient sum ``G`` (``gsum`` times ``steps_per_sample`` with
@@ -120,7 +120,7 @@ def ilr_shard_sample(dw: np.ndarray, gsum: np.ndarray, steps_per_sample: float,
 
 
 def ilr_merge(samples: Sequence[np.ndarray], k: int,
-              quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+              quantiles: Sequence[float] = slots.DEFAULT_QUANTILES) -> np.ndarray:
     """``[Q]``: the ``ilr_q<p>`` slots of one variable from its shards' ``ilr_shard_sample``
     vectors (the ``k`` smallest keys of their union)."""
     keys = np.concatenate([s[:k] for s in samples])
@@ -133,7 +133,7 @@ def ilr_merge(samples: Sequence[np.ndarray], k: int,
 
 
 def ilr_quantiles(rows: Sequence[np.ndarray],
-                  quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES) -> np.ndarray:
+                  quantiles: Sequence[float] = slots.DEFAULT_QUANTILES) -> np.ndarray:
     """``[len(rows), Q]``: the percentiles of each row of implicit learning rates (NaN for
     an empty row)."""
     p = np.asarray(quantiles, dtype=np.float64) / 100.0

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.stats_np.quantiles import sample_quantiles
 from tb_introspect.stats_np.state import (
     DEFAULT_SAMPLE_SIZE,
@@ -23,9 +23,9 @@ def finalize(
     st: Mapping[str, np.ndarray],
     view: str,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
 ) -> np.ndarray:
-    """The packed float64 vector of a state, laid out as ``metadata.tensor_stats_fields``
+    """The packed float64 vector of a state, laid out as ``slots.tensor_stats_fields``
     (``stats.finalize``'s slots). The ``epoch`` slot and the view's extra slots are NaN."""
     return finalize_many([st], view, quantiles=quantiles)[0]
 
@@ -34,12 +34,12 @@ def finalize_many(
     states: Sequence[Mapping[str, np.ndarray]],
     view: str,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
 ) -> np.ndarray:
     """``[len(states), slots]``: the packed vector of each state (``finalize``), computed for
     all of them at once: a logged point finalizes dozens to hundreds of small states, whose
     numpy calls would otherwise cost more than their arithmetic."""
-    fields = metadata.tensor_stats_fields(view, quantiles)
+    fields = slots.tensor_stats_fields(view, quantiles)
     q = check_quantiles(quantiles)
     col = {f: i for i, f in enumerate(fields)}
     out = np.full((len(states), len(fields)), np.nan)
@@ -94,8 +94,8 @@ def finalize_many(
         samples, n_neg=n_neg, n_zero=nf - n_pos - n_neg, n_pos=n_pos, vmin=vmin, vmax=vmax,
         min_abs=np.where(np.isfinite(min_abs), min_abs, np.nan), quantiles=q,
     )
-    out[:, [col[metadata.quantile_field(qi)] for qi in q]] = vq
-    out[:, [col[metadata.quantile_field(qi, log=True)] for qi in q]] = lq
+    out[:, [col[slots.quantile_field(qi)] for qi in q]] = vq
+    out[:, [col[slots.quantile_field(qi, log=True)] for qi in q]] = lq
     return out
 
 
@@ -111,18 +111,18 @@ def tensor_stats(
     x,
     view: str,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     seed: int | np.random.Generator | None = None,
     name: str | None = None,
 ) -> np.ndarray:
-    """Statistics of array ``x`` as a float64 vector laid out as ``metadata.tensor_stats_fields``:
+    """Statistics of array ``x`` as a float64 vector laid out as ``slots.tensor_stats_fields``:
     ``finalize(tensor_state(x))``.
 
     ``sample_size=None`` takes exact percentiles (sorts every finite non-zero
     value). The ``epoch`` slot and the view's extra slots are NaN.
     """
-    metadata.tensor_stats_fields(view, quantiles)  # validates the view before any work
+    slots.tensor_stats_fields(view, quantiles)  # validates the view before any work
     check_quantiles(quantiles)
     st = tensor_state(x, sample_size=sample_size, seed=seed, name=name)
     return finalize(st, view, quantiles=quantiles)
@@ -132,7 +132,7 @@ def tensor_stats_many(
     arrays: Sequence,
     view: str,
     *,
-    quantiles: Sequence[float] = metadata.DEFAULT_QUANTILES,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     names: Sequence[str | None] | None = None,
 ) -> np.ndarray:
@@ -142,7 +142,7 @@ def tensor_stats_many(
     >>> tensor_stats_many([np.ones(3), np.arange(4.0)], "variable").shape[0]
     2
     """
-    metadata.tensor_stats_fields(view, quantiles)
+    slots.tensor_stats_fields(view, quantiles)
     check_quantiles(quantiles)
     states = tensor_states(arrays, sample_size=sample_size, names=names)
     return finalize_many(states, view, quantiles=quantiles)

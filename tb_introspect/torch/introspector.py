@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import loss_field, slots
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, Part
 from tb_introspect.pipeline.governor import Governor, Phase
 from tb_introspect.pipeline.options import (
@@ -118,7 +118,7 @@ class Introspector:
         optimizer: torch.optim.Optimizer | None = None,
         every: str | int = "epoch",
         *,
-        views: Sequence[str] = metadata.VIEWS,
+        views: Sequence[str] = slots.VIEWS,
         grad_scaler: Any = None,
         criterion: Any = None,
         initial_step: int = 0,
@@ -172,7 +172,7 @@ class Introspector:
                                self.parameter_views, optimizer)
         # The transformer probes, hooked on statistics steps (docs/format.md) and on the
         # probe steps of a paced run (``probe_every``).
-        regression = (metadata.parse_loss(criterion_info(criterion)) or {}).get("task")
+        regression = (loss_field.parse_loss(criterion_info(criterion)) or {}).get("task")
         self.probes = Probes(self.model, parts, self.outputs, self.plan, device,
                              self.hooks.passes, regression=regression == "regression",
                              folds=self.output_states)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import loss_field
 from tb_introspect.torch import modules
 
 #: Criterion classes: (task, from_logits). ``NLLLoss`` takes log-probabilities, ``BCELoss``
@@ -32,7 +32,7 @@ _KNOWN: tuple[tuple[type, str, bool | None], ...] = (
 
 
 def describe(criterion: Any) -> str:
-    """``metadata.loss_json`` of ``criterion``: None (not known: ""), a loss module, or a
+    """``loss_field.loss_json`` of ``criterion``: None (not known: ""), a loss module, or a
     dict with ``task`` ("classification" or "regression") and optionally ``from_logits``
     and ``label_smoothing``. ``TypeError``/``ValueError`` on anything else."""
     if criterion is None:
@@ -42,7 +42,7 @@ def describe(criterion: Any) -> str:
         if unknown or "task" not in criterion:
             raise ValueError("criterion as a dict takes 'task' and optionally 'from_logits'"
                              f" and 'label_smoothing', got {sorted(criterion)}")
-        return metadata.loss_json(criterion["task"],
+        return loss_field.loss_json(criterion["task"],
                                   from_logits=criterion.get("from_logits"),
                                   label_smoothing=criterion.get("label_smoothing", 0.0),
                                   name="declared")
@@ -51,7 +51,7 @@ def describe(criterion: Any) -> str:
                         f" or None, got {type(criterion).__name__}")
     for cls, task, from_logits in _KNOWN:
         if isinstance(criterion, cls):
-            return metadata.loss_json(
+            return loss_field.loss_json(
                 task, from_logits=from_logits,
                 label_smoothing=float(getattr(criterion, "label_smoothing", 0.0) or 0.0),
                 name=type(criterion).__name__)
@@ -69,7 +69,7 @@ def describe_run(criterion: Any, model: nn.Module, optimizer: torch.optim.Optimi
              "output_module": modules.final_module(model)}
     if not any(facts.values()):
         return text
-    d = json.loads(text or metadata.loss_json(None))
+    d = json.loads(text or loss_field.loss_json(None))
     d.update(facts)
     return json.dumps(d)
 

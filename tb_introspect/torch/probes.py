@@ -3,7 +3,7 @@
 On statistics steps, and only while one runs, this module hooks:
 
 * each monitored leaf output: its batch's median |a| (from at most
-  ``metadata.PROBE_SAMPLE_SIZE`` values drawn without the user's RNG) and kurtosis m4 / m2²;
+  ``slots.PROBE_SAMPLE_SIZE`` values drawn without the user's RNG) and kurtosis m4 / m2²;
 * the attention logits where they are made: ``torch.nn.functional``'s
   ``scaled_dot_product_attention`` (a fused kernel never materialises them, so its own
   inputs are read: a sample of query rows against every key, with its scale and mask) and
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.governor import Phase
@@ -108,7 +108,7 @@ class Probes:
         self._light_columns = torch.tensor(LIGHT_COLUMNS, device=device)
         self.seen: set[int] = set()  # rows with a value since the start (host bookkeeping)
         # uniform positions in [0, 1) of the median's sample, without the user's RNG
-        self.draws = hash_uniform(torch.arange(metadata.PROBE_SAMPLE_SIZE, device=device),
+        self.draws = hash_uniform(torch.arange(slots.PROBE_SAMPLE_SIZE, device=device),
                                    torch.zeros((), dtype=torch.int64, device=device))
         self._picks: dict[int, torch.Tensor] = {}  # output size -> the median's positions
         self._handles: list[Any] = []

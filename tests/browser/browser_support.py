@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tensorboard.compat.proto import summary_pb2
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import slots, summary_pb
 from tb_introspect.writer import NumpyWriter
 from tests.plugin.plugin_testlib import NO_TF_TENSORBOARD, served_port
 
@@ -111,7 +111,7 @@ def nan_steps(run: str, view: str, index: int) -> range:
 
 
 def stats_vector(run: str, view: str, index: int, step: int, shape) -> list[float]:
-    fields = metadata.tensor_stats_fields(view)
+    fields = slots.tensor_stats_fields(view)
     rms = known_rms(run, view, index, step)
     size = 1
     for d in shape:
@@ -145,11 +145,11 @@ def stats_vector(run: str, view: str, index: int, step: int, shape) -> list[floa
         "activity_steps": float("nan"),
         "steps": float("nan"),
     }
-    for q, z, hz in zip(metadata.DEFAULT_QUANTILES, NORMAL_Z, HALF_NORMAL_Z, strict=True):
-        values[metadata.quantile_field(q)] = max(z, 0.0) * rms if relu else z * rms
-        values[metadata.quantile_field(q, log=True)] = math.log10(hz * rms)
+    for q, z, hz in zip(slots.DEFAULT_QUANTILES, NORMAL_Z, HALF_NORMAL_Z, strict=True):
+        values[slots.quantile_field(q)] = max(z, 0.0) * rms if relu else z * rms
+        values[slots.quantile_field(q, log=True)] = math.log10(hz * rms)
         # Implicit learning rate: the run's rate at the median, a decade from min to max.
-        values[metadata.ILR_PREFIX + metadata.quantile_field(q)] = \
+        values[slots.ILR_PREFIX + slots.quantile_field(q)] = \
             known_lr(run) * 10.0 ** ((q - 50.0) / 100.0)
     if step in nan_steps(run, view, index):
         for key in values:
@@ -160,7 +160,7 @@ def stats_vector(run: str, view: str, index: int, step: int, shape) -> list[floa
     return [float(values[f]) for f in fields]
 
 
-def write_run(logdir: Path, run: str, views=metadata.VIEWS, steps: int = 120,
+def write_run(logdir: Path, run: str, views=slots.VIEWS, steps: int = 120,
               first_step: int = 1) -> None:
     """Write one fixture run: per-step stats of ``views``, loss/accuracy and epoch bands."""
     writer = NumpyWriter(logdir / run)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from tensorboard.compat.proto import summary_pb2
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import slots, summary_pb
 from tb_introspect.demo.models import HEALTHY_LR, MOMENTUM
 from tb_introspect.writer import NumpyWriter
 from tests.browser.browser_session import (
@@ -63,18 +63,18 @@ def write_tiny_run(logdir: Path, run: str = "tiny", steps: int = 40) -> None:
     writer = NumpyWriter(logdir / run)
     for step in range(1, steps + 1):
         summary = summary_pb2.Summary()
-        for view in metadata.VIEWS:
-            fields = metadata.tensor_stats_fields(view)
+        for view in slots.VIEWS:
+            fields = slots.tensor_stats_fields(view)
             for index, (name, layer, depth, shape) in enumerate(TENSORS[view]):
                 v = dict(zip(fields, stats_vector(run, view, index, step, shape), strict=True))
                 scale = 10.0 ** (-28 - 5 * index - step / 2)
                 zero = index == 1  # one tensor that is exactly zero everywhere
                 for f in ("mean", "std", "rms", "l2", "min", "max"):
                     v[f] = 0.0 if zero else v[f] * scale
-                for q in metadata.DEFAULT_QUANTILES:
-                    v[metadata.quantile_field(q)] = 0.0 if zero else \
-                        v[metadata.quantile_field(q)] * scale
-                    log_f = metadata.quantile_field(q, log=True)
+                for q in slots.DEFAULT_QUANTILES:
+                    v[slots.quantile_field(q)] = 0.0 if zero else \
+                        v[slots.quantile_field(q)] * scale
+                    log_f = slots.quantile_field(q, log=True)
                     v[log_f] = math.nan if zero else v[log_f] + math.log10(scale)
                 v["zero_fraction"] = 1.0 if zero else 0.25
                 if "update_ratio" in v:
@@ -134,7 +134,7 @@ def real_tb(real_logdir):
 @pytest.mark.parametrize("run", [*DEMO_RUNS, APP_RUN])
 def test_every_view_of_a_real_run(browser, real_tb, run):
     listed = {r["run"]: r for r in real_tb.get_json("runs")["runs"]}[run]
-    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
+    views = tuple(v for v in slots.VIEWS if listed["views"].get(v))
     assert views, listed
     # One real run in TensorBoard's page; the tab's page alone for the others (browser_session).
     p = Probe(browser, real_tb, embedded=run == DEMO_RUNS[0])
@@ -448,7 +448,7 @@ def test_format_v1_run_opens_every_view_and_has_no_activity_map(browser, v1_tb):
     doc = v1_tb.get_json("run?run=adam_cnn")
     assert doc["activity"] == [] and all(t["activity_tag"] is None
                                          for t in doc["views"]["output"])
-    views = tuple(v for v in metadata.VIEWS if listed["views"].get(v))
+    views = tuple(v for v in slots.VIEWS if listed["views"].get(v))
     assert "output" in views, listed
     p = Probe(browser, v1_tb, embedded=False)
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import schema, summary_pb
 from tb_introspect.writer import NumpyWriter
 from tests.browser.browser_session import MIN_PIXELS, Session, readout_pairs
 from tests.browser.browser_support import tensorboard, write_run
@@ -76,7 +76,7 @@ def test_the_transformer_section_draws_the_probes_with_their_references(browser,
         assert tuple(names) == CHARTS
         pixels = s.coloured("#sec-transformer .chart canvas")
         assert min(pixels) >= MIN_PIXELS, dict(zip(names, pixels, strict=True))
-        refs = metadata.PROBE_REFERENCES
+        refs = schema.PROBE_REFERENCES
         for chart, ref in (("probes-attn", refs["attn_logit_max"]),
                            ("probes-ratio", refs["massive_ratio"]),
                            ("probes-kurtosis", refs["kurtosis"])):

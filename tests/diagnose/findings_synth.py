@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.read.provider import KIND_METRIC, KIND_METRIC_EPOCH, KIND_TENSOR_STATS
 from tb_introspect.read.series import RunSeries, Series, TagInfo
 
-Q = metadata.DEFAULT_QUANTILES
+Q = slots.DEFAULT_QUANTILES
 
 
 def tensor(
@@ -32,7 +32,7 @@ def tensor(
     list of per-point 9-value rows) to set the percentile slots.
     """
     name = name or f"{layer}/kernel"
-    names = metadata.tensor_stats_fields(view, Q)
+    names = slots.tensor_stats_fields(view, Q)
     n = len(steps)
     values = np.full((n, len(names)), np.nan)
     col = {f: i for i, f in enumerate(names)}
@@ -44,7 +44,7 @@ def tensor(
     if qv is not None:
         qv = np.broadcast_to(np.asarray(qv, dtype=np.float64), (n, len(Q)))
         for k, q in enumerate(Q):
-            values[:, col[metadata.quantile_field(q)]] = qv[:, k]
+            values[:, col[slots.quantile_field(q)]] = qv[:, k]
         values[:, col["min"]] = qv[:, 0]
         values[:, col["max"]] = qv[:, -1]
     for f, v in fields.items():
@@ -63,19 +63,19 @@ def metric(name: str, steps: Sequence[int], values: Sequence[float],
     n = len(steps)
     v = np.column_stack([np.zeros(n) if epochs is None else epochs, values]).astype(np.float64)
     info = TagInfo(tag=metadata.metric_tag(name), kind=KIND_METRIC, version=1, name=name,
-                   fields=metadata.METRIC_FIELDS)
+                   fields=slots.METRIC_FIELDS)
     return Series(info, np.asarray(steps, dtype=np.int64), np.zeros(n), v)
 
 
 def metric_epoch(name: str, steps: Sequence[int], medians: Sequence[float],
                  loss: str = "") -> Series:
     """A METRIC_EPOCH band whose quartiles sit +-10% around ``medians``; ``loss``: the
-    loss's description (``metadata.loss_json``) its metadata carries."""
+    loss's description (``loss_field.loss_json``) its metadata carries."""
     m = np.asarray(medians, dtype=np.float64)
     n = m.size
     v = np.column_stack([np.arange(n), 0.5 * m, 0.9 * m, m, 1.1 * m, 2 * m, m, np.full(n, 10)])
     info = TagInfo(tag=metadata.metric_tag(name, per_epoch=True), kind=KIND_METRIC_EPOCH,
-                   version=1, name=name, fields=metadata.METRIC_EPOCH_FIELDS, loss=loss)
+                   version=1, name=name, fields=slots.METRIC_EPOCH_FIELDS, loss=loss)
     return Series(info, np.asarray(steps, dtype=np.int64), np.zeros(n), v)
 
 

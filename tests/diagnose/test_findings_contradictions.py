@@ -10,13 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import loss_field
 from tb_introspect.diagnose import find_issues
 from tb_introspect.diagnose.classification import softmax_floor
 from tests.diagnose.findings_synth import epochs_steps, kinds, metric, metric_epoch, run, tensor
 
-FROM_LOGITS = metadata.loss_json("classification", from_logits=True, name="CrossEntropyLoss")
-SMOOTHED = metadata.loss_json("classification", from_logits=True, label_smoothing=0.2,
+FROM_LOGITS = loss_field.loss_json("classification", from_logits=True, name="CrossEntropyLoss")
+SMOOTHED = loss_field.loss_json("classification", from_logits=True, label_smoothing=0.2,
                               name="CrossEntropyLoss")
 
 
@@ -54,7 +54,7 @@ def test_loss_floor_from_a_softmax_output_under_a_from_logits_loss() -> None:
     assert f.evidence["signal"] == "softmax output" and f.layers == ["classifier"]
     assert f.evidence["floor_loss"] == pytest.approx(softmax_floor(10))
     # The same output under a loss on probabilities, or a loss not declared: nothing.
-    probs = metadata.loss_json("classification", from_logits=False)
+    probs = loss_field.loss_json("classification", from_logits=False)
     assert "loss_floor" not in kinds(find_issues(_classifier(loss, acc, softmax=True,
                                                              declared=probs)))
     assert "loss_floor" not in kinds(find_issues(_classifier(loss, acc, softmax=True,

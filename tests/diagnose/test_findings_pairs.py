@@ -105,12 +105,12 @@ def test_what_each_front_end_records_of_the_loss() -> None:
     import keras
     import torch
 
-    from tb_introspect import metadata
+    from tb_introspect import loss_field
     from tb_introspect.keras.loss import describe as keras_loss
     from tb_introspect.torch.loss import describe as torch_loss
 
     def parsed(text):
-        return metadata.parse_loss(text)
+        return loss_field.parse_loss(text)
 
     assert parsed(keras_loss("sparse_categorical_crossentropy")) == {
         "task": "classification", "from_logits": False, "label_smoothing": 0.0,

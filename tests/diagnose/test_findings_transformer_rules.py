@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.diagnose import Thresholds, find_issues
 from tb_introspect.read.provider import KIND_PROBES
 from tb_introspect.read.series import RunSeries, Series, TagInfo
@@ -31,11 +31,11 @@ def probes(rows: dict[str, dict[str, list[float]]], steps=STEPS) -> Series:
     names = list(rows)
     mats = []
     for j in range(len(steps)):
-        vals = {r: [rows[r].get(f, [NAN] * len(steps))[j] for f in metadata.PROBE_VALUE_FIELDS]
+        vals = {r: [rows[r].get(f, [NAN] * len(steps))[j] for f in slots.PROBE_VALUE_FIELDS]
                 for r in names}
         mats.append(summary_pb.probes_matrix(names, vals, epoch=0))
     info = TagInfo(tag=metadata.probes_tag(), kind=KIND_PROBES, version=4, name="probes",
-                   fields=metadata.PROBE_FIELDS, cadence="window", rows=tuple(names))
+                   fields=slots.PROBE_FIELDS, cadence="window", rows=tuple(names))
     values = np.stack(mats).reshape(len(steps), -1).astype(np.float64)
     return Series(info, np.asarray(steps, dtype=np.int64), np.zeros(len(steps)), values)
 

@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import summary_pb2, types_pb2
 
-from tb_introspect import metadata, summary_pb, writer
+from tb_introspect import metadata, slots, summary_pb, writer
 from tb_introspect.proto import plugin_data_pb2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,14 +36,14 @@ def test_tensor_stats_metadata_round_trip():
     assert list(data.shape) == [3, 3, -1, 16]
     assert (data.dtype, data.cadence) == ("bfloat16", "epoch")
     assert list(data.quantiles) == [1.0, 50.0, 99.0]
-    assert tuple(data.fields) == metadata.tensor_stats_fields("gradient", (1, 50, 99))
+    assert tuple(data.fields) == slots.tensor_stats_fields("gradient", (1, 50, 99))
     assert data.fields[-1] == "cos_prev" and "logq99" in data.fields
 
 
 def test_metric_metadata_round_trip():
     for per_epoch, kind, fields in [
-        (False, metadata.METRIC, metadata.METRIC_FIELDS),
-        (True, metadata.METRIC_EPOCH, metadata.METRIC_EPOCH_FIELDS),
+        (False, metadata.METRIC, slots.METRIC_FIELDS),
+        (True, metadata.METRIC_EPOCH, slots.METRIC_EPOCH_FIELDS),
     ]:
         meta = metadata.create_metric_metadata("val_loss", per_epoch=per_epoch)
         data = metadata.parse_plugin_data(meta.plugin_data.content)
@@ -93,8 +93,8 @@ def test_tensor_stats_pb_holds_what_make_tensor_proto_makes():
     from tensorboard.util import tensor_util
 
     rng = np.random.default_rng(0)
-    for view in metadata.VIEWS:
-        vec = rng.normal(size=len(metadata.tensor_stats_fields(view)))
+    for view in slots.VIEWS:
+        vec = rng.normal(size=len(slots.tensor_stats_fields(view)))
         vec[:3] = [np.nan, np.inf, -0.0]
         for first in (True, False):
             pb = summary_pb.tensor_stats_pb(vec, view=view, name="d/kernel", cadence="epoch",
@@ -109,7 +109,7 @@ def test_tensor_stats_pb_holds_what_make_tensor_proto_makes():
 
 def test_view_summaries_describe_a_tag_once_per_event_file():
     views = summary_pb.ViewSummaries()
-    vec = np.zeros(len(metadata.tensor_stats_fields("gradient")))
+    vec = np.zeros(len(slots.tensor_stats_fields("gradient")))
     tags = {}
     for name in ("a", "b", "a", "b"):
         pb = views.tensor_stats(vec, view="gradient", name=name, layer="L", depth=2)
@@ -129,7 +129,7 @@ def test_tensor_stats_pb_from_array_fills_epoch_and_extras():
         x, view="variable", name="w", layer="dense", depth=2, epoch=3,
         extras={"update_ratio": 0.01},
     )
-    vec = dict(zip(metadata.tensor_stats_fields("variable"), summary_pb.vector_of(s), strict=True))
+    vec = dict(zip(slots.tensor_stats_fields("variable"), summary_pb.vector_of(s), strict=True))
     assert vec["epoch"] == 3 and vec["update_ratio"] == 0.01
     assert vec["q50"] == np.percentile(x, 50) and vec["count"] == 12
     data = metadata.parse_plugin_data(s.value[0].metadata.plugin_data.content)
@@ -165,7 +165,7 @@ def test_raw_events_of_the_numpy_writer(tmp_path):
         assert len(v.tensor.tensor_shape.dim) == 1
     summary = values[2][1].tensor
     assert summary.dtype == types_pb2.DT_FLOAT
-    assert [d.size for d in summary.tensor_shape.dim] == [1, len(metadata.summary_fields("output"))]
+    assert [d.size for d in summary.tensor_shape.dim] == [1, len(slots.summary_fields("output"))]
 
 
 def test_numpy_path_works_without_tensorflow(tmp_path):
@@ -218,12 +218,12 @@ def test_version_1_data_is_read_as_version_2():
 def test_upgrade_values_converts_the_version_1_sign_balance():
     fields = ("zero_fraction", "sign_balance", "mean")
     v1 = np.array([[0.6, 0.4, 1.0], [0.0, -0.2, 1.0], [1.0, 0.0, 0.0], [0.5, 0.5 + 1e-17, 2.0]])
-    got = metadata.upgrade_values(1, fields, v1)
+    got = slots.upgrade_values(1, fields, v1)
     np.testing.assert_allclose(got[:, 1], [1.0, -0.2, np.nan, 1.0])
     np.testing.assert_array_equal(got[:, [0, 2]], v1[:, [0, 2]])
-    assert metadata.upgrade_values(2, fields, v1) is v1
+    assert slots.upgrade_values(2, fields, v1) is v1
     means = v1[:, 2:]
-    assert metadata.upgrade_values(1, ("mean",), means) is means  # no balance: untouched
+    assert slots.upgrade_values(1, ("mean",), means) is means  # no balance: untouched
 
 
 def test_activity_map_layout_and_metadata():

@@ -12,7 +12,7 @@ import pytest
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import types_pb2
 
-from tb_introspect import metadata, summary_pb, writer
+from tb_introspect import metadata, schema, slots, summary_pb, writer
 from tb_introspect.pipeline.options import Options
 from tests.keras import collect_testlib as lib
 
@@ -26,10 +26,10 @@ def probe(abs_median=NAN, kurtosis=NAN, attn=NAN, logit_max=NAN, lse=NAN) -> np.
 def test_contract_names():
     assert metadata.PROTO_VERSION == 4
     assert metadata.probes_tag() == "introspect/probes"
-    assert metadata.PROBE_FIELDS == ("row_key", "epoch", "abs_median", "kurtosis",
+    assert slots.PROBE_FIELDS == ("row_key", "epoch", "abs_median", "kurtosis",
                                      "attn_logit_max", "logit_max", "logit_lse")
-    assert metadata.PROBE_VALUE_FIELDS == metadata.PROBE_FIELDS[2:]
-    assert metadata.PROBE_REFERENCES == {"attn_logit_max": 100.0, "kurtosis": 3.0,
+    assert slots.PROBE_VALUE_FIELDS == slots.PROBE_FIELDS[2:]
+    assert schema.PROBE_REFERENCES == {"attn_logit_max": 100.0, "kurtosis": 3.0,
                                          "massive_abs": 100.0, "massive_ratio": 1000.0}
     assert metadata.PROBES == 6
 
@@ -51,12 +51,12 @@ def test_probes_written_and_read_back(tmp_path):
     series = run[metadata.probes_tag()]
     data = series.data
     assert data.kind == metadata.PROBES and data.version == metadata.PROTO_VERSION
-    assert tuple(data.fields) == metadata.PROBE_FIELDS and data.cadence == "epoch"
+    assert tuple(data.fields) == slots.PROBE_FIELDS and data.cadence == "epoch"
     assert list(data.rows) == ["h.0.mlp", "h.0.attn", "lm_head"]
     assert series.steps == [1, 2]
     first, second = series.vectors
-    assert first.dtype == np.float32 and first.shape == (3, len(metadata.PROBE_FIELDS))
-    keys = [metadata.row_key(r) for r in data.rows]
+    assert first.dtype == np.float32 and first.shape == (3, len(slots.PROBE_FIELDS))
+    keys = [slots.row_key(r) for r in data.rows]
     np.testing.assert_array_equal(first[:, 0], keys)
     np.testing.assert_array_equal(second[:, 0], keys)
     np.testing.assert_array_equal(first[:, 1], [0, 0, 0])

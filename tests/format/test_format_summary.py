@@ -14,7 +14,7 @@ import pytest
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import types_pb2
 
-from tb_introspect import metadata, summary_pb, writer
+from tb_introspect import metadata, slots, summary_pb, writer
 from tests.keras import collect_testlib as lib
 
 
@@ -25,7 +25,7 @@ def summary_events(log_dir: str) -> dict[str, list[list]]:
         seen: dict[str, list] = {}
         for event in event_file_loader.EventFileLoader(path).Load():
             for v in event.summary.value:
-                if v.tag in {metadata.summary_tag(view) for view in metadata.VIEWS}:
+                if v.tag in {metadata.summary_tag(view) for view in slots.VIEWS}:
                     seen.setdefault(v.tag, []).append(
                         (event.step, v.HasField("metadata"), v.tensor.dtype,
                          [d.size for d in v.tensor.tensor_shape.dim]))
@@ -46,12 +46,12 @@ def check_summaries(log_dir: str, views) -> dict[str, lib.Series]:
         data = summary.data
         assert data.kind == metadata.VIEW_SUMMARY and data.view == view
         assert data.version == metadata.PROTO_VERSION
-        assert tuple(data.fields) == metadata.summary_fields(view)
+        assert tuple(data.fields) == slots.summary_fields(view)
         assert set(data.rows) == tags and len(data.rows) == len(tags)
         assert data.cadence == run[data.rows[0]].data.cadence
         assert summary.steps == sorted(set().union(*(run[t].steps for t in tags)))
         quantiles = run[data.rows[0]].data.quantiles
-        width = len(metadata.tensor_stats_fields(view, quantiles))
+        width = len(slots.tensor_stats_fields(view, quantiles))
         for step, matrix in zip(summary.steps, summary.vectors, strict=True):
             vectors = np.stack([run[t].vectors[run[t].steps.index(step)]
                                 if step in run[t].steps else np.full(width, np.nan)
@@ -86,28 +86,28 @@ def test_numpy_writer_rows_missing_tensors_and_new_ones(tmp_path):
         # Rows: the first point's tensors, in the order written; "c" came later.
         assert list(summary.data.rows) == [metadata.stats_tag(view, n) for n in ("b", "a")]
         assert summary.steps == [0, 1, 2, 3]
-        fields = metadata.summary_fields(view)
+        fields = slots.summary_fields(view)
         rms, epoch = fields.index("rms"), fields.index("epoch")
         # "b" has no point at step 1: NaN but its row key.
-        assert summary.vectors[1][0][0] == metadata.row_key(metadata.stats_tag(view, "b"))
+        assert summary.vectors[1][0][0] == slots.row_key(metadata.stats_tag(view, "b"))
         assert np.isnan(summary.vectors[1][0][1:]).all()
         assert np.isfinite(summary.vectors[1][1][rms]) and summary.vectors[1][1][epoch] == 0
         assert summary.vectors[2][0][epoch] == 1
         ilr = summary.vectors[0][:, -1]
         if view == "variable":  # the median between the 25 and 75 points (NaN: first point)
-            assert metadata.summary_fields(view)[-1] == "ilr_q50" and np.isnan(ilr).all()
+            assert slots.summary_fields(view)[-1] == "ilr_q50" and np.isnan(ilr).all()
     events = summary_events(str(tmp_path))
     for view in ("variable", "gradient"):
         (file_events,) = events[metadata.summary_tag(view)]
         assert [(s, m) for s, m, _, _ in file_events] == [
             (0, True), (1, False), (2, False), (3, False)]
-        assert {tuple(s) for _, _, _, s in file_events} == {(2, len(metadata.summary_fields(
+        assert {tuple(s) for _, _, _, s in file_events} == {(2, len(slots.summary_fields(
             view)))}
     for view in ("variable", "gradient"):
         summary = run[metadata.summary_tag(view)]
         for step, matrix in zip(summary.steps, summary.vectors, strict=True):
             vectors = [run[t].vectors[run[t].steps.index(step)] if step in run[t].steps else
-                       np.full(len(metadata.tensor_stats_fields(view, q)), np.nan)
+                       np.full(len(slots.tensor_stats_fields(view, q)), np.nan)
                        for t in summary.data.rows]
             np.testing.assert_array_equal(
                 matrix, summary_pb.view_summary(view, summary.data.rows, vectors, q))
@@ -121,7 +121,7 @@ def test_numpy_writer_flush_closes_its_step(tmp_path):
     w.add_tensor_stats(np.ones(5), 7, view="output", name="o")
     w.flush()
     assert summary_events(str(tmp_path))[metadata.summary_tag("variable")] == [
-        [(7, True, types_pb2.DT_FLOAT, [1, len(metadata.summary_fields("variable"))])]]
+        [(7, True, types_pb2.DT_FLOAT, [1, len(slots.summary_fields("variable"))])]]
     with pytest.warns(RuntimeWarning, match="its own tag only"):
         w.add_tensor_stats(np.ones(5), 7, view="output", name="late")
     w.add_tensor_stats(np.ones(5), 8, view="output", name="o")  # held until close
@@ -177,7 +177,7 @@ def test_keras_callback_writes_every_views_summary(tmp_path):
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     callback.close()
     assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 2
-    run = check_summaries(str(tmp_path), metadata.VIEWS)
+    run = check_summaries(str(tmp_path), slots.VIEWS)
     assert run[metadata.summary_tag("output")].steps == [2, 4, 6, 8, 10, 12]
     assert run[metadata.metric_tag("loss")].steps == list(range(1, 13))  # both fits' steps
     rows = run[metadata.summary_tag("variable")].data.rows
@@ -198,7 +198,7 @@ def test_torch_introspector_writes_every_views_summary(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with Introspector(str(tmp_path), model, opt, every=2, overhead=None) as intro:
         ts.train(model, opt, ts.batches(6), intro=intro, epochs=2)
-    run = check_summaries(str(tmp_path), metadata.VIEWS)
+    run = check_summaries(str(tmp_path), slots.VIEWS)
     assert run[metadata.summary_tag("gradient")].steps == [2, 4, 6, 8, 10, 12]
     assert list(run[metadata.summary_tag("variable")].data.rows) == [
         metadata.stats_tag("variable", name.replace(".", "/"))

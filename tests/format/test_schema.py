@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_introspect import metadata, schema, schema_js
+from tb_introspect import schema, schema_js, slots
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -62,12 +62,12 @@ def test_the_schema_rebuilds_every_tensor_layout() -> None:
             extra = extra + [s["ilr_prefix"] + field(q) for q in qs]
         layout = (s["base_fields"] + [field(q) for q in qs] + [field(q, True) for q in qs]
                   + extra)
-        assert tuple(layout) == metadata.tensor_stats_fields(view, qs), view
+        assert tuple(layout) == slots.tensor_stats_fields(view, qs), view
     for q, plain, log in rule["examples"]:
-        assert (plain, log) == (metadata.quantile_field(q), metadata.quantile_field(q, log=True))
-    assert tuple(s["metric_epoch_fields"]) == metadata.METRIC_EPOCH_FIELDS
+        assert (plain, log) == (slots.quantile_field(q), slots.quantile_field(q, log=True))
+    assert tuple(s["metric_epoch_fields"]) == slots.METRIC_EPOCH_FIELDS
     assert len(s["metric_epoch_band_fields"]) == 5
-    assert set(s["window_step_fields"]) <= set(metadata.VIEW_EXTRA_FIELDS["output"])
+    assert set(s["window_step_fields"]) <= set(slots.VIEW_EXTRA_FIELDS["output"])
     assert set(s["activity_fields"]) <= set(s["base_fields"])
     assert set(s["slot_labels"]) <= set(s["base_fields"])
     assert list(s["view_labels"]) == list(s["views"]) == list(s["view_help"])
@@ -106,6 +106,6 @@ def test_the_frontend_spells_slot_names_as_python() -> None:
     out = subprocess.run(["node", "--input-type=module", "-e", script], cwd=ROOT / "frontend",
                          capture_output=True, text=True, timeout=60, check=True).stdout
     got = json.loads(out)
-    want = [[metadata.quantile_field(q), metadata.quantile_field(q, log=True),
-             metadata.ILR_PREFIX + metadata.quantile_field(q)] for q in qs]
+    want = [[slots.quantile_field(q), slots.quantile_field(q, log=True),
+             slots.ILR_PREFIX + slots.quantile_field(q)] for q in qs]
     assert got == want

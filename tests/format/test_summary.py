@@ -27,7 +27,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.data import server_ingester
 from tensorboard.util import grpc_util
 
-from tb_introspect import metadata, stats_np, summary, summary_pb, writer
+from tb_introspect import metadata, slots, stats_np, summary, summary_pb, writer
 
 RNG = np.random.default_rng(42)
 STEPS = (0, 5, 10)
@@ -159,7 +159,7 @@ EXPECTED_TAGS = {
     metadata.metric_tag("loss"),
     metadata.metric_tag("loss", per_epoch=True),
 }
-SUMMARY_TAGS = {metadata.summary_tag(view) for view in metadata.VIEWS}
+SUMMARY_TAGS = {metadata.summary_tag(view) for view in slots.VIEWS}
 
 
 @pytest.mark.parametrize("loader", ["python_loader", "rust_loader"])
@@ -204,7 +204,7 @@ def test_metadata_read_back_describes_the_tensor(python_loader):
     assert (data.view, data.layer, data.name, data.depth) == ("output", "conv", "conv/output", 0)
     assert list(data.shape) == [4, 3, 3, 5] and data.dtype == "float32"
     assert data.cadence == "step"
-    assert tuple(data.fields) == metadata.tensor_stats_fields("output")
+    assert tuple(data.fields) == slots.tensor_stats_fields("output")
     vec = dict(zip(data.fields, points[0][1], strict=True))
     assert vec["nan_count"] == 1 and vec["dead_rate"] == pytest.approx(1 / 5)
     epoch_meta, _ = python_loader["np"][metadata.stats_tag("output", "conv/output_epoch")]
@@ -237,7 +237,7 @@ def test_summary_ops_in_a_tf_function_with_default_step(tmp_path):
     snap = snapshot(mux_provider.MultiplexerDataProvider(mux, str(tmp_path)))
     (_, points), = snap["."].values()
     step, vec = points[0]
-    fields = metadata.tensor_stats_fields("variable")
+    fields = slots.tensor_stats_fields("variable")
     assert step == 3 and vec[fields.index("update_ratio")] == 0.25 and vec[0] == 0
 
 
@@ -284,11 +284,11 @@ def test_summary_ops_reject_bad_input(tmp_path):
 @pytest.mark.parametrize("loader", ["python_loader", "rust_loader"])
 def test_view_summaries_of_the_numpy_writer_read_back(loader, request):
     run = request.getfixturevalue(loader)["np"]
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         meta, points = run[metadata.summary_tag(view)]
         data = metadata.parse_plugin_data(meta)  # the first point's metadata, kept
         assert data.kind == metadata.VIEW_SUMMARY and data.view == view
-        assert tuple(data.fields) == metadata.summary_fields(view)
+        assert tuple(data.fields) == slots.summary_fields(view)
         rows = [name for name, (v, *_) in DATA[0].items() if v == view]
         rows += ["conv/output_epoch"] if view == "output" else []
         assert list(data.rows) == [metadata.stats_tag(view, n) for n in rows]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import slots, stats_np
 from tb_introspect.read.provider import read_logdir
 from tests.jax.jax_support import BATCH, train
 
@@ -58,8 +58,8 @@ def check(got: np.ndarray, fields: tuple, want: np.ndarray, where: str) -> None:
         assert math.isclose(got[at[f]], want[at[f]], rel_tol=1e-5, abs_tol=1e-7), \
             (where, f, got[at[f]], want[at[f]])
     # every value sampled (fewer than the sample's bound): the percentiles are exact
-    for q in metadata.DEFAULT_QUANTILES:
-        f = metadata.quantile_field(q)
+    for q in slots.DEFAULT_QUANTILES:
+        f = slots.quantile_field(q)
         assert math.isclose(got[at[f]], want[at[f]], rel_tol=1e-6, abs_tol=1e-7), (where, f)
 
 
@@ -67,7 +67,7 @@ def test_four_views_are_the_steps_arrays(sampled):
     """Each point's variable, gradient, layer-output and output-gradient statistics are
     those of the sampled step's own arrays, the parameter and layer names their paths."""
     record, run = sampled
-    views = {v: series(run, v) for v in metadata.VIEWS}
+    views = {v: series(run, v) for v in slots.VIEWS}
     assert sorted(views["variable"]) == ["Dense_0/bias", "Dense_0/kernel", "Dense_1/bias",
                                          "Dense_1/kernel", "Dense_2/bias", "Dense_2/kernel"]
     assert sorted(views["output"]) == ["Dense_0", "Dense_1", "Dense_2", "relu_0", "relu_1"]
@@ -79,7 +79,7 @@ def test_four_views_are_the_steps_arrays(sampled):
                                 ("gradient", record.grads, False),
                                 ("output", record.outputs, True),
                                 ("output_gradient", record.output_grads, True)):
-        fields = metadata.tensor_stats_fields(view, metadata.DEFAULT_QUANTILES)
+        fields = slots.tensor_stats_fields(view, slots.DEFAULT_QUANTILES)
         for name, s in views[view].items():
             assert s.steps.tolist() == POINTS, (view, name)
             for row, step in enumerate(POINTS):

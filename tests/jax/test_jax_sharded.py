@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.read.provider import read_logdir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +56,8 @@ def test_a_sharded_training_writes_the_whole_ones_statistics(sharded):
     _, log_dir = sharded
     runs = read_logdir(str(log_dir))
     split, whole = runs["sharded"], runs["whole"]
-    assert set(split.tensors) == set(whole.tensors) == set(metadata.VIEWS)
-    for view in metadata.VIEWS:
+    assert set(split.tensors) == set(whole.tensors) == set(slots.VIEWS)
+    for view in slots.VIEWS:
         a = {s.info.name: s for s in split.tensors[view]}
         b = {s.info.name: s for s in whole.tensors[view]}
         assert sorted(a) == sorted(b)

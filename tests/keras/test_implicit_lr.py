@@ -6,12 +6,12 @@ import keras
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.keras import Introspect
 from tests.keras import collect_testlib as lib
 
 LR = 0.05
-ILR = [metadata.ILR_PREFIX + metadata.quantile_field(q) for q in metadata.DEFAULT_QUANTILES]
+ILR = [slots.ILR_PREFIX + slots.quantile_field(q) for q in slots.DEFAULT_QUANTILES]
 
 
 def train(tmp_path, optimizer, every="epoch", epochs=2):

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tb_introspect import metadata  # noqa: E402
+from tb_introspect import loss_field, slots  # noqa: E402
 from tb_introspect.keras import (  # noqa: E402
     Introspect,
     Introspector,
@@ -104,7 +104,7 @@ def test_the_contract_s_query_rows_of_a_long_sequence():
     for got in (probe_values.attention_logit_max(q, k, None, False, 1.0), traced(q, k)):
         assert float(got) == pytest.approx(want, rel=1e-5)
     assert want <= full * (1 + 1e-6)
-    assert probes.VALUE_FIELDS == metadata.PROBE_VALUE_FIELDS
+    assert probes.VALUE_FIELDS == slots.PROBE_VALUE_FIELDS
 
 
 class Block(keras.layers.Layer):
@@ -124,11 +124,11 @@ def test_nested_attention_layers_and_the_head_are_found(loss):
     x = Block(name="block")(inp)
     model = keras.Model(inp, keras.layers.Dense(5, name="head")(x))
     captured = model_parts.layers_to_capture(model)
-    info = metadata.loss_json("classification" if loss == "ce" else "regression")
+    info = loss_field.loss_json("classification" if loss == "ce" else "regression")
     found = probes.discover(captured, [c.name for c in captured], info)
     # A regression's last Dense is no classifier head.
     assert found.rows == (["block/mha", "head"] if loss == "ce" else ["block/mha"])
-    assert probes.discover(captured[1:], ["head"], metadata.loss_json("regression")) is None
+    assert probes.discover(captured[1:], ["head"], loss_field.loss_json("regression")) is None
 
 
 # ------------------------------------------------------------------ fit

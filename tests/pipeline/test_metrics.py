@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import loss_field, metadata, summary_pb
 from tb_introspect.pipeline.metrics import Ring, as_float
 
 NAMES = ["loss", "acc"]
@@ -97,7 +97,7 @@ def test_running_values_are_written_at_the_step_read():
 
 def test_epoch_bands_are_the_epochs_values_per_metric():
     dev, ring = DeviceRing(rows=16), Ring()
-    ring.loss_info = metadata.loss_json("classification", from_logits=True)
+    ring.loss_info = loss_field.loss_json("classification", from_logits=True)
     for epoch, (first, last) in enumerate([(1, 9), (10, 21)]):
         ring.begin_epoch()
         for s in range(first, last + 1):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.params import Params
@@ -23,7 +23,7 @@ def plan(every: str | int = "epoch") -> Plan:
 
 
 def slot(block, view, name):
-    return block.vectors[:, metadata.tensor_stats_fields(view).index(name)]
+    return block.vectors[:, slots.tensor_stats_fields(view).index(name)]
 
 
 def blocks(params, weights, gsums, seed=0):
@@ -61,7 +61,7 @@ def test_the_slots_from_two_points(every):
         for i, (a, c, gi) in enumerate(zip(w, prev_w, g, strict=True)):
             rate = np.abs(a - c).ravel() / (np.abs(gi).ravel() * steps)
             for q in (0.0, 25.0, 50.0, 100.0):
-                f = metadata.ILR_PREFIX + metadata.quantile_field(q)
+                f = slots.ILR_PREFIX + slots.quantile_field(q)
                 assert slot(b["variable"], "variable", f)[i] == pytest.approx(
                     np.percentile(rate, q), rel=1e-12)
         for i, gi in enumerate(g):

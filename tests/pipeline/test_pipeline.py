@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part
 from tb_introspect.pipeline.findings import FindingStop
 from tb_introspect.pipeline.governor import Governor
@@ -143,7 +143,7 @@ def test_every_epoch_logs_a_point_activity_maps_and_metric_bands_per_epoch(tmp_p
         for k in range(3):
             v = [fe.truth[name][s] for s in range(5 * k + 1, 5 * k + 6) if s in fe.truth[name]]
             want = [*np.percentile(v, [0, 25, 50, 75, 100]), np.mean(v), len(v)]
-            got = [band.field(f)[k] for f in metadata.METRIC_EPOCH_FIELDS[1:]]
+            got = [band.field(f)[k] for f in slots.METRIC_EPOCH_FIELDS[1:]]
             np.testing.assert_allclose(got, want, rtol=1e-12)
     assert metric_values(run, "val_loss") == {5: 0.5, 10: 1.5, 15: 2.5}
     assert "val_note" not in run.metrics

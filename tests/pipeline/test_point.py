@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_introspect import metadata, stats_np, summary_pb
+from tb_introspect import metadata, slots, stats_np, summary_pb
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.plan import Monitored, Plan
@@ -31,18 +31,18 @@ def block(view: str, specs: list[Monitored]) -> tuple[Block, np.ndarray]:
 
 
 def col(view: str, name: str) -> int:
-    return metadata.tensor_stats_fields(view).index(name)
+    return slots.tensor_stats_fields(view).index(name)
 
 
 @pytest.mark.parametrize("every", ["epoch", 4])
 def test_the_epoch_and_step_count_slots(every):
     p = plan(every)
     point = Point(window=7, stats_steps=2)
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         specs = VARS if view in ("variable", "gradient") else OUTS
         b, before = block(view, specs)
         v = fill(b, p, 3, point)
-        fields = metadata.tensor_stats_fields(view)
+        fields = slots.tensor_stats_fields(view)
         assert v[:, col(view, "epoch")].tolist() == [3] * len(specs)
         filled = {"epoch"}
         if view in ("output", "output_gradient"):
@@ -72,7 +72,7 @@ def test_the_skipped_steps_nonfinite_values_are_counted_in_the_gradient_view():
     b, before = block("gradient", specs)
     v = fill(b, p, 0, point)
     for row, i in enumerate([2, 0]):
-        for j, f in enumerate(metadata.NONFINITE_FIELDS):
+        for j, f in enumerate(slots.NONFINITE_FIELDS):
             assert v[row, col("gradient", f)] == before[row, col("gradient", f)] + skipped[i, j]
         assert v[row, col("gradient", "count")] == before[row, col("gradient", "count")] + \
             skipped[i].sum()

@@ -30,7 +30,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.util import tensor_util
 from werkzeug.test import Client
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.pipeline.sink import EventSink
 from tb_introspect.plugin import introspect_plugin
 from tb_introspect.proto import plugin_data_pb2
@@ -58,7 +58,7 @@ class Written:
 
 def stats_vector(view: str, name: str, depth: int, step: int, epoch: int) -> np.ndarray:
     """A deterministic packed TENSOR_STATS vector; rms spans orders of magnitude by depth."""
-    fields = metadata.tensor_stats_fields(view)
+    fields = slots.tensor_stats_fields(view)
     rng = np.random.default_rng(zlib.crc32(f"{view}|{name}|{step}".encode()))
     values = dict(zip(fields, rng.uniform(0.0, 1.0, len(fields)), strict=True))
     values["epoch"] = epoch
@@ -118,7 +118,7 @@ def write_run(
                 written.info[tag] = (view, layer, depth)
             if summaries:
                 names = (summary_rows or {}).get(view) or [t[0] for t in tensors]
-                width = len(metadata.tensor_stats_fields(view))
+                width = len(slots.tensor_stats_fields(view))
                 block = np.stack([vectors.get(name, np.full(width, np.nan)) for name in names])
                 summary.value.extend(summary_pb.view_summary_pb(
                     view, [metadata.stats_tag(view, name) for name in names], block,
@@ -138,7 +138,7 @@ def write_run(
                 writer.add_event(_event(step, band, 1000.0 + step))
     writer.close()
     for tag, points in collected.items():
-        fields = metadata.tensor_stats_fields(written.info[tag][0])
+        fields = slots.tensor_stats_fields(written.info[tag][0])
         old_steps, old = written.stats.get(tag, (np.empty(0, np.int64), {}))
         arr = np.array([v for _, v in points])
         new = {f: np.concatenate([old.get(f, np.empty(0)), arr[:, j]])
@@ -171,7 +171,7 @@ def write_bad_tags(run_dir: str, steps: int = 5) -> None:
     future_meta = summary_pb2.SummaryMetadata()
     future_meta.CopyFrom(good_meta)
     future_meta.plugin_data.content = data.SerializeToString()
-    width = len(metadata.tensor_stats_fields("output"))
+    width = len(slots.tensor_stats_fields("output"))
     for step in range(steps):
         s = summary_pb2.Summary()
         good = stats_vector("output", "good", 0, step, 0)

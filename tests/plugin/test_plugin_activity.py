@@ -12,7 +12,7 @@ import pytest
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.plugin import activity
 from tb_introspect.writer import NumpyWriter
 from tests.plugin.plugin_testlib import App, fetch, get_json, stats_vector, tensorboard, wait_for
@@ -52,7 +52,7 @@ def write_maps_run(run_dir, epochs=range(EPOCHS), broken: bool = False) -> None:
             summary = summary_pb2.Summary()
             for name, layer, depth, shape in OUTPUTS:
                 vec = stats_vector("output", name, depth, step, epoch)
-                vec[metadata.tensor_stats_fields("output").index("dead_rate")] = DEAD[name]
+                vec[slots.tensor_stats_fields("output").index("dead_rate")] = DEAD[name]
                 summary.value.extend(summary_pb.tensor_stats_pb(
                     vec, view="output", name=name, layer=layer, depth=depth, shape=shape).value)
             summary.value.extend(summary_pb.metric_pb("loss", 1.0 / step, epoch).value)

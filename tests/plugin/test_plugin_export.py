@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.plugin import export
 from tests.plugin.plugin_testlib import PREFIX, App, write_run
 
@@ -33,7 +33,7 @@ def test_csv_holds_every_point_and_slot(app) -> None:
     assert r.headers["Content-Disposition"] == \
         'attachment; filename="run_1__gradient_dense_kernel.csv"'
     rows = list(csv.reader(io.StringIO(r.get_data(as_text=True))))
-    fields = [f for f in metadata.tensor_stats_fields("gradient") if f != "epoch"]
+    fields = [f for f in slots.tensor_stats_fields("gradient") if f != "epoch"]
     assert rows[0] == ["step", "epoch", "wall_time", *fields]
     steps, values = written.stats[TAG]
     assert len(rows) == 1 + STEPS

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.plugin import overview
 from tb_introspect.read import provider
 from tb_introspect.read.series import RunSeries, Series, TagInfo
@@ -205,7 +205,7 @@ def test_no_ilr_row_in_format_version_1_data() -> None:
 
 def test_median_fields_interpolate_a_layout_without_q50() -> None:
     def tensor(quantiles: tuple[float, ...]) -> Series:
-        fields = tuple(metadata.ILR_PREFIX + metadata.quantile_field(q) for q in quantiles)
+        fields = tuple(slots.ILR_PREFIX + slots.quantile_field(q) for q in quantiles)
         info = TagInfo(tag="introspect/variable/d/kernel", kind="tensor_stats", version=2,
                        name="d/kernel", fields=fields, view="variable", layer="d",
                        quantiles=quantiles)

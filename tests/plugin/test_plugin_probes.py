@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tensorboard.compat.proto import event_pb2
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, schema, slots, summary_pb
 from tb_introspect.pipeline.sink import EventSink
 from tests.plugin.plugin_testlib import App, write_run
 
@@ -68,13 +68,13 @@ def test_probes_series_match_what_was_written(env) -> None:
     app, written = env
     doc = app.get("probes?run=lm")
     assert doc["steps"] == STEPS
-    assert doc["references"] == metadata.PROBE_REFERENCES
+    assert doc["references"] == schema.PROBE_REFERENCES
     names = [r["name"] for r in doc["rows"]]
     assert sorted(names) == sorted(ROWS)
     kinds = {r["name"]: r["kind"] for r in doc["rows"]}
     assert kinds == {"dense": "output", "dense_1": "output", "attn": "attention", "out": "head"}
     for i, name in enumerate(names):
-        for j, f in enumerate(metadata.PROBE_VALUE_FIELDS):
+        for j, f in enumerate(slots.PROBE_VALUE_FIELDS):
             want = [probe_values(name, s)[j] for s in STEPS]
             got = doc["values"][f][i]
             for w, g in zip(want, got, strict=True):

@@ -12,7 +12,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins import base_plugin
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from tb_introspect import diagnose, metadata, summary_pb
+from tb_introspect import diagnose, metadata, slots, summary_pb
 from tb_introspect.plugin import assets, introspect_plugin
 from tests.plugin.plugin_testlib import PREFIX, App, Written, write_bad_tags, write_run
 
@@ -25,7 +25,7 @@ STACK_ORDER = ["dense/bias", "dense_1/kernel", "out/kernel"]
 def write_nonfinite_run(run_dir: str) -> None:
     """Two output tensors; 'blowup' has NaN/Inf slots from step 2 on."""
     writer = EventFileWriter(run_dir)
-    fields = metadata.tensor_stats_fields("output")
+    fields = slots.tensor_stats_fields("output")
     for step in range(4):
         summary = None
         for depth, name in enumerate(("calm", "blowup")):
@@ -73,15 +73,15 @@ def test_runs_lists_nested_runs_without_reading_points(env) -> None:
 def test_run_lists_views_in_depth_order(env) -> None:
     _, written, app = env
     doc = app.get("run?run=exp/a")
-    assert list(doc["views"]) == list(metadata.VIEWS)
+    assert list(doc["views"]) == list(slots.VIEWS)
     var = doc["views"]["variable"]
     assert [t["name"] for t in var] == VARIABLE_ORDER
     t = var[2]
     assert t == {
         "tag": "introspect/variable/dense_1/kernel", "name": "dense_1/kernel",
         "layer": "dense_1", "depth": 1, "shape": [4, 3], "dtype": "float32",
-        "cadence": "step", "fields": list(metadata.tensor_stats_fields("variable")),
-        "quantiles": list(metadata.DEFAULT_QUANTILES), "num_points": 40,
+        "cadence": "step", "fields": list(slots.tensor_stats_fields("variable")),
+        "quantiles": list(slots.DEFAULT_QUANTILES), "num_points": 40,
         "first_step": 0, "last_step": 39, "first_epoch": 0, "last_epoch": 3,
     }
     assert doc["metrics"] == [{
@@ -103,7 +103,7 @@ def test_series_is_columnar_and_matches_what_was_written(env) -> None:
     steps, values = written.stats[tag]
     assert s["steps"] == steps.tolist() and s["epochs"] == values["epoch"].astype(int).tolist()
     assert s["kind"] == "tensor_stats" and s["view"] == "gradient" and s["depth"] == 0
-    assert set(s["values"]) == set(metadata.tensor_stats_fields("gradient")) - {"epoch"}
+    assert set(s["values"]) == set(slots.tensor_stats_fields("gradient")) - {"epoch"}
     assert s["values"]["q87.5"] == values["q87.5"].tolist()
     assert s["values"]["cos_prev"] == values["cos_prev"].tolist()
     # spatial_dead_rate was written as NaN: JSON null, never the token NaN.
@@ -224,7 +224,7 @@ def reference_overview_column(written: Written, view: str, order: list[str], ste
 def test_overview_matches_reference(env) -> None:
     _, written, app = env
     doc = app.get("overview?run=exp/a")
-    assert list(doc["views"]) == list(metadata.VIEWS)
+    assert list(doc["views"]) == list(slots.VIEWS)
     var = doc["views"]["variable"]
     assert [t["name"] for t in var["tensors"]] == VARIABLE_ORDER
     assert var["steps"] == list(range(40)) and var["epochs"][-1] == 3

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.plugin import summaries
 from tb_introspect.read import provider
 from tb_introspect.read.series import TagInfo
@@ -73,11 +73,11 @@ def test_versions_1_2_and_3_are_read(apps) -> None:
     for run, version, from_summaries in (("v1", 1, False), ("v2", 2, False), ("v3", 3, True)):
         doc = apps.get(f"run?run={run}")
         assert doc["format_version"] == version
-        assert all(doc["views"][v] for v in metadata.VIEWS), run
+        assert all(doc["views"][v] for v in slots.VIEWS), run
         ov = apps.get(f"overview?run={run}")
         assert (ov["findings"] is None) == from_summaries, run
         assert isinstance(apps.get(f"findings?run={run}")["findings"], list)
-        for view in metadata.VIEWS:
+        for view in slots.VIEWS:
             rms = ov["views"][view]["log10_rms"]
             assert len(rms) == len(doc["views"][view]) and any(
                 x is not None for row in rms for x in row), (run, view)
@@ -93,11 +93,11 @@ def test_findings_route_serves_the_findings_of_the_tensor_tags(apps) -> None:
 
 def test_run_document_from_summaries_lists_every_tensor_with_its_own_layout(apps) -> None:
     v2, v3 = apps.get("run?run=v2"), apps.get("run?run=v3")
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         a, b = v2["views"][view], v3["views"][view]
         assert [e["tag"] for e in a] == [e["tag"] for e in b]
         for x, y in zip(a, b, strict=True):
-            assert y["fields"] == list(metadata.tensor_stats_fields(view))
+            assert y["fields"] == list(slots.tensor_stats_fields(view))
             assert y["num_points"] is None  # a row's own tag may hold fewer points
             for key in ("first_step", "last_step", "first_epoch", "last_epoch", "layer",
                         "depth", "shape", "quantiles"):
@@ -121,7 +121,7 @@ def test_points_whose_rows_are_not_the_metadata_rows_fall_back(apps) -> None:
 
 def test_row_keys_are_exact_in_float32() -> None:
     tags = [metadata.stats_tag("output", f"layer_{i}") for i in range(1000)]
-    keys = [metadata.row_key(t) for t in tags]
+    keys = [slots.row_key(t) for t in tags]
     assert all(np.float32(k) == k for k in keys)
     assert len(set(keys)) > 995  # 24 bits: collisions are rare, and only weaken the check
 

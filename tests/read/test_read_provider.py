@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.read import provider
 from tests.plugin.plugin_testlib import LAYOUT, write_bad_tags, write_run
 
@@ -25,7 +25,7 @@ def test_read_logdir_returns_every_point_by_field_name(logdir) -> None:
     runs = provider.read_logdir(root)
     assert sorted(runs) == ["bad", "nested/run"]
     rs = runs["nested/run"]
-    assert list(rs.tensors) == list(metadata.VIEWS)
+    assert list(rs.tensors) == list(slots.VIEWS)
     for view, tensors in LAYOUT.items():
         got = rs.tensors[view]
         assert len(got) == len(tensors)
@@ -55,7 +55,7 @@ def test_wrong_length_and_newer_version(logdir, caplog) -> None:
     with caplog.at_level(logging.WARNING):
         rs = provider.read_logdir(root, runs=["bad"])["bad"]
     assert [t for t, _ in rs.skipped] == ["introspect/output/short"]
-    width = len(metadata.tensor_stats_fields("output"))
+    width = len(slots.tensor_stats_fields("output"))
     assert f"{width - 3} values, layout has {width} fields" in rs.skipped[0][1]
     assert any("skipping tag 'introspect/output/short'" in r.message for r in caplog.records)
     tags = [s.info.tag for s in rs.tensors["output"]]

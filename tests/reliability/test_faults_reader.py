@@ -27,7 +27,7 @@ from tensorboard.compat.proto import summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.util import tensor_util
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.proto import plugin_data_pb2
 from tb_introspect.writer import NumpyWriter
 from tests.plugin.plugin_testlib import stats_vector
@@ -66,7 +66,7 @@ def _flip(path: Path, offset: int) -> None:
 
 
 def _meta(view="output", name="x", **changes) -> summary_pb2.SummaryMetadata:
-    meta = metadata.create_tensor_stats_metadata(view=view if view in metadata.VIEWS
+    meta = metadata.create_tensor_stats_metadata(view=view if view in slots.VIEWS
                                                  else "output", name=name)
     data = plugin_data_pb2.PluginData.FromString(meta.plugin_data.content)
     data.view = view
@@ -84,7 +84,7 @@ def _meta(view="output", name="x", **changes) -> summary_pb2.SummaryMetadata:
 
 def _nonfinite_vector(step: int) -> np.ndarray:
     """Statistics of a tensor of 12 NaN, +Inf or -Inf values: counts say so, the rest is NaN."""
-    fields = metadata.tensor_stats_fields("output")
+    fields = slots.tensor_stats_fields("output")
     v = dict.fromkeys(fields, np.nan)
     kind = ("nan_count", "posinf_count", "neginf_count")[step % 3]
     v.update(epoch=0, count=12, finite_count=0, nan_count=0, posinf_count=0, neginf_count=0)
@@ -94,7 +94,7 @@ def _nonfinite_vector(step: int) -> np.ndarray:
 
 def write_odd_tags(run_dir: Path, steps: int = 6) -> dict[str, str]:
     """Tags a reader cannot fully use next to a good one; returns {tag: expected outcome}."""
-    width = len(metadata.tensor_stats_fields("output"))
+    width = len(slots.tensor_stats_fields("output"))
     future = _meta(name="future", version=metadata.PROTO_VERSION + 1,
                    extra_fields=["future_field"])
     garbage = metadata.create_tensor_stats_metadata(view="output", name="garbage")
@@ -290,10 +290,10 @@ def test_damaged_files_serve_what_is_intact_and_never_500(logdir, load_fast):
 
 def _fields(tag: str) -> tuple[str, ...]:
     if tag.startswith("introspect/metric_epoch/"):
-        return metadata.METRIC_EPOCH_FIELDS
+        return slots.METRIC_EPOCH_FIELDS
     if tag.startswith("introspect/metric/"):
-        return metadata.METRIC_FIELDS
-    return metadata.tensor_stats_fields(tag.split("/")[1])
+        return slots.METRIC_FIELDS
+    return slots.tensor_stats_fields(tag.split("/")[1])
 
 
 def _loaded(tb, run: str, steps: int) -> bool:

@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
-from tb_introspect import metadata  # noqa: E402 - TF-free
+from tb_introspect import metadata, slots  # noqa: E402 - TF-free
 
 HERE = Path(__file__).resolve().parent
 STEPS_PER_EPOCH = 10
@@ -303,11 +303,11 @@ def test_sigkill_mid_epoch_keeps_everything_flushed(tmp_path):
 
 def _fields_of(tag: str) -> tuple[str, ...]:
     if tag.startswith(metadata.TAG_PREFIX + "metric_epoch/"):
-        return metadata.METRIC_EPOCH_FIELDS
+        return slots.METRIC_EPOCH_FIELDS
     if tag.startswith(metadata.TAG_PREFIX + "metric/"):
-        return metadata.METRIC_FIELDS
+        return slots.METRIC_FIELDS
     view = tag[len(metadata.TAG_PREFIX):].split("/")[0]
-    return metadata.tensor_stats_fields(view)
+    return slots.tensor_stats_fields(view)
 
 
 def _wait_served(tb, run: str, want: dict, timeout: float = 90.0) -> dict:

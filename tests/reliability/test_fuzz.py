@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
-from tb_introspect import metadata, stats_np, summary_pb
+from tb_introspect import metadata, slots, stats_np, summary_pb
 from tb_introspect.plugin import http_io, overview
 from tb_introspect.proto import plugin_data_pb2
 from tb_introspect.read import provider
@@ -67,7 +67,7 @@ def tensors(draw, max_dims: int = 4, max_side: int = 6):
 def check_invariants(vec: np.ndarray, x: np.ndarray, view: str = "output",
                      sampled_min_abs: bool = False) -> None:
     """Counts exact and consistent; every statistic within its range."""
-    fields = metadata.tensor_stats_fields(view)
+    fields = slots.tensor_stats_fields(view)
     assert vec.shape == (len(fields),)
     v = dict(zip(fields, vec.tolist(), strict=True))
     f = np.asarray(x).astype(np.float64).reshape(-1) if x.dtype != np.bool_ else \
@@ -97,10 +97,10 @@ def check_invariants(vec: np.ndarray, x: np.ndarray, view: str = "output",
         assert v[name] >= 0.0 and not np.isnan(v[name]), name
     span = max(abs(v["min"]), abs(v["max"]))
     assert v["min"] - 1e-9 * span <= v["mean"] <= v["max"] + 1e-9 * span
-    q = np.array([v[metadata.quantile_field(p)] for p in metadata.DEFAULT_QUANTILES])
+    q = np.array([v[slots.quantile_field(p)] for p in slots.DEFAULT_QUANTILES])
     assert q[0] == v["min"] and q[-1] == v["max"]
     assert (np.diff(q) >= 0).all(), q
-    lq = np.array([v[metadata.quantile_field(p, log=True)] for p in metadata.DEFAULT_QUANTILES])
+    lq = np.array([v[slots.quantile_field(p, log=True)] for p in slots.DEFAULT_QUANTILES])
     if (fin != 0).any():
         assert (np.diff(lq) >= -1e-12).all(), lq
         smallest = np.log10(np.abs(fin[fin != 0]).min())
@@ -204,7 +204,7 @@ def plugin_data(draw):
     d = plugin_data_pb2.PluginData(
         version=draw(st.integers(-2**31, 2**31 - 1)),
         kind=draw(st.integers(-5, 10)),
-        view=draw(st.one_of(st.sampled_from(metadata.VIEWS), st.text(max_size=8))),
+        view=draw(st.one_of(st.sampled_from(slots.VIEWS), st.text(max_size=8))),
         layer=draw(st.text(max_size=8)),
         depth=draw(st.integers(-2**31, 2**31 - 1)),
         name=draw(st.text(max_size=8)),
@@ -313,10 +313,10 @@ def test_reader_on_mutated_event_files_serves_only_what_was_written(data):
                hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=40)),
     st.lists(st.binary(max_size=3), min_size=1, max_size=35).map(
         lambda v: np.array(v, dtype=object)),
-    st.just(np.zeros(len(metadata.tensor_stats_fields("output")))),
+    st.just(np.zeros(len(slots.tensor_stats_fields("output")))),
 ), min_size=1, max_size=4))
 def test_reader_on_arbitrary_tensors_serves_exactly_the_well_formed_tags(values):
-    width = len(metadata.tensor_stats_fields("output"))
+    width = len(slots.tensor_stats_fields("output"))
     meta = metadata.create_tensor_stats_metadata(view="output", name="t")
     with tempfile.TemporaryDirectory(prefix="fuzz-") as tmp:
         with NumpyWriter(os.path.join(tmp, "r")) as w:
@@ -350,21 +350,21 @@ def run_series(draw):
                       st.sampled_from([0.0, 1.0, -1.0, 1e308, 5e-324]))
     steps = np.array(sorted(draw(st.sets(st.integers(0, 10**6), min_size=1, max_size=6))))
     infos, series = {}, {}
-    for view in draw(st.sets(st.sampled_from(metadata.VIEWS), max_size=4)):
+    for view in draw(st.sets(st.sampled_from(slots.VIEWS), max_size=4)):
         for k in range(draw(st.integers(1, 3))):
-            fields = metadata.tensor_stats_fields(view)
+            fields = slots.tensor_stats_fields(view)
             tag = metadata.stats_tag(view, f"t{k}")
             n = draw(st.integers(1, len(steps)))
             info = TagInfo(tag=tag, kind=provider.KIND_TENSOR_STATS, version=1,
                                   name=f"t{k}", fields=fields, view=view, layer=f"l{k}",
-                                  depth=k, quantiles=metadata.DEFAULT_QUANTILES)
+                                  depth=k, quantiles=slots.DEFAULT_QUANTILES)
             vals = np.array(draw(st.lists(st.lists(value, min_size=len(fields),
                                                    max_size=len(fields)),
                                           min_size=n, max_size=n)))
             infos[tag] = info
             series[tag] = Series(info, steps[:n], np.zeros(n), vals)
-    for kind, fields, make_tag in ((provider.KIND_METRIC, metadata.METRIC_FIELDS, False),
-                                   (provider.KIND_METRIC_EPOCH, metadata.METRIC_EPOCH_FIELDS,
+    for kind, fields, make_tag in ((provider.KIND_METRIC, slots.METRIC_FIELDS, False),
+                                   (provider.KIND_METRIC_EPOCH, slots.METRIC_EPOCH_FIELDS,
                                     True)):
         if draw(st.booleans()):
             tag = metadata.metric_tag("loss", per_epoch=make_tag)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from tensorboard.compat.proto import summary_pb2
 
-from tb_introspect import metadata, summary_pb
+from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.plugin import assets
 from tb_introspect.plugin.http_io import RequestError
 from tb_introspect.writer import NumpyWriter
@@ -313,7 +313,7 @@ def test_html_in_names_and_url_renders_as_text_and_runs_nothing(logdir):
                     frame.locator(f'.tab[data-tab="{tab}"]').click()
                     check(frame, f"{tab} of {run}")
                     if tab == "layers":
-                        for view in metadata.VIEWS:
+                        for view in slots.VIEWS:
                             frame.locator(".view-select").select_option(view)
                             check(frame, f"layers/{view} of {run}")
                             names = frame.locator(".panel-name").all_text_contents()

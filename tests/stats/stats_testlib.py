@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tb_introspect import metadata
+from tb_introspect import slots
 
 
-def reference_stats(x, view: str, quantiles=metadata.DEFAULT_QUANTILES) -> dict[str, float]:
+def reference_stats(x, view: str, quantiles=slots.DEFAULT_QUANTILES) -> dict[str, float]:
     a = np.asarray(x)
     if a.dtype.name == "bfloat16" or a.dtype.kind == "b":
         a = a.astype(np.float32)
@@ -20,7 +20,7 @@ def reference_stats(x, view: str, quantiles=metadata.DEFAULT_QUANTILES) -> dict[
     fin = f[np.isfinite(f)]
     nz = fin[fin != 0]
     n, nf = f.size, fin.size
-    out = dict.fromkeys(metadata.tensor_stats_fields(view, quantiles), np.nan)
+    out = dict.fromkeys(slots.tensor_stats_fields(view, quantiles), np.nan)
     out.update(
         count=n,
         finite_count=nf,
@@ -57,16 +57,16 @@ def reference_stats(x, view: str, quantiles=metadata.DEFAULT_QUANTILES) -> dict[
             activation_rate=(fin != 0).mean(),
         )
         for q, v in zip(quantiles, np.percentile(fin, quantiles), strict=True):
-            out[metadata.quantile_field(q)] = v
+            out[slots.quantile_field(q)] = v
         if nz.size:
             logs = np.percentile(np.log10(np.abs(nz)), quantiles)
             for q, v in zip(quantiles, logs, strict=True):
-                out[metadata.quantile_field(q, log=True)] = v
+                out[slots.quantile_field(q, log=True)] = v
     return out
 
 
-def as_dict(vector, view: str, quantiles=metadata.DEFAULT_QUANTILES) -> dict[str, float]:
-    fields = metadata.tensor_stats_fields(view, quantiles)
+def as_dict(vector, view: str, quantiles=slots.DEFAULT_QUANTILES) -> dict[str, float]:
+    fields = slots.tensor_stats_fields(view, quantiles)
     v = np.asarray(vector, dtype=np.float64)
     assert v.shape == (len(fields),), (v.shape, len(fields))
     return dict(zip(fields, v.tolist(), strict=True))

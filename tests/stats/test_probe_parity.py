@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from tb_introspect import metadata, summary_pb  # noqa: E402
+from tb_introspect import slots, summary_pb  # noqa: E402
 from tb_introspect.keras import Introspect  # noqa: E402
 from tb_introspect.keras import probe_values as keras_values  # noqa: E402
 from tb_introspect.keras import probes as keras_probes  # noqa: E402
@@ -58,7 +58,7 @@ def state_of(*rows: dict[str, list[float]]) -> np.ndarray:
 
 
 def test_the_layout_covers_every_probe_once():
-    assert set(pw.MEANS) | set(pw.MAXIMA) == set(metadata.PROBE_VALUE_FIELDS)
+    assert set(pw.MEANS) | set(pw.MAXIMA) == set(slots.PROBE_VALUE_FIELDS)
     columns = [*pw.SUM.values(), *pw.COUNT.values(), *pw.PEAK.values()]
     assert sorted(columns) == list(range(pw.WIDTH))
     assert all(pw.COUNT[f] == pw.SUM[f] + 1 for f in pw.MEANS)

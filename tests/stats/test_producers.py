@@ -22,23 +22,23 @@ import numpy as np
 import pytest
 import torch
 
-from tb_introspect import metadata, stats, stats_np
+from tb_introspect import slots, stats, stats_np
 from tb_introspect.jax import fold as jax_fold
 from tb_introspect.stats_np import segments
 from tb_introspect.torch import state as torch_state
 
 VIEW = "output"
-Q = metadata.DEFAULT_QUANTILES
-FIELDS = metadata.tensor_stats_fields(VIEW, Q)
+Q = slots.DEFAULT_QUANTILES
+FIELDS = slots.tensor_stats_fields(VIEW, Q)
 #: Holds every value of every exact case: percentiles are then numpy's exactly.
 K = 8192
 RNG = np.random.default_rng(20240611)
 
 COUNTS = {"count", "finite_count", "nan_count", "posinf_count", "neginf_count"}
 RATES = {"zero_fraction", "sign_balance", "activation_rate", "dead_rate", "spatial_dead_rate"}
-EXTREMES = {"min", "max", metadata.quantile_field(0), metadata.quantile_field(100)}
+EXTREMES = {"min", "max", slots.quantile_field(0), slots.quantile_field(100)}
 MOMENTS = {"mean", "std", "rms", "l2"}
-UNSET = {"epoch", *metadata.view_extra_fields(VIEW, Q)}
+UNSET = {"epoch", *slots.view_extra_fields(VIEW, Q)}
 
 
 def _relu_conv() -> np.ndarray:
@@ -349,8 +349,8 @@ def test_sampled_percentiles(producer, tmp_path):
     logs = np.log10(np.abs(fin[fin != 0]))
     bound = 6 * 50 / np.sqrt(k)
     for q in Q[1:-1]:
-        assert rank_error(fin, got[metadata.quantile_field(q)], q) <= bound, q
-        assert rank_error(logs, got[metadata.quantile_field(q, log=True)], q) <= bound, q
+        assert rank_error(fin, got[slots.quantile_field(q)], q) <= bound, q
+        assert rank_error(logs, got[slots.quantile_field(q, log=True)], q) <= bound, q
 
 
 # ------------------------------------------------------------------ merged states
@@ -520,6 +520,6 @@ def test_numpy_percentiles_are_numpys_on_either_side_of_the_partition_threshold(
     got = as_dict(stats_np.tensor_stats(x, VIEW, quantiles=Q, sample_size=None))
     nz = np.abs(x[x != 0])
     for q in Q:
-        assert got[metadata.quantile_field(q)] == pytest.approx(np.percentile(x, q), rel=1e-12)
-        assert got[metadata.quantile_field(q, log=True)] == pytest.approx(
+        assert got[slots.quantile_field(q)] == pytest.approx(np.percentile(x, q), rel=1e-12)
+        assert got[slots.quantile_field(q, log=True)] == pytest.approx(
             np.percentile(np.log10(nz), q), rel=1e-9, abs=1e-12)

@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_introspect import metadata, stats, stats_np
+from tb_introspect import slots, stats, stats_np
 from tests.stats.stats_testlib import COUNT_FIELDS, as_dict, assert_stats_close, reference_stats
 
 RNG = np.random.default_rng(1234)
-Q = metadata.DEFAULT_QUANTILES
+Q = slots.DEFAULT_QUANTILES
 
 
 def tf_stats(x, view="output", **kw):
@@ -114,12 +114,12 @@ def test_dead_rate_by_rank():
 
 
 def test_view_extras_and_epoch_are_nan():
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         vec = stats.tensor_stats(np.ones(3), view).numpy()
-        fields = metadata.tensor_stats_fields(view)
+        fields = slots.tensor_stats_fields(view)
         assert vec.shape == (len(fields),)
         assert np.isnan(vec[0])
-        assert np.all(np.isnan(vec[len(fields) - len(metadata.VIEW_EXTRA_FIELDS[view]):]))
+        assert np.all(np.isnan(vec[len(fields) - len(slots.VIEW_EXTRA_FIELDS[view]):]))
 
 
 def test_custom_quantiles_layout():
@@ -177,7 +177,7 @@ def test_seeded_sampling_is_deterministic_and_fills_nothing_with_nan():
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     got = as_dict(a, "output")
-    unknown = ("epoch", "spatial_dead_rate", *metadata.VIEW_EXTRA_FIELDS["output"])
+    unknown = ("epoch", "spatial_dead_rate", *slots.VIEW_EXTRA_FIELDS["output"])
     assert all(np.isfinite(v) for k, v in got.items() if k not in unknown)
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_introspect import metadata, stats, stats_np
+from tb_introspect import slots, stats, stats_np
 from tb_introspect.stats import quantiles
 from tests.stats.stats_testlib import as_dict, rank_error_violations
 
-Q = metadata.DEFAULT_QUANTILES
+Q = slots.DEFAULT_QUANTILES
 
 
 def make(kind: str, n: int, seed: int = 0) -> np.ndarray:
@@ -41,8 +41,8 @@ def check(x: np.ndarray, vec: np.ndarray) -> None:
     flat = x.astype(np.float64).reshape(-1)
     fin = flat[np.isfinite(flat)]
     nz = fin[fin != 0]
-    vq = [got[metadata.quantile_field(q)] for q in Q]
-    lq = [got[metadata.quantile_field(q, log=True)] for q in Q]
+    vq = [got[slots.quantile_field(q)] for q in Q]
+    lq = [got[slots.quantile_field(q, log=True)] for q in Q]
     bad = rank_error_violations(fin, vq, Q)
     assert not bad, f"value percentiles: {bad}"
     assert got["min"] == fin.min() and got["max"] == fin.max()
@@ -69,12 +69,12 @@ def test_exact_regime_equals_numpy(kind, n):
     got = as_dict(vec, "output")
     flat = x.astype(np.float64)
     np.testing.assert_allclose(
-        [got[metadata.quantile_field(q)] for q in Q], np.percentile(flat, Q), rtol=1e-12
+        [got[slots.quantile_field(q)] for q in Q], np.percentile(flat, Q), rtol=1e-12
     )
     nz = flat[flat != 0]
     if nz.size:
         np.testing.assert_allclose(
-            [got[metadata.quantile_field(q, log=True)] for q in Q],
+            [got[slots.quantile_field(q, log=True)] for q in Q],
             np.percentile(np.log10(np.abs(nz)), Q),
             rtol=1e-12,
             atol=1e-12,
@@ -118,11 +118,11 @@ def test_agrees_with_tfp_percentile():
     x = make("cauchy", 20_000, seed=3)
     got = as_dict(stats.tensor_stats(x, "output").numpy(), "output")
     want = tfp.stats.percentile(tf.constant(x, tf.float64), Q, interpolation="linear").numpy()
-    np.testing.assert_allclose([got[metadata.quantile_field(q)] for q in Q], want, rtol=1e-12)
+    np.testing.assert_allclose([got[slots.quantile_field(q)] for q in Q], want, rtol=1e-12)
     logs = tf.math.log(tf.abs(tf.constant(x, tf.float64))) / np.log(10.0)
     want_log = tfp.stats.percentile(logs, Q, interpolation="linear").numpy()
     np.testing.assert_allclose(
-        [got[metadata.quantile_field(q, log=True)] for q in Q], want_log, rtol=1e-10
+        [got[slots.quantile_field(q, log=True)] for q in Q], want_log, rtol=1e-10
     )
 
 
@@ -198,7 +198,7 @@ def test_sample_visits_every_channel():
     for seed in range(5):
         got = as_dict(stats.tensor_stats(x, "output", sample_size=k, seed=seed).numpy(), "output")
         for q in Q[1:-1]:
-            rank = np.searchsorted(nz, got[metadata.quantile_field(q, log=True)]) / nz.size * 100
+            rank = np.searchsorted(nz, got[slots.quantile_field(q, log=True)]) / nz.size * 100
             assert abs(rank - q) < 6 * 50 / np.sqrt(k), (seed, q, rank)
 
 
@@ -212,8 +212,8 @@ def test_just_over_the_sample_size_with_one_zero_is_exact(seed):
     x[7] = 0.0
     got = as_dict(stats.tensor_stats(x, "output", sample_size=64, seed=seed).numpy(), "output")
     want = stats_np.tensor_stats(x, "output")
-    fields = metadata.tensor_stats_fields("output")
+    fields = slots.tensor_stats_fields("output")
     for q in Q:
         for log in (False, True):
-            name = metadata.quantile_field(q, log=log)
+            name = slots.quantile_field(q, log=log)
             assert got[name] == pytest.approx(want[fields.index(name)], rel=1e-12), name

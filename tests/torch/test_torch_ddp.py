@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.torch import Introspector
 from tests.torch import torch_ddp_worker as worker
 from tests.torch import torch_support as ts
@@ -44,11 +44,11 @@ def test_written_once_by_rank_zero(runs):
 
 def test_ddp_equals_single_process_on_the_global_batch(runs):
     _, ddp, single, rec = runs
-    assert set(ddp.tensors) == set(metadata.VIEWS)
-    for view in metadata.VIEWS:
+    assert set(ddp.tensors) == set(slots.VIEWS)
+    for view in slots.VIEWS:
         a, b = ts.by_name(single, view), ts.by_name(ddp, view)
         assert set(a) == set(b), view
-        fields = list(metadata.tensor_stats_fields(view))
+        fields = list(slots.tensor_stats_fields(view))
         sampled = view in ("output", "output_gradient")
         cols = ([fields.index(f) for f in (*ts.EXACT, "q0", "q100", "logq100")]
                 if sampled else list(range(len(fields))))

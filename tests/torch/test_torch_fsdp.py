@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.torch import Introspector
 from tests.torch import torch_fsdp_worker as worker
 from tests.torch import torch_support as ts
@@ -65,13 +65,13 @@ def fsdp(tmp_path_factory, single):
     return ts.read_run(sharded), single, sharded
 
 
-def _differences(single, sharded, views=metadata.VIEWS) -> dict[tuple[str, str], float]:
+def _differences(single, sharded, views=slots.VIEWS) -> dict[tuple[str, str], float]:
     """{(view, slot): the largest relative difference over tensors and points}."""
     out = {}
     for view in views:
         a, b = ts.by_name(single, view), ts.by_name(sharded, view)
         assert set(a) == set(b) and a, view
-        fields = list(metadata.tensor_stats_fields(view))
+        fields = list(slots.tensor_stats_fields(view))
         for name in a:
             assert list(b[name].steps) == list(a[name].steps), (view, name)
             got, want = b[name].values, a[name].values
@@ -124,10 +124,10 @@ def test_fsdp2_percentiles_within_the_samplers_error(fsdp):
     """Tensors the shards' sample holds whole (<= 2048 values) have exact percentiles; the
     larger one's are within 3 percentile points of one process's exact ones."""
     sharded, single, _ = fsdp
-    qs = list(metadata.DEFAULT_QUANTILES)
+    qs = list(slots.DEFAULT_QUANTILES)
     for view in ("variable", "gradient"):
-        fields = list(metadata.tensor_stats_fields(view))
-        cols = [fields.index(metadata.quantile_field(q)) for q in qs]
+        fields = list(slots.tensor_stats_fields(view))
+        cols = [fields.index(slots.quantile_field(q)) for q in qs]
         a, b = ts.by_name(single, view), ts.by_name(sharded, view)
         for name in a:
             want, got = a[name].values[:, cols], b[name].values[:, cols]
@@ -144,9 +144,9 @@ def test_fsdp2_percentiles_within_the_samplers_error(fsdp):
 
 def test_fsdp2_implicit_learning_rate_within_the_samplers_error(fsdp):
     sharded, single, _ = fsdp
-    fields = list(metadata.tensor_stats_fields("variable"))
-    qs = list(metadata.DEFAULT_QUANTILES)
-    cols = [fields.index(metadata.ILR_PREFIX + metadata.quantile_field(q)) for q in qs]
+    fields = list(slots.tensor_stats_fields("variable"))
+    qs = list(slots.DEFAULT_QUANTILES)
+    cols = [fields.index(slots.ILR_PREFIX + slots.quantile_field(q)) for q in qs]
     a, b = ts.by_name(single, "variable"), ts.by_name(sharded, "variable")
     for name in a:
         want, got = a[name].values[:, cols], b[name].values[:, cols]
@@ -177,7 +177,7 @@ def test_ranks_of_different_speeds_agree(tmp_path_factory):
     ranks = _ranks(log_dir)
     assert not any(r["warnings"] for r in ranks), ranks
     run = ts.read_run(log_dir)
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         assert ts.by_name(run, view), view
     assert all(len(r["losses"]) == worker.STEPS * worker.EPOCHS for r in ranks)
 
@@ -298,7 +298,7 @@ def test_points_written_before_the_writer_is_killed_stay_readable(tmp_path_facto
                 p.kill()
             p.join(timeout=30)
     run = ts.read_run(log_dir)  # read.read_logdir
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         tensors = ts.by_name(run, view)
         assert tensors and all(list(t.steps) == [worker.STEPS, 2 * worker.STEPS]
                                for t in tensors.values()), (view, tensors)

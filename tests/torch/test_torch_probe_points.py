@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.demo import gpt
 from tb_introspect.read.series import probes_of
 from tb_introspect.torch.introspector import IntrospectorArgs
@@ -30,7 +30,7 @@ def _train(log_dir, *, probe_points: bool = True):
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(width=32, heads=2, layers=2))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    intro = IntrospectorArgs(None, "auto", metadata.VIEWS, {"on_finding": lambda f: None}).make(
+    intro = IntrospectorArgs(None, "auto", slots.VIEWS, {"on_finding": lambda f: None}).make(
         str(log_dir), model, opt, planned=(1, STEPS, None), criterion=nn.CrossEntropyLoss())
     judged = []  # the steps at which the live judge was asked (on the training thread:
     # the worker may judge later, when training has gone on)

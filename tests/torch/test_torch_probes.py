@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tb_introspect import metadata
+from tb_introspect import metadata, slots
 from tb_introspect.pipeline import probe_window
 from tb_introspect.pipeline.governor import Phase
 from tb_introspect.torch import Introspector
@@ -27,7 +27,7 @@ from tests.keras import collect_testlib as lib
 ORIGINAL_SDPA = F.scaled_dot_product_attention
 ORIGINAL_MHA = F.multi_head_attention_forward
 VOCAB, WIDTH, HEADS, SEQ, BATCH = 128, 32, 4, 16, 4
-COLS = {f: i for i, f in enumerate(metadata.PROBE_FIELDS)}
+COLS = {f: i for i, f in enumerate(slots.PROBE_FIELDS)}
 
 
 # ---------------------------------------------------------------------------- the models
@@ -166,7 +166,7 @@ def test_sdpa_model_probes_per_window(sdpa_run):
         assert len(window) == 2  # the epoch's first step, then every 3rd
         np.testing.assert_array_equal(matrix[:, COLS["epoch"]], epoch)
         np.testing.assert_array_equal(matrix[:, COLS["row_key"]],
-                                      [metadata.row_key(r) for r in rows])
+                                      [slots.row_key(r) for r in rows])
         # maxima over the window's statistics steps, means of the others
         for field, key in (("attn_logit_max", "attn"), ("logit_max", "logit_max")):
             row = "attn" if field == "attn_logit_max" else "head"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import slots, stats_np
 from tb_introspect.pipeline.params import channels_last
 from tb_introspect.torch import Introspector
 from tests.torch import torch_support as ts
@@ -32,7 +32,7 @@ def test_inplace_relu_matches_out_of_place(tmp_path):
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         runs.append(_run(tmp_path / str(inplace), model, opt, ts.batches(4), stats_every=2,
                          overhead=None))
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         a, b = ts.by_name(runs[0], view), ts.by_name(runs[1], view)
         assert set(a) == set(b)
         for name in a:
@@ -134,7 +134,7 @@ def test_grad_scaler_skipped_steps_are_counted_not_summed(tmp_path):
         layer, _, short = name.rpartition(".")
         got = ts.point(grads[f"{layer}/{short}"], 8)
         total = sum(rec.grads[s][name] for s in range(8) if not skipped[s])
-        want = dict(zip(metadata.tensor_stats_fields("gradient"),
+        want = dict(zip(slots.tensor_stats_fields("gradient"),
                         stats_np.tensor_stats(channels_last(total), "gradient",
                                               sample_size=2**14), strict=True))
         np.testing.assert_allclose(got["l2"], want["l2"], rtol=1e-5, err_msg=name)
@@ -173,7 +173,7 @@ def test_gradient_accumulation(tmp_path):
     g = ts.point(ts.by_name(run, "gradient")["7/weight"], 2)
     want = stats_np.tensor_stats(channels_last(rec.grads[1]["7.weight"]), "gradient",
                                  sample_size=2**14)
-    np.testing.assert_allclose(g["l2"], want[metadata.BASE_FIELDS.index("l2")], rtol=1e-6)
+    np.testing.assert_allclose(g["l2"], want[slots.BASE_FIELDS.index("l2")], rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,7 @@ def test_compile_keeps_three_views_and_warns_once(compiled_runs):
     for view in ("variable", "gradient", "output"):
         a, b = ts.by_name(eager, view), ts.by_name(compiled, view)
         assert set(a) == set(b), view
-        fields = list(metadata.tensor_stats_fields(view))
+        fields = list(slots.tensor_stats_fields(view))
         # the output percentiles come from a different (equally valid) sample
         cols = ([fields.index(f) for f in (*ts.EXACT, "q0", "q100")] if view == "output"
                 else list(range(len(fields))))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import slots, stats_np
 from tb_introspect.pipeline.params import channels_last
 from tb_introspect.torch import Introspector
 from tests.torch import torch_support as ts
@@ -80,7 +80,7 @@ def test_gradient_view_is_the_epoch_sum(epoch_run):
                 total = total + rec.grads[s][name]
             want = stats_np.tensor_stats(channels_last(total), "gradient", sample_size=2**14)
             got = ts.point(series[tag], STEPS * (e + 1))
-            fields = metadata.tensor_stats_fields("gradient")
+            fields = slots.tensor_stats_fields("gradient")
             for f, w in zip(fields, want, strict=True):
                 if f not in ("epoch", "cos_prev"):
                     np.testing.assert_allclose(got[f], w, rtol=1e-6, atol=1e-12, err_msg=f)
@@ -102,16 +102,16 @@ def test_variable_view_is_read_at_the_point(epoch_run):
             layer, _, short = name.rpartition(".")
             got = ts.point(series[f"{layer}/{short}"], STEPS * (e + 1))
             want = stats_np.tensor_stats(channels_last(w), "variable", sample_size=2**14)
-            fields = metadata.tensor_stats_fields("variable")
+            fields = slots.tensor_stats_fields("variable")
             for f, v in zip(fields, want, strict=True):
-                if f in metadata.BASE_FIELDS[1:] or f.startswith(("q", "logq")):
+                if f in slots.BASE_FIELDS[1:] or f.startswith(("q", "logq")):
                     np.testing.assert_allclose(got[f], v, rtol=1e-6, atol=1e-12, err_msg=f)
             dw = (w.astype(np.float64) - w_before[name]).reshape(-1)
             ratio = np.sqrt(dw @ dw) / np.sqrt((w.astype(np.float64).reshape(-1) ** 2).sum())
             np.testing.assert_allclose(got["update_ratio"], ratio, rtol=1e-6)
             # plain SGD: |dw| / |sum of g| is the learning rate (float32 rounding of w aside)
             if w.ndim >= 2:
-                ilr = [got[metadata.ILR_PREFIX + metadata.quantile_field(q)]
+                ilr = [got[slots.ILR_PREFIX + slots.quantile_field(q)]
                        for q in (25, 50, 75)]
                 np.testing.assert_allclose(ilr, LR, rtol=1e-2, err_msg=name)
 
@@ -149,7 +149,7 @@ def test_every_n_takes_the_sampled_steps(tmp_path):
         g = ts.point(ts.by_name(run, "gradient")["7/weight"], step)
         want = stats_np.tensor_stats(channels_last(rec.grads[s]["7.weight"]), "gradient",
                                      sample_size=2**14)
-        np.testing.assert_allclose(g["l2"], want[metadata.BASE_FIELDS.index("l2")], rtol=1e-6)
+        np.testing.assert_allclose(g["l2"], want[slots.BASE_FIELDS.index("l2")], rtol=1e-6)
 
 
 @pytest.mark.parametrize(("shape", "channels_first"), [((5, 3, 4, 6), True), ((5, 7, 3), False),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tb_introspect import metadata, stats_np
+from tb_introspect import slots, stats_np
 from tb_introspect.read import provider
 
 #: Slots that are exact (counts, moments, extremes, rates): compared with a float tolerance.
@@ -130,7 +130,7 @@ def check_vector(got: dict, ref_stats: np.ndarray, ref_activity: np.ndarray | No
     """``got`` (a written point) against ``stats_np`` of ``ref_stats`` (the statistics
     steps' values); the activity slots against ``ref_activity`` (every step's values) when
     given; percentiles exact or within ``rank_tol`` percentile points of rank."""
-    fields = metadata.tensor_stats_fields(view)
+    fields = slots.tensor_stats_fields(view)
     want = dict(zip(fields, stats_np.tensor_stats(ref_stats, view, sample_size=None),
                     strict=True))
     if ref_activity is not None:
@@ -140,16 +140,16 @@ def check_vector(got: dict, ref_stats: np.ndarray, ref_activity: np.ndarray | No
     for key in EXACT:
         np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=1e-9,
                                    err_msg=f"{view} slot {key}")
-    qs = metadata.DEFAULT_QUANTILES
+    qs = slots.DEFAULT_QUANTILES
     flat = ref_stats.reshape(-1).astype(np.float64)
     flat = flat[np.isfinite(flat)]
     logs = np.log10(np.abs(flat[flat != 0]))
     for q in qs:
-        vq, lq = got[metadata.quantile_field(q)], got[metadata.quantile_field(q, log=True)]
+        vq, lq = got[slots.quantile_field(q)], got[slots.quantile_field(q, log=True)]
         if exact_percentiles:
-            np.testing.assert_allclose(vq, want[metadata.quantile_field(q)], rtol=1e-6,
+            np.testing.assert_allclose(vq, want[slots.quantile_field(q)], rtol=1e-6,
                                        atol=1e-9, err_msg=f"{view} q{q}")
-            np.testing.assert_allclose(lq, want[metadata.quantile_field(q, log=True)],
+            np.testing.assert_allclose(lq, want[slots.quantile_field(q, log=True)],
                                        rtol=1e-6, atol=1e-9, err_msg=f"{view} logq{q}")
         else:
             assert rank_error(flat, vq, q) <= rank_tol, (view, q, rank_error(flat, vq, q))

@@ -17,7 +17,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.diagnose import find_issues
 from tests.plugin.plugin_testlib import wait_for
 from tests.shared_runs import link_runs
@@ -56,10 +56,10 @@ def test_one_folder_with_the_trainers_own_scalars(hf_runs):
 
 def test_steps_are_optimizer_steps_and_names_are_module_names(hf_runs):
     run = ts.read_run(str(hf_runs["gpt2"]))
-    assert set(run.tensors) == set(metadata.VIEWS)
+    assert set(run.tensors) == set(slots.VIEWS)
     total = hs.EPOCHS * hs.GPT_STEPS
     # One point per epoch at the optimizer step that ended it (micro-batches are not steps).
-    for view in metadata.VIEWS:
+    for view in slots.VIEWS:
         for s in run.tensors[view]:
             assert list(s.steps) == [hs.GPT_STEPS * (e + 1) for e in range(hs.EPOCHS)], s.info.tag
     assert list(run.metrics["loss"].steps) == list(range(1, total + 1))
@@ -149,7 +149,7 @@ def test_tensorboard_shows_the_tab_beside_the_trainers_scalars(hf_tb):
                             "bert_lr_x100": bert})
     assert sorted(listed) == sorted(RUNS)
     for name in RUNS:
-        assert all(listed[name]["views"].get(v) for v in metadata.VIEWS), listed[name]
+        assert all(listed[name]["views"].get(v) for v in slots.VIEWS), listed[name]
     def scalars():  # the trainer's own event file may be read after the tab's
         with urllib.request.urlopen(hf_tb.url + "data/plugin/scalars/tags", timeout=30) as r:
             tags = json.loads(r.read())
@@ -169,7 +169,7 @@ def test_the_tab_draws_the_gpt2_run(browser, hf_tb):
     try:
         p.open("p.introspect.run=gpt2")
         p.check("overview", "gpt2")
-        p.sweep_layers("gpt2", metadata.VIEWS)
+        p.sweep_layers("gpt2", slots.VIEWS)
     finally:
         p.close()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tb_introspect import metadata
+from tb_introspect import slots
 from tb_introspect.diagnose import find_issues
 from tests.shared_runs import link_runs
 from tests.torch import torch_support as ts
@@ -41,8 +41,8 @@ def test_writes_into_the_loggers_run_folder(lightning_runs):
 
 def test_optimizer_steps_bf16_outputs_and_validation_metrics(lightning_runs):
     run = ts.read_run(str(lightning_runs["cnn"]))
-    assert set(run.tensors) == set(metadata.VIEWS)
-    for view in metadata.VIEWS:
+    assert set(run.tensors) == set(slots.VIEWS)
+    for view in slots.VIEWS:
         for s in run.tensors[view]:
             assert list(s.steps) == POINTS, s.info.tag
     loss = run.metrics["loss"]
@@ -109,7 +109,7 @@ def test_tensorboard_serves_the_runs_and_findings(lightning_tb):
                                                  for n in RUNS) else None)(
         {r["run"]: r for r in lightning_tb.get_json("runs")["runs"]}), timeout=120)
     for name in RUNS:
-        assert all(listed[name]["views"].get(v) for v in metadata.VIEWS), listed[name]
+        assert all(listed[name]["views"].get(v) for v in slots.VIEWS), listed[name]
     kinds = {f["kind"] for f in lightning_tb.get_json("findings?run=cnn_lr_x100")["findings"]}
     assert "dead_units" in kinds
 
@@ -123,7 +123,7 @@ def test_the_tab_draws_the_lightning_run(browser, lightning_tb):
     try:
         p.open("p.introspect.run=cnn")
         p.check("overview", "cnn")
-        p.sweep_layers("cnn", metadata.VIEWS)
+        p.sweep_layers("cnn", slots.VIEWS)
     finally:
         p.close()
 
