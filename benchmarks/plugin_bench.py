@@ -159,9 +159,9 @@ def write_bench_run(run_dir: str, tensors: int, steps: int, steps_per_epoch: int
                                                  .Summary(value=[value])).SerializeToString())
                     points += 1
                 if format_version >= 3:
-                    summary = summaries.summary(view, [tags[(view, la)] for la in layers], block)
-                    batch.append(event_pb2.Event(step=step, wall_time=wall,
-                                                 summary=summary).SerializeToString())
+                    value = summaries.summary(view, [tags[(view, la)] for la in layers], block)
+                    batch.append(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb
+                                                 .encode([value])).SerializeToString())
             loss = summary_pb2.Summary.Value(tag=metadata.metric_tag("loss"),
                                              tensor=_tensor(np.array([epoch, 2.0 / (1 + step)])))
             if step == 0:

@@ -2,12 +2,16 @@
 
 These let any framework write the format: pass the protos to TensorBoard's
 ``EventFileWriter`` (see ``tb_introspect.writer``) or to PyTorch's
-``SummaryWriter.file_writer.add_summary``.
+``SummaryWriter.file_writer.add_summary``. Each ``*_pb`` builder is its ``*_value``
+builder encoded: a :class:`Value` is one summary value as the writer holds it (tag, array,
+metadata), and :func:`encode` makes the proto. The pipeline keeps values until it writes
+them, so the findings judged during training read the arrays it wrote, not their protos.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2, types_pb2
@@ -66,26 +70,50 @@ def probes_matrix(rows: Sequence[str], values: dict, epoch: float = 0) -> np.nda
     return _float32_held(out)
 
 
-def _summary(tag: str, meta: summary_pb2.SummaryMetadata, vector) -> summary_pb2.Summary:
+class Value(NamedTuple):
+    """One summary value before it is encoded: its ``tag``, the ``array`` its tensor holds
+    (in the dtype written: float64 vectors, float32 matrices) and its ``metadata`` (None
+    after a tag's first value in an event file: TensorBoard keeps a tag's first)."""
+
+    tag: str
+    array: np.ndarray
+    metadata: summary_pb2.SummaryMetadata | None = None
+
+
+def encode(values: Iterable[Value]) -> summary_pb2.Summary:
+    """One ``Summary`` proto holding ``values``, in order.
+
+    Example:
+        >>> encode([metric_value("loss", 0.5)]).value[0].tag
+        'introspect/metric/loss'
+    """
+    summary = summary_pb2.Summary()
+    for v in values:
+        value = summary.value.add(tag=v.tag)
+        _set_tensor(value.tensor, v.array)
+        if v.metadata is not None:
+            value.metadata.CopyFrom(v.metadata)
+    return summary
+
+
+def _vector_value(tag: str, meta: summary_pb2.SummaryMetadata, vector) -> Value:
     vec = np.asarray(vector, dtype=np.float64).reshape(-1)
     expected = len(metadata.parse_plugin_data(meta.plugin_data.content).fields)
     if vec.size != expected:
         raise ValueError(f"{tag}: packed vector has {vec.size} slots, layout has {expected}")
-    summary = summary_pb2.Summary()
-    _set_vector(summary.value.add(tag=tag, metadata=meta).tensor, vec)
-    return summary
+    return Value(tag, vec, meta)
 
 
-def _set_vector(tensor, vec: np.ndarray) -> None:
-    """Fill the ``TensorProto`` ``tensor`` with the float64 vector ``vec`` as
-    ``tensor_util.make_tensor_proto`` would (the same bytes), three times faster: a point
-    writes one per tensor."""
-    if vec.size <= 1:  # make_tensor_proto's double_val form
-        tensor.CopyFrom(tensor_util.make_tensor_proto(vec))
+def _set_tensor(tensor, array: np.ndarray) -> None:
+    """Fill the ``TensorProto`` ``tensor`` with ``array`` as
+    ``tensor_util.make_tensor_proto`` would (the same bytes); a float64 vector three times
+    faster: a point writes one per tensor."""
+    if array.ndim != 1 or array.dtype != np.float64 or array.size <= 1:
+        tensor.CopyFrom(tensor_util.make_tensor_proto(array))  # (and the double_val form)
         return
     tensor.dtype = types_pb2.DT_DOUBLE
-    tensor.tensor_shape.dim.add(size=vec.size)
-    tensor.tensor_content = vec.tobytes()
+    tensor.tensor_shape.dim.add(size=array.size)
+    tensor.tensor_content = array.tobytes()
 
 
 def tensor_stats_pb(
@@ -106,27 +134,48 @@ def tensor_stats_pb(
     Write the metadata (``with_metadata``) with the tag's first point in an event file
     only: TensorBoard keeps a tag's first metadata. ``ViewSummaries.tensor_stats`` does
     this bookkeeping for a writer."""
+    return encode([tensor_stats_value(
+        stats_vector, view=view, name=name, layer=layer, depth=depth, shape=shape,
+        dtype=dtype, cadence=cadence, quantiles=quantiles, with_metadata=with_metadata)])
+
+
+def tensor_stats_value(
+    stats_vector: Sequence[float] | np.ndarray,
+    *,
+    view: str,
+    name: str,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+    dtype: str = "float32",
+    cadence: str = "step",
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
+    with_metadata: bool = True,
+) -> Value:
+    """The :class:`Value` of ``tensor_stats_pb``."""
     tag = metadata.stats_tag(view, name)
     metadata.check_cadence(cadence)
-    vec = np.asarray(stats_vector, dtype=np.float64).reshape(-1)
+    # A copy: the value is held until written and judged, its caller's array may change.
+    vec = np.array(stats_vector, dtype=np.float64).reshape(-1)
     expected = len(slots.tensor_stats_fields(view, quantiles))
     if vec.size != expected:
         raise ValueError(f"{tag}: packed vector has {vec.size} slots, layout has {expected}")
-    summary = summary_pb2.Summary()
-    value = summary.value.add(tag=tag)
-    _set_vector(value.tensor, vec)
-    if with_metadata:
-        value.metadata.CopyFrom(metadata.create_tensor_stats_metadata(
-            view=view, name=name, layer=layer, depth=depth, shape=shape,
-            dtype=dtype, cadence=cadence, quantiles=quantiles,
-        ))
-    return summary
+    meta = metadata.create_tensor_stats_metadata(
+        view=view, name=name, layer=layer, depth=depth, shape=shape,
+        dtype=dtype, cadence=cadence, quantiles=quantiles,
+    ) if with_metadata else None
+    return Value(tag, vec, meta)
 
 
 def metric_pb(name: str, value: float, epoch: int = 0, loss: str = "") -> summary_pb2.Summary:
     """A Summary holding one per-step value of a loss or metric (``loss``: the training
     loss's description, ``loss_field.loss_json``)."""
-    return _summary(
+    return encode([metric_value(name, value, epoch, loss)])
+
+
+def metric_value(name: str, value: float, epoch: int = 0, loss: str = "") -> Value:
+    """The :class:`Value` of ``metric_pb``."""
+    return _vector_value(
         metadata.metric_tag(name), metadata.create_metric_metadata(name, loss=loss),
         [epoch, value],
     )
@@ -148,7 +197,13 @@ def metric_epoch_band(values, epoch: float = 0) -> np.ndarray:
 def metric_epoch_pb(name: str, values: Sequence[float], epoch: int,
                     loss: str = "") -> summary_pb2.Summary:
     """A Summary holding the per-epoch band (``metric_epoch_band``) of ``values``."""
-    return _summary(
+    return encode([metric_epoch_value(name, values, epoch, loss)])
+
+
+def metric_epoch_value(name: str, values: Sequence[float], epoch: int,
+                       loss: str = "") -> Value:
+    """The :class:`Value` of ``metric_epoch_pb``."""
+    return _vector_value(
         metadata.metric_tag(name, per_epoch=True),
         metadata.create_metric_metadata(name, per_epoch=True, loss=loss),
         metric_epoch_band(values, epoch),
@@ -168,12 +223,28 @@ def activity_pb(
 ) -> summary_pb2.Summary:
     """A Summary holding one epoch's activation rate of each channel and of each spatial
     position (flattened row-major) of layer output ``name``, over ``samples`` samples."""
+    return encode([activity_value(channel_rates, spatial_rates, name=name, samples=samples,
+                                  epoch=epoch, layer=layer, depth=depth, shape=shape)])
+
+
+def activity_value(
+    channel_rates: Sequence[float] | np.ndarray,
+    spatial_rates: Sequence[float] | np.ndarray = (),
+    *,
+    name: str,
+    samples: float,
+    epoch: int = 0,
+    layer: str = "",
+    depth: int = 0,
+    shape: Sequence[int | None] = (),
+) -> Value:
+    """The :class:`Value` of ``activity_pb``."""
     c = np.asarray(channel_rates, dtype=np.float64).reshape(-1)
     p = np.asarray(spatial_rates, dtype=np.float64).reshape(-1)
     meta = metadata.create_activity_metadata(
         name=name, channels=c.size, positions=p.size, layer=layer, depth=depth, shape=shape
     )
-    return _summary(metadata.activity_tag(name), meta, [epoch, samples, *c, *p])
+    return _vector_value(metadata.activity_tag(name), meta, [epoch, samples, *c, *p])
 
 
 def fill_slots(
@@ -225,19 +296,28 @@ def view_summary_pb(
         >>> pb.value[0].tag, tensor_util.make_ndarray(pb.value[0].tensor).shape
         ('introspect/summary/gradient', (2, 9))
     """
+    return encode([view_summary_value(view, rows, vectors, quantiles=quantiles,
+                                      cadence=cadence, with_metadata=with_metadata)])
+
+
+def view_summary_value(
+    view: str,
+    rows: Sequence[str],
+    vectors,
+    *,
+    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
+    cadence: str = "step",
+    with_metadata: bool = True,
+) -> Value:
+    """The :class:`Value` of ``view_summary_pb``."""
     width = len(slots.tensor_stats_fields(view, quantiles))
     v = np.asarray(vectors, dtype=np.float64)
     if v.shape != (len(rows), width):
         raise ValueError(f"{view} summary: vectors have shape {v.shape}, expected"
                          f" ({len(rows)}, {width}) (rows, slots)")
-    matrix = view_summary(view, rows, v, quantiles)
-    summary = summary_pb2.Summary()
-    value = summary.value.add(tag=metadata.summary_tag(view),
-                              tensor=tensor_util.make_tensor_proto(matrix))
-    if with_metadata:
-        value.metadata.CopyFrom(
-            metadata.create_view_summary_metadata(view=view, rows=rows, cadence=cadence))
-    return summary
+    meta = metadata.create_view_summary_metadata(
+        view=view, rows=rows, cadence=cadence) if with_metadata else None
+    return Value(metadata.summary_tag(view), view_summary(view, rows, v, quantiles), meta)
 
 
 def probes_pb(
@@ -262,14 +342,23 @@ def probes_pb(
         >>> pb.value[0].tag, float(tensor_util.make_ndarray(pb.value[0].tensor)[0, 4])
         ('introspect/probes', 12.5)
     """
+    return encode([probes_value(probes, epoch=epoch, rows=rows, cadence=cadence,
+                                with_metadata=with_metadata)])
+
+
+def probes_value(
+    probes: Mapping[str, Sequence[float] | np.ndarray],
+    *,
+    epoch: int = 0,
+    rows: Sequence[str] | None = None,
+    cadence: str = "step",
+    with_metadata: bool = True,
+) -> Value:
+    """The :class:`Value` of ``probes_pb``."""
     rows = list(probes) if rows is None else list(rows)
-    summary = summary_pb2.Summary()
-    value = summary.value.add(
-        tag=metadata.probes_tag(),
-        tensor=tensor_util.make_tensor_proto(probes_matrix(rows, probes, epoch)))
-    if with_metadata:
-        value.metadata.CopyFrom(metadata.create_probes_metadata(rows=rows, cadence=cadence))
-    return summary
+    meta = metadata.create_probes_metadata(
+        rows=rows, cadence=cadence) if with_metadata else None
+    return Value(metadata.probes_tag(), probes_matrix(rows, probes, epoch), meta)
 
 
 class ViewSummaries:
@@ -282,7 +371,8 @@ class ViewSummaries:
     its first point: the tags of that point, in order. At later points the vectors are
     placed by tag (a row without one is NaN) and tags that are not rows are left out (the
     plugin then reads that view from its per-tensor tags). The probes' rows (module names)
-    are kept the same way.
+    are kept the same way. Its methods return :class:`Value` s (:func:`encode` makes the
+    protos).
     """
 
     def __init__(self) -> None:
@@ -297,19 +387,19 @@ class ViewSummaries:
         self._described.clear()
 
     def tensor_stats(self, stats_vector: Sequence[float] | np.ndarray, *, view: str,
-                     name: str, **described) -> summary_pb2.Summary:
-        """``tensor_stats_pb`` of one tensor at one point (``described``: its other
+                     name: str, **described) -> Value:
+        """``tensor_stats_value`` of one tensor at one point (``described``: its other
         keywords), with the metadata if the tag has none in this event file yet."""
         tag = metadata.stats_tag(view, name)
         first = tag not in self._described
-        summary = tensor_stats_pb(stats_vector, view=view, name=name, with_metadata=first,
-                                  **described)
+        value = tensor_stats_value(stats_vector, view=view, name=name, with_metadata=first,
+                                   **described)
         self._described.add(tag)
-        return summary
+        return value
 
     def probes(self, probes: Mapping[str, Sequence[float] | np.ndarray], *, epoch: int = 0,
-               cadence: str = "step") -> summary_pb2.Summary | None:
-        """The PROBES summary of one point (``probes``: module -> its probe values); None
+               cadence: str = "step") -> Value | None:
+        """The PROBES value of one point (``probes``: module -> its probe values); None
         when the point has none."""
         if not probes:
             return None
@@ -317,8 +407,8 @@ class ViewSummaries:
             self.probe_rows = tuple(probes)
         first = metadata.probes_tag() not in self._described
         self._described.add(metadata.probes_tag())
-        return probes_pb(probes, epoch=epoch, rows=self.probe_rows, cadence=cadence,
-                         with_metadata=first)
+        return probes_value(probes, epoch=epoch, rows=self.probe_rows, cadence=cadence,
+                            with_metadata=first)
 
     def summary(
         self,
@@ -328,9 +418,10 @@ class ViewSummaries:
         *,
         quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
         cadence: str = "step",
-    ) -> summary_pb2.Summary | None:
-        """The summary of ``view`` at one point whose tensors' tags are ``tags`` and packed
-        vectors ``vectors`` (``[len(tags), slots]``); None when the point has no tensor."""
+    ) -> Value | None:
+        """The VIEW_SUMMARY value of ``view`` at one point whose tensors' tags are ``tags``
+        and packed vectors ``vectors`` (``[len(tags), slots]``); None when the point has no
+        tensor."""
         if not len(tags):
             return None
         width = len(slots.tensor_stats_fields(view, quantiles))
@@ -346,8 +437,8 @@ class ViewSummaries:
                 packed[i] = vec
         first = view not in self._described
         self._described.add(view)
-        return view_summary_pb(view, self.rows[view], packed, quantiles=quantiles,
-                               cadence=cadence, with_metadata=first)
+        return view_summary_value(view, self.rows[view], packed, quantiles=quantiles,
+                                  cadence=cadence, with_metadata=first)
 
 
 def __getattr__(name: str):

@@ -224,11 +224,11 @@ class NumpyWriter:
         self._done = step
         for view, vectors in pending.items():
             quantiles, cadence = layout[view]
-            summary = self._summaries.summary(
+            value = self._summaries.summary(
                 view, list(vectors), np.stack(list(vectors.values())),
                 quantiles=quantiles, cadence=cadence)
-            if summary is not None:
-                self.add_summary(summary, step)
+            if value is not None:
+                self.add_summary(summary_pb.encode([value]), step)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,14 +1,14 @@
 """Findings that act: the ``diagnose`` rules judged while training runs (``on_finding=``).
 
-Every value the pipeline hands to its sink is also kept here, as TensorBoard's data provider
-hands it to ``tb-introspect diagnose``: a tag's first metadata, every point decoded by
-``tensor_util.make_ndarray``, assembled by the reader's own ``parse_tag_info``,
-``series_from_datums`` and ``assemble_run``. So the rules see the same ``RunSeries`` as
-``diagnose`` reading this process's event files, with no second producer of any number and
-no file read back. After each logged point a worker thread runs
-``diagnose.find_issues`` on it; the training thread only queues what it wrote and, at its
-next step or epoch end, takes the findings that reached the severity asked for, each rule
-once. A callable is called there; ``"stop"`` is handed to the front-end, which ends
+Every value the pipeline writes is also kept here (the ``summary_pb.Value`` it encodes: the
+array in the dtype written), as TensorBoard's data provider hands it to ``tb-introspect
+diagnose``: a tag's first metadata and every point's array, assembled by the reader's own
+``parse_tag_info``, ``series_from_datums`` and ``assemble_run``. So the rules see the same
+``RunSeries`` as ``diagnose`` reading this process's event files, with no second producer
+of any number, no proto decoded and no file read back. After each logged point a worker
+thread runs ``diagnose.find_issues`` on it; the training thread only queues what it wrote
+and, at its next step or epoch end, takes the findings that reached the severity asked
+for, each rule once. A callable is called there; ``"stop"`` is handed to the front-end, which ends
 training its way (Keras: ``model.stop_training``; a loop: :class:`FindingStop`).
 """
 
@@ -20,11 +20,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tensorboard.compat.proto import summary_pb2
 from tensorboard.data.provider import TensorDatum
-from tensorboard.util import tensor_util
 
-from tb_introspect import metadata
+from tb_introspect import metadata, summary_pb
 from tb_introspect.diagnose import Finding, find_issues
 from tb_introspect.diagnose.core import SEVERITY_RANK
 from tb_introspect.pipeline.failures import Failures, Part, short_error
@@ -42,7 +40,7 @@ NOT_A_FINDING = ("insufficient_data",)
 #: How long the end of training waits for the last judgement before giving up on it.
 JUDGED_SECONDS = 60.0
 
-Batches = Sequence[tuple[int, Sequence[summary_pb2.Summary]]]
+Batches = Sequence[tuple[int, Sequence[summary_pb.Value]]]
 
 
 class FindingStop(Exception):
@@ -87,23 +85,21 @@ class WrittenRun:
         self._series: dict[str, Series] = {}  # rebuilt only for tags with new points
 
     def add(self, batches: Batches, wall_time: float) -> None:
-        for step, summaries in batches:
-            for summary in summaries:
-                for v in summary.value:
-                    tag = v.tag
-                    # TensorBoard keeps the first metadata of a tag (later ones are ignored).
-                    new = tag not in self._content and tag not in self._other
-                    if new and v.HasField("metadata"):
-                        if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
-                            self._content[tag] = v.metadata.plugin_data.content
-                        else:
-                            self._other.add(tag)
-                    if tag not in self._content:
-                        continue
-                    self._datums.setdefault(tag, []).append(TensorDatum(
-                        step=int(step), wall_time=float(wall_time),
-                        numpy=tensor_util.make_ndarray(v.tensor)))
-                    self._series.pop(tag, None)
+        for step, values in batches:
+            for v in values:
+                tag = v.tag
+                # TensorBoard keeps the first metadata of a tag (later ones are ignored).
+                new = tag not in self._content and tag not in self._other
+                if new and v.metadata is not None:
+                    if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                        self._content[tag] = v.metadata.plugin_data.content
+                    else:
+                        self._other.add(tag)
+                if tag not in self._content:
+                    continue
+                self._datums.setdefault(tag, []).append(TensorDatum(
+                    step=int(step), wall_time=float(wall_time), numpy=v.array))
+                self._series.pop(tag, None)
 
     def series(self) -> RunSeries:
         infos, skipped = {}, []

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import summary_pb
 
@@ -86,44 +85,44 @@ class Ring:
 
     def steps(self, names: Sequence[str], step: int, total: np.ndarray, count: np.ndarray,
               epoch: int, running: Mapping[str, Any] | None = None
-              ) -> list[tuple[int, list[summary_pb2.Summary]]]:
-        """``(step, summaries)`` of every step after the last read up to ``step``, from a
+              ) -> list[tuple[int, list[summary_pb.Value]]]:
+        """``(step, values)`` of every step after the last read up to ``step``, from a
         copy of the ring (``total``, ``count``: ``[rows, metrics]``). ``running`` holds
         metrics that are not running means (an AUC): their current value, at ``step``."""
         rows = total.shape[0]
         batches = []
         for s in range(max(self.last_step + 1, step - rows + 1), step + 1):
             row = (s - 1) % rows
-            protos = []
+            values = []
             for m, name in enumerate(names):
                 n = count[row, m]
                 if n > 0:
-                    protos.append(self._value(name, float(total[row, m] / n), epoch))
-            batches.append((s, protos))
+                    values.append(self._value(name, float(total[row, m] / n), epoch))
+            batches.append((s, values))
         if running and step > self.last_step:
             batches.append((step, [self._value(name, v, epoch) for name, value in
                                    running.items() if (v := as_float(value)) is not None]))
         self.last_step = max(self.last_step, step)
         return batches
 
-    def _value(self, name: str, value: float, epoch: int) -> summary_pb2.Summary:
+    def _value(self, name: str, value: float, epoch: int) -> summary_pb.Value:
         self.epoch_values.setdefault(name, []).append(value)
-        return summary_pb.metric_pb(name, value, epoch, self._loss(name))
+        return summary_pb.metric_value(name, value, epoch, self._loss(name))
 
     def _loss(self, name: str) -> str:
         return self.loss_info if name == "loss" else ""
 
     def epoch_bands(self, epoch: int, extra: Mapping[str, Any] | None = None
-                    ) -> list[summary_pb2.Summary]:
+                    ) -> list[summary_pb.Value]:
         """Each metric's band over the window (an epoch's, or ``window=N`` steps'), and
         ``extra`` values (``val_loss``) as written."""
-        protos = [summary_pb.metric_epoch_pb(name, values, epoch, self._loss(name))
-                  for name, values in self.epoch_values.items() if values]
+        out = [summary_pb.metric_epoch_value(name, values, epoch, self._loss(name))
+               for name, values in self.epoch_values.items() if values]
         for name, value in (extra or {}).items():
             v = as_float(value)
             if v is not None:
-                protos.append(summary_pb.metric_pb(name, v, epoch))
-        return protos
+                out.append(summary_pb.metric_value(name, v, epoch))
+        return out
 
 
 def as_float(value: Any) -> float | None:

@@ -39,7 +39,7 @@ from tb_introspect.pipeline.failures import METRICS, STATISTICS, WRITING, Part, 
 from tb_introspect.pipeline.governor import Governor
 from tb_introspect.pipeline.metrics import Ring
 from tb_introspect.pipeline.plan import Plan, last_sampled, window_due
-from tb_introspect.pipeline.point import EpochActivity, Point, protos
+from tb_introspect.pipeline.point import EpochActivity, Point, values
 from tb_introspect.pipeline.sink import LOCAL_FLUSH_SECS, EventSink
 from tb_introspect.pipeline.worker import HostWorker
 
@@ -291,8 +291,8 @@ class Pipeline:
             if callable(probes):
                 probes = probes()
             if probes and self.plan.options.probes:
-                summary = self.summaries.probes(probes, epoch=epoch, cadence=self.plan.cadence)
-                self._write([(step, [summary])])
+                value = self.summaries.probes(probes, epoch=epoch, cadence=self.plan.cadence)
+                self._write([(step, [value])])
 
     def _finish(self, point: Point | Callable[[], Point], step: int, epoch: int) -> None:
         """The worker: the point's host part, its summaries written."""
@@ -301,7 +301,7 @@ class Pipeline:
                 point = point()
             self.activity.add(point.activity)
             if self.sink is not None:
-                self._write([(step, protos(self.plan, point, epoch, self.summaries))])
+                self._write([(step, values(self.plan, point, epoch, self.summaries))])
 
     # -------------------------------------------------------------- per window
 
@@ -417,16 +417,17 @@ class Pipeline:
     # -------------------------------------------------------------- writing
 
     def write_steps(self, batches: list, part: str = METRICS) -> None:
-        """Write each ``(step, summaries)`` on the worker (the chief's sink; nothing
-        elsewhere); a failure switches ``part`` off, or all writing (the file's)."""
+        """Write each ``(step, values)`` (``summary_pb.Value``) on the worker (the chief's
+        sink; nothing elsewhere); a failure switches ``part`` off, or all writing (the file's)."""
         if self.sink is not None and not self.is_off(WRITING):
             self.worker.submit(self._job, part, self._write, batches, time.time())
 
     def _write(self, batches: list, now: float | None = None) -> None:
-        """The worker: write ``batches`` (and hand them to ``on_finding``'s watch)."""
+        """The worker: write ``batches`` (and hand their values to ``on_finding``'s watch)."""
         if self.sink is not None and not self.is_off(WRITING):
             now = time.time() if now is None else now
-            self.sink.write_steps(batches, now)
+            self.sink.write_steps([(step, [summary_pb.encode(values)] if values else [])
+                                   for step, values in batches], now)
             if self.findings is not None:
                 self.findings.written(batches, now)
 

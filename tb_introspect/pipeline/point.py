@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from tensorboard.compat.proto import summary_pb2
 
 from tb_introspect import metadata, slots, summary_pb
 from tb_introspect.pipeline.plan import Monitored, Plan
@@ -69,11 +68,11 @@ def fill(block: Block, plan: Plan, epoch: int, point: Point) -> np.ndarray:
     return v
 
 
-def protos(plan: Plan, point: Point, epoch: int,
-           summaries: summary_pb.ViewSummaries) -> list[summary_pb2.Summary]:
-    """The summaries of one point: a tensor summary per written tensor, each view's
+def values(plan: Plan, point: Point, epoch: int,
+           summaries: summary_pb.ViewSummaries) -> list[summary_pb.Value]:
+    """The summary values of one point: a tensor's per written tensor, each view's
     VIEW_SUMMARY and the probes."""
-    out: list[summary_pb2.Summary] = []
+    out: list[summary_pb.Value] = []
     q, cadence = plan.options.quantiles, plan.cadence
     for block in point.blocks:
         if not block.specs:
@@ -105,7 +104,7 @@ class EpochActivity:
             self.counts[j] = row.astype(np.float64) if prev is None else prev + row
 
     def take(self, plan: Plan, widths: dict[int, tuple[int, int]],
-             epoch: int) -> list[summary_pb2.Summary]:
+             epoch: int) -> list[summary_pb.Value]:
         """The maps of the epoch (``widths[j]``: output ``j``'s channels and positions);
         the counts start again."""
         counts, self.counts = self.counts, {}
@@ -119,7 +118,7 @@ class EpochActivity:
                 continue
             units = max(positions, 1) * channels
             cnz, snz = row[1:1 + channels], row[1 + channels:1 + channels + positions]
-            out.append(summary_pb.activity_pb(
+            out.append(summary_pb.activity_value(
                 cnz * channels / count, snz * max(positions, 1) / count, name=spec.name,
                 samples=count / units, epoch=epoch, layer=spec.layer, depth=spec.depth,
                 shape=spec.shape))

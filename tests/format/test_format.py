@@ -112,15 +112,15 @@ def test_view_summaries_describe_a_tag_once_per_event_file():
     vec = np.zeros(len(slots.tensor_stats_fields("gradient")))
     tags = {}
     for name in ("a", "b", "a", "b"):
-        pb = views.tensor_stats(vec, view="gradient", name=name, layer="L", depth=2)
-        tags.setdefault(name, []).append(pb.value[0].HasField("metadata"))
+        value = views.tensor_stats(vec, view="gradient", name=name, layer="L", depth=2)
+        tags.setdefault(name, []).append(value.metadata is not None)
     assert tags == {"a": [True, False], "b": [True, False]}
     info = metadata.parse_plugin_data(
         views.tensor_stats(vec, view="gradient", name="c", layer="L", depth=2)
-        .value[0].metadata.plugin_data.content)
+        .metadata.plugin_data.content)
     assert (info.name, info.layer, info.depth) == ("c", "L", 2)
     views.restart()  # a new event file: described again
-    assert views.tensor_stats(vec, view="gradient", name="a").value[0].HasField("metadata")
+    assert views.tensor_stats(vec, view="gradient", name="a").metadata is not None
 
 
 def test_tensor_stats_pb_from_array_fills_epoch_and_extras():

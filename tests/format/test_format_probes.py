@@ -45,7 +45,8 @@ def test_probes_written_and_read_back(tmp_path):
     summaries = summary_pb.ViewSummaries()
     with writer.NumpyWriter(tmp_path) as w:
         for step, values in enumerate(points, start=1):
-            w.add_summary(summaries.probes(values, epoch=step - 1, cadence="epoch"), step)
+            w.add_summary(summary_pb.encode(
+                [summaries.probes(values, epoch=step - 1, cadence="epoch")]), step)
         assert summaries.probes({}, epoch=2) is None  # nothing to write
     run = lib.read_run(str(tmp_path))
     series = run[metadata.probes_tag()]
@@ -77,10 +78,10 @@ def test_probes_written_and_read_back(tmp_path):
 def test_restart_writes_the_metadata_again():
     summaries = summary_pb.ViewSummaries()
     values = {"a": probe(1.0, 3.0)}
-    assert summaries.probes(values).value[0].HasField("metadata")
-    assert not summaries.probes(values).value[0].HasField("metadata")
+    assert summaries.probes(values).metadata is not None
+    assert summaries.probes(values).metadata is None
     summaries.restart()
-    again = summaries.probes({"b": probe(2.0, 3.0), "a": probe(1.0, 3.0)}).value[0]
+    again = summaries.probes({"b": probe(2.0, 3.0), "a": probe(1.0, 3.0)})
     data = metadata.parse_plugin_data(again.metadata.plugin_data.content)
     assert list(data.rows) == ["a"]  # the same rows as before the restart
 

@@ -31,8 +31,9 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2
+from tensorboard.util import tensor_util
 
-from tb_introspect import stats_np
+from tb_introspect import stats_np, summary_pb
 from tb_introspect.pipeline.findings import WrittenRun
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.params import Params
@@ -267,7 +268,10 @@ def read(log_dir: Path) -> RunSeries:
     run = WrittenRun()
     for e in events(log_dir):
         if e.HasField("summary"):
-            run.add([(e.step, [e.summary])], e.wall_time)
+            run.add([(e.step, [summary_pb.Value(
+                v.tag, tensor_util.make_ndarray(v.tensor),
+                v.metadata if v.HasField("metadata") else None) for v in e.summary.value])],
+                e.wall_time)
     return run.series()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_introspect import loss_field, metadata, summary_pb
+from tb_introspect import loss_field, metadata
 from tb_introspect.pipeline.metrics import Ring, as_float
 
 NAMES = ["loss", "acc"]
@@ -34,12 +34,12 @@ class DeviceRing:
 
 
 def read(batches) -> dict[str, dict[int, tuple[float, float]]]:
-    """name -> step -> (epoch, value) of ``Ring.steps``' summaries."""
+    """name -> step -> (epoch, value) of ``Ring.steps``' values."""
     out: dict[str, dict[int, tuple[float, float]]] = {}
-    for step, summaries in batches:
-        for s in summaries:
-            name = s.value[0].tag.removeprefix("introspect/metric/")
-            epoch, value = summary_pb.vector_of(s)
+    for step, values in batches:
+        for s in values:
+            name = s.tag.removeprefix("introspect/metric/")
+            epoch, value = s.array
             out.setdefault(name, {})[step] = (epoch, value)
     return out
 
@@ -104,16 +104,16 @@ def test_epoch_bands_are_the_epochs_values_per_metric():
             dev.step(s)
         ring.steps(NAMES, last, dev.total, dev.count, epoch)
         bands = ring.epoch_bands(epoch, {"val_loss": np.float64(0.125), "skip": "x"})
-        tags = [b.value[0].tag for b in bands]
+        tags = [b.tag for b in bands]
         assert tags == ["introspect/metric_epoch/loss", "introspect/metric_epoch/acc",
                         "introspect/metric/val_loss"]
         for name, band in zip(NAMES, bands, strict=False):
             v = [dev.values[name][s] for s in range(first, last + 1) if s in dev.values[name]]
             want = [epoch, *np.percentile(v, [0, 25, 50, 75, 100]), np.mean(v), len(v)]
-            np.testing.assert_allclose(summary_pb.vector_of(band), want, rtol=1e-12)
-        assert summary_pb.vector_of(bands[2]).tolist() == [epoch, 0.125]
+            np.testing.assert_allclose(band.array, want, rtol=1e-12)
+        assert bands[2].array.tolist() == [epoch, 0.125]
         # The training loss's description goes with the loss's metadata only.
-        loss, acc = (metadata.parse_plugin_data(b.value[0].metadata.plugin_data.content)
+        loss, acc = (metadata.parse_plugin_data(b.metadata.plugin_data.content)
                      for b in bands[:2])
         assert loss.loss == ring.loss_info and acc.loss == ""
 
@@ -123,7 +123,7 @@ def test_a_band_is_over_the_finite_values():
     total = np.array([[1.0], [np.nan], [3.0], [np.inf]])
     ring.steps(["loss"], 4, total, np.ones((4, 1)), 0)
     (band,) = ring.epoch_bands(0)
-    v = summary_pb.vector_of(band)
+    v = band.array
     assert v[1] == 1.0 and v[5] == 3.0 and v[6] == 2.0 and v[7] == 2  # min, max, mean, count
 
 

@@ -11,7 +11,7 @@ from tb_introspect import metadata, slots, stats_np, summary_pb
 from tb_introspect.pipeline.failures import Part
 from tb_introspect.pipeline.options import Options
 from tb_introspect.pipeline.plan import Monitored, Plan
-from tb_introspect.pipeline.point import Block, EpochActivity, Point, fill, protos
+from tb_introspect.pipeline.point import Block, EpochActivity, Point, fill, values
 
 RNG = np.random.default_rng(5)
 VARS = [Monitored("variable", n, n.split("/")[0], d, s, "float32")
@@ -96,25 +96,25 @@ def test_a_points_summaries():
     point = Point(window=2, stats_steps=1,
                   blocks=[grads, Block("variable", [], np.zeros((0, 0))), outs])
     views = summary_pb.ViewSummaries()
-    first = protos(p, point, 1, views)
-    tags = [s.value[0].tag for s in first]
+    first = values(p, point, 1, views)
+    tags = [s.tag for s in first]
     assert tags == ["introspect/gradient/a/kernel", "introspect/gradient/b/kernel",
                     "introspect/gradient/b/bias", metadata.summary_tag("gradient"),
                     "introspect/output/relu", "introspect/output/dense",
                     metadata.summary_tag("output")]
-    np.testing.assert_array_equal(summary_pb.vector_of(first[0]), fill(grads, p, 1, point)[0])
-    info = metadata.parse_plugin_data(first[1].value[0].metadata.plugin_data.content)
+    np.testing.assert_array_equal(first[0].array, fill(grads, p, 1, point)[0])
+    info = metadata.parse_plugin_data(first[1].metadata.plugin_data.content)
     assert (info.view, info.name, info.layer, info.depth, info.cadence) == (
         "gradient", "b/kernel", "b", 1, "step")
     assert list(info.shape) == [4, 2]
     # The view summary's rows are the point's tensors; its metadata goes with the first only.
-    assert first[3].value[0].HasField("metadata")
-    again = protos(p, point, 2, views)
-    assert not again[3].value[0].HasField("metadata")
+    assert first[3].metadata is not None
+    again = values(p, point, 2, views)
+    assert again[3].metadata is None
     # So does every tensor's: TensorBoard keeps a tag's first metadata.
-    assert all(s.value[0].HasField("metadata") for s in first)
-    assert not any(s.value[0].HasField("metadata") for s in again)
-    assert summary_pb.vector_of(again[0])[col("gradient", "epoch")] == 2
+    assert all(s.metadata is not None for s in first)
+    assert not any(s.metadata is not None for s in again)
+    assert again[0].array[col("gradient", "epoch")] == 2
 
 
 def activity_row(arrays: list[np.ndarray]) -> np.ndarray:
@@ -134,15 +134,15 @@ def test_the_epochs_activity_maps_are_the_rates_of_every_counted_row():
     for k in range(3):  # three points in the epoch
         acts.add({0: activity_row([relu[k]]), 1: activity_row([dense[k]])})
     maps = acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=6)
-    assert [m.value[0].tag for m in maps] == [metadata.activity_tag("relu"),
+    assert [m.tag for m in maps] == [metadata.activity_tag("relu"),
                                               metadata.activity_tag("dense")]
     for m, arrays in zip(maps, (relu, dense), strict=True):
         x = np.concatenate(arrays) != 0
-        v = summary_pb.vector_of(m)
+        v = m.array
         channels = x.mean(axis=tuple(range(x.ndim - 1)))
         spatial = x.mean(axis=(0, 2)) if x.ndim == 3 else np.zeros(0)
         np.testing.assert_allclose(v, [6, 15, *channels, *spatial], rtol=1e-12)
-    assert summary_pb.vector_of(maps[0])[2] == 0  # the dead channel
+    assert maps[0].array[2] == 0  # the dead channel
     assert acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=7) == []  # the counts started again
 
 
