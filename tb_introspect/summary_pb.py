@@ -11,7 +11,7 @@ them, so the findings judged during training read the arrays it wrote, not their
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2, types_pb2
@@ -116,29 +116,6 @@ def _set_tensor(tensor, array: np.ndarray) -> None:
     tensor.tensor_content = array.tobytes()
 
 
-def tensor_stats_pb(
-    stats_vector: Sequence[float] | np.ndarray,
-    *,
-    view: str,
-    name: str,
-    layer: str = "",
-    depth: int = 0,
-    shape: Sequence[int | None] = (),
-    dtype: str = "float32",
-    cadence: str = "step",
-    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
-    with_metadata: bool = True,
-) -> summary_pb2.Summary:
-    """A Summary holding an already packed statistics vector (see docs/format.md).
-
-    Write the metadata (``with_metadata``) with the tag's first point in an event file
-    only: TensorBoard keeps a tag's first metadata. ``ViewSummaries.tensor_stats`` does
-    this bookkeeping for a writer."""
-    return encode([tensor_stats_value(
-        stats_vector, view=view, name=name, layer=layer, depth=depth, shape=shape,
-        dtype=dtype, cadence=cadence, quantiles=quantiles, with_metadata=with_metadata)])
-
-
 def tensor_stats_value(
     stats_vector: Sequence[float] | np.ndarray,
     *,
@@ -152,7 +129,11 @@ def tensor_stats_value(
     quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     with_metadata: bool = True,
 ) -> Value:
-    """The :class:`Value` of ``tensor_stats_pb``."""
+    """An already packed statistics vector (see docs/format.md) as a summary value.
+
+    Write the metadata (``with_metadata``) with the tag's first point in an event file
+    only: TensorBoard keeps a tag's first metadata. ``ViewSummaries.tensor_stats`` does
+    this bookkeeping for a writer."""
     tag = metadata.stats_tag(view, name)
     metadata.check_cadence(cadence)
     # A copy: the value is held until written and judged, its caller's array may change.
@@ -167,14 +148,20 @@ def tensor_stats_value(
     return Value(tag, vec, meta)
 
 
+def tensor_stats_pb(stats_vector: Sequence[float] | np.ndarray,
+                    **described: Any) -> summary_pb2.Summary:
+    """``tensor_stats_value`` (the same keywords) as a ``Summary`` proto."""
+    return encode([tensor_stats_value(stats_vector, **described)])
+
+
 def metric_pb(name: str, value: float, epoch: int = 0, loss: str = "") -> summary_pb2.Summary:
-    """A Summary holding one per-step value of a loss or metric (``loss``: the training
-    loss's description, ``loss_field.loss_json``)."""
+    """``metric_value`` as a ``Summary`` proto."""
     return encode([metric_value(name, value, epoch, loss)])
 
 
 def metric_value(name: str, value: float, epoch: int = 0, loss: str = "") -> Value:
-    """The :class:`Value` of ``metric_pb``."""
+    """One per-step value of a loss or metric (``loss``: the training loss's description,
+    ``loss_field.loss_json``)."""
     return _vector_value(
         metadata.metric_tag(name), metadata.create_metric_metadata(name, loss=loss),
         [epoch, value],
@@ -196,35 +183,18 @@ def metric_epoch_band(values, epoch: float = 0) -> np.ndarray:
 
 def metric_epoch_pb(name: str, values: Sequence[float], epoch: int,
                     loss: str = "") -> summary_pb2.Summary:
-    """A Summary holding the per-epoch band (``metric_epoch_band``) of ``values``."""
+    """``metric_epoch_value`` as a ``Summary`` proto."""
     return encode([metric_epoch_value(name, values, epoch, loss)])
 
 
 def metric_epoch_value(name: str, values: Sequence[float], epoch: int,
                        loss: str = "") -> Value:
-    """The :class:`Value` of ``metric_epoch_pb``."""
+    """The per-epoch band (``metric_epoch_band``) of a metric's per-step ``values``."""
     return _vector_value(
         metadata.metric_tag(name, per_epoch=True),
         metadata.create_metric_metadata(name, per_epoch=True, loss=loss),
         metric_epoch_band(values, epoch),
     )
-
-
-def activity_pb(
-    channel_rates: Sequence[float] | np.ndarray,
-    spatial_rates: Sequence[float] | np.ndarray = (),
-    *,
-    name: str,
-    samples: float,
-    epoch: int = 0,
-    layer: str = "",
-    depth: int = 0,
-    shape: Sequence[int | None] = (),
-) -> summary_pb2.Summary:
-    """A Summary holding one epoch's activation rate of each channel and of each spatial
-    position (flattened row-major) of layer output ``name``, over ``samples`` samples."""
-    return encode([activity_value(channel_rates, spatial_rates, name=name, samples=samples,
-                                  epoch=epoch, layer=layer, depth=depth, shape=shape)])
 
 
 def activity_value(
@@ -238,13 +208,21 @@ def activity_value(
     depth: int = 0,
     shape: Sequence[int | None] = (),
 ) -> Value:
-    """The :class:`Value` of ``activity_pb``."""
+    """One epoch's activation rate of each channel and of each spatial position (flattened
+    row-major) of layer output ``name``, over ``samples`` samples."""
     c = np.asarray(channel_rates, dtype=np.float64).reshape(-1)
     p = np.asarray(spatial_rates, dtype=np.float64).reshape(-1)
     meta = metadata.create_activity_metadata(
         name=name, channels=c.size, positions=p.size, layer=layer, depth=depth, shape=shape
     )
     return _vector_value(metadata.activity_tag(name), meta, [epoch, samples, *c, *p])
+
+
+def activity_pb(channel_rates: Sequence[float] | np.ndarray,
+                spatial_rates: Sequence[float] | np.ndarray = (),
+                **described: Any) -> summary_pb2.Summary:
+    """``activity_value`` (the same keywords) as a ``Summary`` proto."""
+    return encode([activity_value(channel_rates, spatial_rates, **described)])
 
 
 def fill_slots(
@@ -268,7 +246,7 @@ def vector_of(summary: summary_pb2.Summary) -> np.ndarray:
     return tensor_util.make_ndarray(summary.value[0].tensor).astype(np.float64)
 
 
-def view_summary_pb(
+def view_summary_value(
     view: str,
     rows: Sequence[str],
     vectors,
@@ -276,8 +254,8 @@ def view_summary_pb(
     quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
     cadence: str = "step",
     with_metadata: bool = True,
-) -> summary_pb2.Summary:
-    """A Summary holding one logged point's VIEW_SUMMARY of ``view`` (format version 3).
+) -> Value:
+    """One logged point's VIEW_SUMMARY of ``view`` (format version 3).
 
     ``rows``: the TENSOR_STATS tags (``metadata.stats_tag``) the summary covers, in order;
     keep them the same at every point of a run. ``vectors``: ``[len(rows), slots]``, each
@@ -288,28 +266,13 @@ def view_summary_pb(
 
     Example:
         >>> import numpy as np
-        >>> from tensorboard.util import tensor_util
         >>> from tb_introspect import metadata, stats_np, summary_pb
         >>> rows = [metadata.stats_tag("gradient", n) for n in ("dense/kernel", "dense/bias")]
         >>> vecs = [stats_np.tensor_stats(np.ones(4), "gradient") for _ in rows]
-        >>> pb = summary_pb.view_summary_pb("gradient", rows, vecs)
-        >>> pb.value[0].tag, tensor_util.make_ndarray(pb.value[0].tensor).shape
+        >>> value = summary_pb.view_summary_value("gradient", rows, vecs)
+        >>> value.tag, value.array.shape
         ('introspect/summary/gradient', (2, 9))
     """
-    return encode([view_summary_value(view, rows, vectors, quantiles=quantiles,
-                                      cadence=cadence, with_metadata=with_metadata)])
-
-
-def view_summary_value(
-    view: str,
-    rows: Sequence[str],
-    vectors,
-    *,
-    quantiles: Sequence[float] = slots.DEFAULT_QUANTILES,
-    cadence: str = "step",
-    with_metadata: bool = True,
-) -> Value:
-    """The :class:`Value` of ``view_summary_pb``."""
     width = len(slots.tensor_stats_fields(view, quantiles))
     v = np.asarray(vectors, dtype=np.float64)
     if v.shape != (len(rows), width):
@@ -320,30 +283,10 @@ def view_summary_value(
     return Value(metadata.summary_tag(view), view_summary(view, rows, v, quantiles), meta)
 
 
-def probes_pb(
-    probes: Mapping[str, Sequence[float] | np.ndarray],
-    *,
-    epoch: int = 0,
-    rows: Sequence[str] | None = None,
-    cadence: str = "step",
-    with_metadata: bool = True,
-) -> summary_pb2.Summary:
-    """A Summary holding one logged point's PROBES matrix (format version 4).
-
-    ``probes``: module name -> its ``slots.PROBE_VALUE_FIELDS`` (NaN where a probe does
-    not apply). ``rows``: the modules the matrix covers, in order (default: ``probes``'
-    names); keep them the same at every point of a run, as with ``view_summary_pb``, and
-    write the metadata with the tag's first point only.
-
-    Example:
-        >>> from tensorboard.util import tensor_util
-        >>> nan = float("nan")
-        >>> pb = probes_pb({"h.0.attn": [nan, nan, 12.5, nan, nan]}, epoch=1)
-        >>> pb.value[0].tag, float(tensor_util.make_ndarray(pb.value[0].tensor)[0, 4])
-        ('introspect/probes', 12.5)
-    """
-    return encode([probes_value(probes, epoch=epoch, rows=rows, cadence=cadence,
-                                with_metadata=with_metadata)])
+def view_summary_pb(view: str, rows: Sequence[str], vectors,
+                    **described: Any) -> summary_pb2.Summary:
+    """``view_summary_value`` (the same keywords) as a ``Summary`` proto."""
+    return encode([view_summary_value(view, rows, vectors, **described)])
 
 
 def probes_value(
@@ -354,11 +297,29 @@ def probes_value(
     cadence: str = "step",
     with_metadata: bool = True,
 ) -> Value:
-    """The :class:`Value` of ``probes_pb``."""
+    """One logged point's PROBES matrix (format version 4).
+
+    ``probes``: module name -> its ``slots.PROBE_VALUE_FIELDS`` (NaN where a probe does
+    not apply). ``rows``: the modules the matrix covers, in order (default: ``probes``'
+    names); keep them the same at every point of a run, as with ``view_summary_value``, and
+    write the metadata with the tag's first point only.
+
+    Example:
+        >>> nan = float("nan")
+        >>> value = probes_value({"h.0.attn": [nan, nan, 12.5, nan, nan]}, epoch=1)
+        >>> value.tag, float(value.array[0, 4])
+        ('introspect/probes', 12.5)
+    """
     rows = list(probes) if rows is None else list(rows)
     meta = metadata.create_probes_metadata(
         rows=rows, cadence=cadence) if with_metadata else None
     return Value(metadata.probes_tag(), probes_matrix(rows, probes, epoch), meta)
+
+
+def probes_pb(probes: Mapping[str, Sequence[float] | np.ndarray],
+              **described: Any) -> summary_pb2.Summary:
+    """``probes_value`` (the same keywords) as a ``Summary`` proto."""
+    return encode([probes_value(probes, **described)])
 
 
 class ViewSummaries:
