@@ -23,8 +23,16 @@ from keras import layers, ops  # noqa: E402
 
 from tb_introspect.demo import gpt  # noqa: E402
 
-#: Every kernel and embedding starts at N(0, 0.02), as GPT-2's and ``gpt.GPT``'s do.
-INIT = keras.initializers.RandomNormal(stddev=0.02)
+
+def init() -> keras.initializers.Initializer:
+    """N(0, 0.02), as GPT-2's and ``gpt.GPT``'s kernels and embeddings start: a new one per
+    weight. A Keras initializer draws its seed when it is made and then gives the same
+    values at every call, so one made at import would give every weight of a shape the same
+    values, and each process others (its seed from the unseeded Python RNG, before
+    ``set_random_seed``)."""
+    return keras.initializers.RandomNormal(stddev=0.02)
+
+
 EPS = 1e-5  # PyTorch's LayerNorm epsilon (Keras's default is 1e-3)
 
 
@@ -53,7 +61,7 @@ class GPTAttention(layers.MultiHeadAttention):
 
     def __init__(self, num_heads: int, key_dim: int, qk_norm: bool = False,
                  track_logits: bool = False, **kwargs: Any):
-        super().__init__(num_heads, key_dim, use_bias=False, kernel_initializer=INIT, **kwargs)
+        super().__init__(num_heads, key_dim, use_bias=False, kernel_initializer=init(), **kwargs)
         self.qk_norm, self.track_logits = qk_norm, track_logits
 
     def build(self, query_shape: Any, value_shape: Any, key_shape: Any = None) -> None:
@@ -89,8 +97,8 @@ class TokenAndPosition(layers.Layer):
         self.vocab, self.seq, self.width = vocab, seq, width
 
     def build(self, input_shape: Any) -> None:
-        self.tok = self.add_weight(shape=(self.vocab, self.width), initializer=INIT, name="tok")
-        self.pos = self.add_weight(shape=(self.seq, self.width), initializer=INIT, name="pos")
+        self.tok = self.add_weight(shape=(self.vocab, self.width), initializer=init(), name="tok")
+        self.pos = self.add_weight(shape=(self.seq, self.width), initializer=init(), name="pos")
 
     def call(self, ids: Any) -> Any:
         t = ops.shape(ids)[1]
@@ -111,12 +119,12 @@ def build_gpt(cfg: gpt.GPTConfig | None = None, track_logits: bool = False) -> k
                          name=f"block{i}_attn")(a, a, use_causal_mask=True)
         x = layers.Add(name=f"block{i}_res1")([x, a])
         m = layers.LayerNormalization(epsilon=EPS, name=f"block{i}_ln2")(x)
-        m = layers.Dense(4 * cfg.width, activation="gelu", kernel_initializer=INIT,
+        m = layers.Dense(4 * cfg.width, activation="gelu", kernel_initializer=init(),
                          name=f"block{i}_fc")(m)
-        m = layers.Dense(cfg.width, kernel_initializer=INIT, name=f"block{i}_out")(m)
+        m = layers.Dense(cfg.width, kernel_initializer=init(), name=f"block{i}_out")(m)
         x = layers.Add(name=f"block{i}_res2")([x, m])
     x = layers.LayerNormalization(epsilon=EPS, name="ln_f")(x)
-    logits = layers.Dense(cfg.vocab, use_bias=False, kernel_initializer=INIT, name="head")(x)
+    logits = layers.Dense(cfg.vocab, use_bias=False, kernel_initializer=init(), name="head")(x)
     return keras.Model(ids, logits, name="gpt")
 
 
