@@ -133,13 +133,15 @@ def keras_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
     out = {}
     for name, story in gpt.STORIES.items():
         # The unstable story's divergence is a chaotic event: a seed whose trajectory stays
-        # bounded is followed by the next (seeds 0, 1 and 2 diverged at steps 152, 134 and 39
-        # with oneDNN's kernels, 153, 131 and 39 without).
+        # bounded, or diverges before three points could show a sustained growth, is
+        # followed by the next (seeds 0-3 diverged at steps 152, 134, 39 and 44 with
+        # oneDNN's kernels; seeds 0-2 at 153, 131 and 39 without).
         for seed in (0, 1, 2):
             d = tmp_path_factory.mktemp(f"keras_{name}_{seed}")
             out[name] = _judge(keras_gpt.train(story, seed=seed, log_dir=str(d)), d)
             keras.backend.clear_session()
-            if not story.unstable or out[name].history.diverged is not None:
+            diverged = out[name].history.diverged
+            if not story.unstable or (diverged is not None and diverged > 3 * gpt.WINDOW):
                 break
     return out
 
