@@ -111,27 +111,34 @@ class BatchLayout:
 
 
 class StepCount:
-    """Training steps done, and the window's: steps since the last point and how many of
-    them were statistics steps (the ``steps`` and ``stats_steps`` slots of the output
-    views); and the switch the host sets before an execution of the callback's one train
-    function (``Phase.SWITCHED``: True, a statistics execution)."""
+    """Training steps done, and the window's: steps since the last point, how many of
+    them were statistics steps and how many counted the rectifier outputs' activity (the
+    ``steps``, ``stats_steps`` and ``activity_steps`` slots of the output views); and the
+    switches the host sets before an execution of the callback's one train function
+    (``Phase.SWITCHED``: a statistics execution; a lean one that counts the rectifiers)."""
 
     def __init__(self, initial_step: int):
         first = _AGGREGATION.ONLY_FIRST_REPLICA
         self.done = _variable(int(initial_step), "step", first, tf.int64)
         self.window = _variable(0, "window", first, tf.int64)
         self.stats_steps = _variable(0, "stats_steps", first, tf.int64)
+        self.activity_steps = _variable(0, "activity_steps", first, tf.int64)
         # Mirrored (written between executions only): an assign from the host reaches
         # every replica.
         self.statistics = tf.Variable(True, trainable=False, name="statistics_step")
-        self._set = True
+        self.counting = tf.Variable(True, trainable=False, name="counting_step")
+        self._set = (True, True)
 
-    def switch(self, statistics: bool) -> None:
-        """The next executions are statistics executions (or lean ones); an assign only
-        when it changes (an eager op costs tens of microseconds)."""
-        if bool(statistics) != self._set:
-            self.statistics.assign(bool(statistics))
-            self._set = bool(statistics)
+    def switch(self, statistics: bool, counting: bool = True) -> None:
+        """The next executions are statistics executions, or lean ones that count the
+        rectifiers or not; an assign only when it changes (an eager op costs tens of
+        microseconds)."""
+        statistics, counting = bool(statistics), bool(counting)
+        if statistics != self._set[0]:
+            self.statistics.assign(statistics)
+        if counting != self._set[1]:
+            self.counting.assign(counting)
+        self._set = (statistics, counting)
 
 
 class GradientSums:

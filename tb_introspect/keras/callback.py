@@ -306,16 +306,19 @@ class Introspect(keras.callbacks.Callback):
         # per execution (two traced variants cost a fresh process's first fit a second
         # trace and graph optimization of the whole model).
         train_function = self._make_train_function(Phase.SWITCHED)
-        self._instrumented_fn = functools.partial(self._switched, train_function, True)
-        self._lean_fn = functools.partial(self._switched, train_function, False)
+        self._instrumented_fn = functools.partial(self._switched, train_function, True, True)
+        self._lean_fn = functools.partial(self._switched, train_function, False, True)
+        self._bare_fn = functools.partial(self._switched, train_function, False, False)
         installation.route(self._run)
         self._checked_trace = False
         self._built_signature = self._signature()
         return True
 
-    def _switched(self, train_function: Any, statistics: bool, iterator: Any) -> Any:
-        """One execution of the train function, its statistics part on or off."""
-        self.front_end.switch(statistics)
+    def _switched(self, train_function: Any, statistics: bool, counting: bool,
+                  iterator: Any) -> Any:
+        """One execution of the train function, its statistics part on or off (and a lean
+        one's rectifier counts)."""
+        self.front_end.switch(statistics, counting)
         return train_function(iterator)
 
     def _find_probes(self, order: list[str]) -> None:
@@ -378,7 +381,7 @@ class Introspect(keras.callbacks.Callback):
         try:
             logs = self.governor.run(self._instrumented_fn, self._lean_fn, iterator,
                                      steps=self.steps_per_execution,
-                                     full=self._sampled_execution())
+                                     full=self._sampled_execution(), bare_fn=self._bare_fn)
         except _CONTROL_FLOW:
             raise
         except Exception as e:

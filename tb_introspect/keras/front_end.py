@@ -108,7 +108,7 @@ class KerasFrontEnd:
     def device_variables(self) -> list[tf.Variable]:
         """Every accumulator on the device (what the instrumentation adds to its memory)."""
         found = [self.count.done, self.count.window, self.count.stats_steps,
-                 self.count.statistics,
+                 self.count.activity_steps, self.count.statistics, self.count.counting,
                  self.metric_ring.total, self.metric_ring.count]
         if self.gradient_sums is not None:
             found += self.gradient_sums.sums
@@ -128,11 +128,11 @@ class KerasFrontEnd:
     def metric_rows(self) -> int:
         return self.metric_ring.rows if self.metric_ring is not None else 1
 
-    def switch(self, statistics: bool) -> None:
+    def switch(self, statistics: bool, counting: bool = True) -> None:
         """The next executions of a ``Phase.SWITCHED`` step are statistics executions
-        (or lean ones)."""
+        (or lean ones, which count the rectifier outputs or not)."""
         with self.strategy.scope():
-            self.count.switch(statistics)
+            self.count.switch(statistics, counting)
 
     def current_step(self) -> int:
         with self.strategy.scope():

@@ -71,7 +71,7 @@ class PointGraph:
         # graph runs in a whole training.
         with self.strategy.scope(), private.without_graph_optimization():
             states, tail, weights, sums = self._read()
-        activity, window, stats_steps, skipped = (t.numpy() for t in tail)
+        activity, window, stats_steps, activity_steps, skipped = (t.numpy() for t in tail)
         weights = [w.numpy() for w in weights] if weights else None
         # The sums and states are read without a copy (read-only views that keep their
         # tensors alive): the resets gave the accumulators other buffers, so training never
@@ -85,6 +85,7 @@ class PointGraph:
 
         def host_part() -> Point:
             out = Point(window=int(window), stats_steps=int(stats_steps),
+                        activity_steps=int(activity_steps),
                         activity=({} if self.output_states is None else
                                   self.output_states.layout.unpadded_activity(activity)),
                         skipped=skipped if skipped.size else None)
@@ -117,9 +118,9 @@ class PointGraph:
 
     def _compute(self) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
         """The traced body: the output views' merged states ``[views, outputs, L]``,
-        ``[activity, window, stats_steps, skipped]``, the weights (``[]`` without the
-        variable view) and the gradient sums (``[]`` without the gradient view) of every
-        variable."""
+        ``[activity, window, stats_steps, activity_steps, skipped]``, the weights (``[]``
+        without the variable view) and the gradient sums (``[]`` without the gradient view)
+        of every variable."""
         resets = []  # assignments that must wait for every read
         skipped = tf.zeros([0, 3], tf.float64)
         weights = [tf.convert_to_tensor(value_of(v)) for v in self.weights]
@@ -133,8 +134,7 @@ class PointGraph:
             skipped = skipped_counts.read_value()  # SUM over replicas
             resets.append(lambda: skipped_counts.assign(tf.zeros_like(skipped)))
         states = tf.zeros([0, 0, 0], tf.float64)
-        tail = [tf.zeros([0, 0], tf.float64), tf.constant(0.0, tf.float64),
-                tf.constant(0.0, tf.float64)]
+        tail = [tf.zeros([0, 0], tf.float64)] + [tf.constant(0.0, tf.float64)] * 3
         if self.output_states is not None:
             results = self.strategy.run(functools.partial(
                 gather_outputs, self.output_states, self.count))
@@ -149,8 +149,9 @@ class PointGraph:
 def gather_outputs(output_states: OutputStates, count: StepCount) -> list[tf.Tensor]:
     """Replica context: every replica's output states merged (one all_gather), then the
     activity counts ``[outputs, 1 + channels + positions]`` summed over replicas (``[0, 0]``
-    without the output view), the window's steps and its statistics steps; resets the
-    window. The states are ``[views, outputs, L]`` (``BatchLayout`` rows)."""
+    without the output view), the window's steps, its statistics steps and the steps that
+    counted the rectifiers; resets the window. The states are ``[views, outputs, L]``
+    (``BatchLayout`` rows)."""
     context = tf.distribute.get_replica_context()
     layout, views = output_states.layout, list(output_states.states)
     local = tf.stack([output_states.states[v].read_value() for v in views])  # [V, N, L]
@@ -159,6 +160,7 @@ def gather_outputs(output_states: OutputStates, count: StepCount) -> list[tf.Ten
                 else None)
     window = tf.cast(count.window.read_value(), tf.float64)
     stats_steps = tf.cast(count.stats_steps.read_value(), tf.float64)
+    activity_steps = tf.cast(count.activity_steps.read_value(), tf.float64)
     merged = local
     if replicas > 1:
         gathered = context.all_gather(local[tf.newaxis], axis=0)  # [R, V, N, L]
@@ -172,7 +174,7 @@ def gather_outputs(output_states: OutputStates, count: StepCount) -> list[tf.Ten
         if activity is not None:
             activity = tf.reduce_sum(context.all_gather(activity[tf.newaxis], axis=0), 0)
     out = [merged, activity if activity is not None else tf.zeros([0, 0], tf.float64),
-           window, stats_steps]
+           window, stats_steps, activity_steps]
     with tf.control_dependencies(out):
         for view in views:
             output_states.states[view].assign(tf.constant(layout.empty))
@@ -180,6 +182,7 @@ def gather_outputs(output_states: OutputStates, count: StepCount) -> list[tf.Ten
             output_states.activity.assign(tf.zeros_like(activity))
         count.window.assign(0)
         count.stats_steps.assign(0)
+        count.activity_steps.assign(0)
     return [tf.identity(t) for t in out]
 
 

@@ -13,7 +13,8 @@ outputs (``Monitored.exact``): a dead unit is one that is zero for every sample 
 epoch, and only a rectifier's own function makes exact zeros. Which steps are statistics steps is
 decided in the graph (``Phase.AUTO``: the custom loop) or on the host, which sets a
 device switch that the one compiled step reads (``Phase.SWITCHED``: the Keras callback
-with its overhead governor, ``pipeline/governor.py``).
+with its overhead governor, ``pipeline/governor.py``); there a second switch leaves a lean
+step's counts out when the budget cannot pay them on every step.
 """
 
 from __future__ import annotations
@@ -223,8 +224,16 @@ class StepRecorder:
                 self.sampled, self._fold_stats, lambda: none)
         elif self.phase is Phase.STATS:
             rows = self._fold_stats()
+            self.count.activity_steps.assign_add(1)
         else:  # LEAN, AUTO, SWITCHED
-            activity = self._activity() if output_states.activity is not None else none
+            # The host's switch: does this lean step count the rectifiers (the governor's
+            # budget, ``pipeline/governor.py``)? The other phases count on every step.
+            counting = (self.count.counting.read_value() if self.phase is Phase.SWITCHED
+                        else tf.constant(True))
+            activity = none
+            if output_states.activity is not None:
+                activity = (self._activity() if self.phase is not Phase.SWITCHED
+                            else tf.cond(counting, self._activity, lambda: none))
             # The non-finite rule (``pipeline.governor.Phase``): a NaN or an infinity
             # makes its column's counts non-finite, and this step a statistics step.
             statistics = tf.logical_not(tf.math.is_finite(tf.reduce_sum(activity)))
@@ -241,6 +250,7 @@ class StepRecorder:
                 rows = tf.where(tf.math.is_finite(activity), activity, 0.0)
             else:
                 rows = tf.cond(statistics, self._fold_stats, lambda: activity)
+            self.count.activity_steps.assign_add(tf.cast(statistics | counting, tf.int64))
         if output_states.activity is not None:
             output_states.activity.assign_add(rows)
 
@@ -338,7 +348,7 @@ class StepRecorder:
                 fn = kernels.activation_states_fn(group.dtype, layout.sample_size,
                                                   layout.max_channels, layout.max_positions)
                 parts.append(kernels.call(fn, group.values, group.sizes, group.units,
-                                          group.seeds(base, salt)))
+                                          group.seed(base, salt)))
                 order += group.rows
             except Exception as e:  # this group's tensors only
                 for j in group.rows:

@@ -13,10 +13,14 @@ execution's extra time and each logged point's time are paid from it.
 The plain step time is what the lean steps take, less the host time a front-end measured in
 its own instrumentation of them (the PyTorch hooks run on the host, so it can: their time is
 paid from the same budget, and a lean step that already costs the whole budget leaves only
-each window's first statistics step; Keras compiles its lean work into the step and reports
-none). The first execution of each kind is not counted (it traces and
-compiles). What a point's host work costs
-on the front-end's worker thread (``worked``, its CPU time) is paid from the same budget.
+each window's first statistics step). Keras compiles its lean work into the step and reports
+none; its step can leave the rectifier counts out instead (a *bare* execution): after a
+window whose budget paid only its first statistics step, a few bare executions time the
+counts, the plain step is then the bare one's, and where they cost more than the budget's
+share of a step they are taken on the steps the credit pays (the activity is then
+*sampled*, ``activity_steps`` below ``steps``). The first execution of each kind is not
+counted (it traces and compiles). What a point's host work costs on the front-end's worker
+thread (``worked``, its CPU time) is paid from the same budget.
 
 A paced window (the trainers' ``every="auto"``, ``paced_window``) is as long as the planned
 one, or the shortest multiple of it whose budget pays a window's fixed cost: its first
@@ -53,6 +57,9 @@ PACING_POINTS = 2
 #: timer sees (the hooks' dispatch outside their own time, caches a statistics step leaves
 #: cold), so a plan that spent the whole budget would exceed it about half of the time.
 HEADROOM = 0.8
+#: Lean executions without the rectifier counts (``bare``) that time what the counts cost,
+#: taken once, in the window after one whose budget paid only its first statistics step.
+EXPLORE = 3
 
 
 class Phase(enum.Enum):
@@ -105,6 +112,7 @@ class Governor:
         self.spacing = max(int(spacing), 1)
         self.clock = clock
         self.lean: deque[float] = deque(maxlen=HISTORY)  # seconds per step
+        self.bare: deque[float] = deque(maxlen=HISTORY)  # lean, the counts off
         self.lean_added: deque[float] = deque(maxlen=HISTORY)  # of which instrumentation
         self.full: deque[float] = deque(maxlen=HISTORY)
         self.compile_seconds: dict[bool, float] = {}
@@ -129,6 +137,12 @@ class Governor:
         self.last_window = (0, 0)
         #: Several processes: the spacing they all use (None: one process, the budget).
         self.shared_spacing: int | None = None
+        # The rectifier counts of a front-end that can leave them out of a lean execution
+        # (``run``'s ``bare_fn``): on every step of this window (exact), or as the credit
+        # pays them; the bare executions still to take to time them.
+        self.skippable_counts = False
+        self.count_all = True
+        self._explore: int | None = None
 
     # -------------------------------------------------------------- decisions
 
@@ -137,7 +151,41 @@ class Governor:
         self.window_start = True
         if self.window_runs:  # what the window that ended ran, for the benchmarks
             self.last_window = self.cadence()
+            self._plan_counts()
         self.window_runs = self.window_stats_runs = 0
+
+    def _plan_counts(self) -> None:
+        """The next window's rectifier counts: on every step while they cost at most the
+        budget's share of a plain step, otherwise on the steps the credit pays
+        (``choose_counts``; the activity is then *sampled*). Their cost is timed once
+        (``EXPLORE`` bare executions) after a window whose budget paid only its first
+        statistics step: before that every step counts."""
+        if not self.skippable_counts or self.overhead is None:
+            return
+        cost, plain = self.count_cost(), self.plain_step()
+        if cost is None or not plain:
+            if self._explore is None and self.last_window[0] <= 1:
+                self._explore = EXPLORE
+            return
+        self.count_all = cost <= self.rate * plain
+
+    def count_cost(self) -> float | None:
+        """Seconds the rectifier counts add to a lean step (None: not timed)."""
+        if len(self.bare) < EXPLORE or not self.lean:
+            return None
+        return max(statistics.median(self.lean) - statistics.median(self.bare), 0.0)
+
+    def choose_counts(self) -> bool:
+        """True: the next lean execution counts the rectifier outputs' activity."""
+        if not self.skippable_counts or self.overhead is None:
+            return True
+        if self._explore:
+            self._explore -= 1
+            return False
+        if self.count_all:
+            return True
+        self._pay_work()
+        return self.credit >= (self.count_cost() or 0.0)
 
     def force(self) -> None:
         """The next execution is a statistics execution (a non-finite step was seen: the
@@ -219,8 +267,10 @@ class Governor:
         return max(statistics.median(self.full) - plain, 0.0)
 
     def plain_step(self) -> float | None:
-        """The plain step time it can observe: the lean steps' median, less the median
-        instrumentation time reported in them."""
+        """The plain step time it can observe: the bare steps' median once timed, else the
+        lean steps', less the median instrumentation time reported in them."""
+        if self.bare and self._explore == 0:
+            return statistics.median(self.bare)
         if not self.lean:
             return None
         added = statistics.median(self.lean_added) if self.lean_added else 0.0
@@ -229,20 +279,25 @@ class Governor:
     # -------------------------------------------------------------- accounting
 
     def run(self, stats_fn: Callable, lean_fn: Callable, *args, steps: int = 1,
-            full: bool | None = None):
+            full: bool | None = None, bare_fn: Callable | None = None):
         """Run and account one execution of ``steps`` steps: the statistics function when
-        ``full`` (None: ``choose()``), the lean one otherwise."""
+        ``full`` (None: ``choose()``), the lean one otherwise, or ``bare_fn`` (the lean one
+        without the rectifier counts, where the front-end has one) when the counts are
+        not taken (``choose_counts``)."""
         full = self.choose() if full is None else full
+        self.skippable_counts = bare_fn is not None
+        counted = full or self.choose_counts()
         start = self.clock()
-        out = (stats_fn if full else lean_fn)(*args)
-        self.ran(full, self.clock() - start, steps)
+        out = (stats_fn if full else lean_fn if counted else bare_fn)(*args)
+        self.ran(full, self.clock() - start, steps, counted=counted)
         return out
 
     def ran(self, full: bool, seconds: float | None, steps: int = 1,
-            instrumented: float = 0.0) -> None:
+            instrumented: float = 0.0, counted: bool = True) -> None:
         """Account one execution that took ``seconds`` wall time for ``steps`` steps
         (None: not timed, e.g. across an epoch end; it still counts for the cadence), of
-        which ``instrumented`` seconds were the front-end's own instrumentation."""
+        which ``instrumented`` seconds were the front-end's own instrumentation; a lean one
+        that did not count the rectifiers is not ``counted``."""
         steps = max(int(steps), 1)
         self.window_start = self.forced = False
         self.window_runs += 1
@@ -253,14 +308,28 @@ class Governor:
         if full not in self.compile_seconds:  # the first call traces and compiles
             self.compile_seconds[full] = seconds
             return
+        if not counted:
+            self.bare.append(seconds / steps)
+            self._accrue(steps)
+            return
         (self.full if full else self.lean).append(seconds / steps)
         if not full:
             self.lean_added.append(min(instrumented, seconds) / steps)
         plain = self.plain_step()
         if self.overhead is None or plain is None:
             return
-        self.credit += self.rate * plain * steps
-        self.credit -= max(seconds - plain * steps, 0.0) if full else instrumented
+        self._accrue(steps)
+        if full:
+            self.credit -= max(seconds - plain * steps, 0.0)
+        elif not self.count_all:  # counts the credit chose to pay
+            self.credit -= (self.count_cost() or 0.0) * steps
+        else:
+            self.credit -= instrumented
+
+    def _accrue(self, steps: int) -> None:
+        plain = self.plain_step()
+        if self.overhead is not None and plain is not None:
+            self.credit += self.rate * plain * steps
 
     def logged(self, seconds: float) -> None:
         """A logged point (statistics at logging time and writing) took ``seconds``."""

@@ -33,6 +33,8 @@ class Point:
     blocks: list[Block] = field(default_factory=list)
     window: int = 0  # steps since the last point
     stats_steps: int = 0  # statistics steps among them
+    # Steps that counted the rectifier outputs' activity (None: every step of the window).
+    activity_steps: int | None = None
     # Output index -> [count, non-zero count of each channel, of each position]: the
     # window's activity counts of that layer output, summed into the epoch's maps.
     activity: dict[int, np.ndarray] = field(default_factory=dict)
@@ -57,7 +59,8 @@ def fill(block: Block, plan: Plan, epoch: int, point: Point) -> np.ndarray:
         v[:, at["stats_steps"]] = point.stats_steps
     if "activity_steps" in at:
         exact = np.array([plan.exact_activity(s) for s in block.specs], bool)
-        v[:, at["activity_steps"]] = np.where(exact, point.window, point.stats_steps)
+        counted = point.window if point.activity_steps is None else point.activity_steps
+        v[:, at["activity_steps"]] = np.where(exact, counted, point.stats_steps)
     if block.view == "gradient" and point.skipped is not None and point.skipped.any():
         # Those steps left the sum (it would be Inf); their values are still counted.
         rows = {id(s): i for i, s in enumerate(plan.variables)}

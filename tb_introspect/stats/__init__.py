@@ -31,8 +31,10 @@ from tb_introspect.stats.state import (
     activity_state,
     batch_state,
     empty_state,
+    exact_state,
     merge_pair,
     merge_stacked,
+    with_sample,
 )
 from tb_introspect.stats.vector import finalize, tensor_stats, with_extra_slots
 
@@ -44,6 +46,7 @@ __all__ = [
     "batch_state",
     "canonical_shape",
     "empty_state",
+    "exact_state",
     "finalize",
     "finalize_rows",
     "merge_pair",
@@ -52,4 +55,5 @@ __all__ = [
     "tensor_stats",
     "to_float",
     "with_extra_slots",
+    "with_sample",
 ]

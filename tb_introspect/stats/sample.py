@@ -33,7 +33,7 @@ def draw(z: tf.Tensor, sizes: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor
     set to 0; ``sizes`` (int64 ``[S]``) are their element counts and ``nnz`` (float64
     ``[S]``) their non-zero counts. ``seed`` is an int64 pair.
     """
-    s = int(sizes.shape[0])
+    s = sizes.shape[0] if sizes.shape[0] is not None else tf.size(sizes)
     total = tf.size(z, out_type=tf.int64)
     start = tf.cumsum(sizes, exclusive=True)[:, tf.newaxis]
     n = sizes[:, tf.newaxis]
@@ -43,8 +43,13 @@ def draw(z: tf.Tensor, sizes: tf.Tensor, nnz: tf.Tensor, k: int, seed: tf.Tensor
     drawn = tf.minimum(tf.cast(tf.floor(u * tf.cast(n, F64)), tf.int64), tf.maximum(n - 1, 0))
     pos = where(exact, j, drawn)
     in_range = pos < n
-    padded = tf.concat([z, tf.zeros([1], z.dtype)], 0)
-    v = tf.gather(padded, where(in_range, start + pos, total))
+    if in_xla_context():  # XLA fuses the padding into the gather
+        padded = tf.concat([z, tf.zeros([1], z.dtype)], 0)
+        v = tf.gather(padded, where(in_range, start + pos, total))
+    else:  # from ``z`` itself: a padded copy of it was a pass over every value
+        at = tf.minimum(where(in_range, start + pos, 0), tf.maximum(total - 1, 0))
+        v = tf.cond(total > 0, lambda: tf.gather(z, at), lambda: tf.zeros_like(at, z.dtype))
+        v = where(in_range, v, tf.zeros_like(v))
     valid = in_range & tf.not_equal(v, 0)
     hits = tf.reduce_sum(tf.cast(valid, F64), axis=1)
     # A tensor with at most min_hits non-zero values is drawn among them even when the

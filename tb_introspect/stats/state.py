@@ -82,6 +82,26 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
     for a training step.
     """
     x = to_float(x)
+    state, z = exact_state(x, thorough=thorough)
+    if seed is None:
+        seed = content_seed(state["count"], state["sum"])
+    vals, keys = sample.draw(tf.reshape(z, [-1]), tf.reshape(tf.size(z, out_type=tf.int64), [1]),
+                             tf.reshape(tf.reduce_sum(state["channel_nnz"]), [1]), k, seed,
+                             float(k) if thorough else sample.FEW_HITS)
+    state = with_sample(state, vals, keys)
+    if thorough:
+        inf = tf.constant(INF, z.dtype)
+        state["min_abs"] = tf.cast(
+            tf.reduce_min(tf.where(tf.not_equal(z, 0), tf.abs(z), inf)), F64)
+    return {key: state[key] for key in STATE_MERGE}
+
+
+def exact_state(x: tf.Tensor, *, thorough: bool = False
+                ) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """``batch_state`` of a float batch less its sample (``sample_keys``, ``sample_values``,
+    ``min_abs``: ``with_sample`` adds them) and with the ``sum`` of its finite values, and
+    ``x`` with its non-finite values set to 0 (what the sample draws from). Apart so that
+    the samples of many tensors are drawn in one call (``sample.draw``)."""
     flat = tf.reshape(x, [-1])
     n = tf.size(flat, out_type=tf.int64)
     n_f = tf.cast(n, F64)
@@ -125,20 +145,11 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
     mean = tf.clip_by_value(tf.cast(s * f, F64) / tf.maximum(nf, 1.0) / f,
                             tf.minimum(vmin, vmax), tf.maximum(vmin, vmax))
     m2 = _second_moment(z, nf, mean, e, exact_only=thorough)
-    if seed is None:
-        seed = content_seed(n_f, s)
-    vals, keys = sample.draw(tf.reshape(z, [-1]), tf.reshape(n, [1]),
-                             tf.reshape(nnz, [1]), k, seed,
-                             float(k) if thorough else sample.FEW_HITS)
-    vals, keys = vals[0], keys[0]
-    if thorough:
-        min_abs = tf.cast(tf.reduce_min(tf.where(tf.not_equal(z, 0), tf.abs(z), inf)), F64)
-    else:
-        min_abs = tf.reduce_min(where(tf.math.is_finite(keys), tf.abs(vals), INF))
     pos = (nnz + balance) / 2.0
     dims = tf.shape(x)
     return {
         "count": n_f,
+        "sum": s,
         "finite_count": nf,
         "posinf_count": posinf,
         "neginf_count": neginf,
@@ -148,15 +159,24 @@ def batch_state(x: tf.Tensor, k: int, seed: tf.Tensor | None = None, *,
         "m2": m2,
         "min": vmin,
         "max": vmax,
-        "min_abs": min_abs,
         "activity_count": nf,
         "channel_nnz": channel,
         "spatial_nnz": spatial,
         "channels": tf.cast(dims[-1], F64),
         "positions": tf.cast(dims[1], F64) if x.shape.rank == 3 else zero,
-        "sample_keys": keys,
-        "sample_values": vals,
-    }
+    }, z
+
+
+def with_sample(state: Mapping[str, tf.Tensor], vals: tf.Tensor, keys: tf.Tensor
+                ) -> dict[str, tf.Tensor]:
+    """``exact_state``'s states (one, or stacked ``[S]``) with the ``[S, k]`` sample
+    ``sample.draw`` gave them, and the smallest non-zero magnitude it holds."""
+    out = dict(state)
+    if state["count"].shape.rank == 0:
+        vals, keys = vals[0], keys[0]
+    out["sample_keys"], out["sample_values"] = keys, vals
+    out["min_abs"] = tf.reduce_min(where(tf.math.is_finite(keys), tf.abs(vals), INF), axis=-1)
+    return out
 
 
 def _unit_counts(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

@@ -185,24 +185,36 @@ def test_only_rectifier_outputs_count_activity_on_every_step(tmp_path):
     assert grad["stats_steps"] == 2 and grad["steps"] == steps
 
 
-def test_the_governor_keeps_each_epochs_first_step_and_the_exact_counts(tmp_path):
-    """With a budget no statistics step fits, each epoch keeps its first statistics step,
-    and the rectifier's activity still counts every sample."""
+def test_the_governor_keeps_each_epochs_first_step_and_times_the_counts(tmp_path):
+    """With a budget no statistics step fits, each epoch keeps its first statistics step;
+    after the first epoch that paid only that one, three steps leave the rectifier counts
+    out to time them (``pipeline/governor.py``), and the activity written is that of the
+    steps that counted, marked sampled. Later epochs count on every step or, where the
+    counts cost more than the budget gives a step, on the statistics step only."""
     keras.utils.set_random_seed(0)
     x = one_hot_activations()
     steps = SAMPLES // BATCH
     cb = Introspect(str(tmp_path), views=("output", "output_gradient"), stats_every=2,
                     overhead=1e-9)
-    _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=3, shuffle=False,
+    _wide_model().fit(x, np.arange(SAMPLES) % 3, batch_size=BATCH, epochs=4, shuffle=False,
                       verbose=0, callbacks=[cb])
     run = lib.read_run(str(tmp_path))
-    for epoch in range(3):
-        wide = run[metadata.stats_tag("output", "wide")].at(steps * (epoch + 1))
-        assert wide["steps"] == steps and wide["activity_steps"] == steps
-        assert wide["activation_rate"] == (x != 0).mean()
-        assert wide["dead_rate"] == 0.0
+    counted = []
+    for epoch in range(4):
+        end = steps * (epoch + 1)
+        wide = run[metadata.stats_tag("output", "wide")].at(end)
+        assert wide["steps"] == steps
+        counted.append(wide["activity_steps"])
+        # The steps that counted: the first of each epoch and, where it counted, a later one.
+        samples = run[metadata.activity_tag("wide")].at(end)["samples"]
+        assert samples == counted[-1] * BATCH
         # Epoch 0 learns the two step times: statistics on steps 0 and 2.
         if epoch:
             assert wide["stats_steps"] == 1
             assert wide["count"] == x.size / steps
+    assert counted[:3] == [steps, steps, steps - 3]
+    assert counted[3] in (1, steps)
+    # Counted every step: every sample's activity, exactly.
+    assert run[metadata.stats_tag("output", "wide")].at(steps)["activation_rate"] == (
+        x != 0).mean()
     assert set(cb.governor.compile_seconds) == {True, False}  # both functions compiled once

@@ -38,23 +38,41 @@ def _layout(tensors):
 
 
 def test_one_call_per_group_gives_each_tensor_its_own_kernels_state():
+    """Every exact part equal to the tensor's own kernel's; its sample drawn in the one
+    call (other random numbers): a sample of its own finite non-zero values, every one of
+    them where it has at most ``SAMPLE``."""
     tensors = _tensors()
     layout = _layout(tensors)
     base = tf.constant([40, 7], tf.int64)
     groups = kernels.group_by_dtype(tensors)
     assert [g.dtype for g in groups] == ["float32", "float64"]
     assert [g.rows for g in groups] == [[0, 1, 2, 5, 6], [4]]
+    sampled = ("sample_keys", "sample_values", "min_abs")
     for group in groups:
         fn = kernels.activation_states_fn(group.dtype, SAMPLE, layout.max_channels,
                                           layout.max_positions)
-        got = fn(group.values, group.sizes, group.units, group.seeds(base, 2))
+        got = fn(group.values, group.sizes, group.units, group.seed(base, 2))
         for n, j in enumerate(group.rows):
             t = tensors[j]
             own = kernels.activation_parts_fn(t.shape.rank, t.dtype.name, SAMPLE, False)
             want = layout.pad(own(t, base + tf.constant([2, j], tf.int64)), j)
             for k in layout.keys:
-                np.testing.assert_array_equal(got[k][n].numpy(), want[k].numpy(),
-                                              err_msg=f"row {j}, {k}")
+                if k not in sampled:
+                    np.testing.assert_array_equal(got[k][n].numpy(), want[k].numpy(),
+                                                  err_msg=f"row {j}, {k}")
+            keys, vals = got["sample_keys"][n].numpy(), got["sample_values"][n].numpy()
+            kept = np.isfinite(keys)
+            x = t.numpy().astype(np.float64).ravel()
+            x = x[np.isfinite(x) & (x != 0)]
+            assert np.all((keys[kept] > 0) & (keys[kept] < 1)), f"row {j}"
+            assert np.isin(vals[kept], x).all(), f"row {j}"
+            assert np.all(vals[~kept] == np.inf), f"row {j}"
+            if x.size <= SAMPLE:
+                np.testing.assert_array_equal(np.sort(vals[kept]), np.sort(x), f"row {j}")
+            else:
+                assert kept.sum() > SAMPLE / 2, f"row {j}"
+            assert got["min_abs"][n].numpy() == (np.abs(vals[kept]).min() if kept.any()
+                                                 else np.inf), f"row {j}"
 
 
 def test_one_call_per_group_gives_each_tensor_its_own_probes():

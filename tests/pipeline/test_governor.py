@@ -268,3 +268,71 @@ def test_the_workers_time_is_paid_from_the_budget():
             gov.worked("point", work)
         return taken
     assert stats_steps(2.0) < stats_steps(0.0) / 2
+
+
+def _counted_run(gov: Governor, clock: FakeClock, windows: int, steps: int, *, bare: float,
+                 counts: float, full: float, log: float) -> list[str]:
+    """Windows through ``Governor.run`` with a bare function (a lean step without the
+    rectifier counts): each window's executions, ``s`` statistics, ``c`` counted, ``b``
+    bare."""
+    def fn(kind: str, cost: float):
+        def run():
+            clock.now += cost
+            return kind
+        return run
+
+    out = []
+    for _ in range(windows):
+        gov.begin_window()
+        out.append("".join(gov.run(fn("s", full), fn("c", bare + counts),
+                                   bare_fn=fn("b", bare)) for _ in range(steps)))
+        gov.timed_log(lambda: setattr(clock, "now", clock.now + log))
+    return out
+
+
+def test_counts_the_budget_pays_stay_on_every_step():
+    """Costly statistics steps (the window pays only its first): the counts are timed once,
+    and at 1 % of a step (under the 4 % the budget gives a step) every step counts again."""
+    clock = FakeClock()
+    gov = Governor(0.05, 8, clock=clock)
+    windows = _counted_run(gov, clock, 6, 48, bare=0.1, counts=0.001, full=0.4, log=0.01)
+    assert [w.count("s") for w in windows[1:]] == [1] * 5
+    explored = [i for i, w in enumerate(windows) if "b" in w]
+    assert len(explored) == 1 and windows[explored[0]].count("b") == 3
+    assert all(set(w) == {"s", "c"} for w in windows[explored[0] + 1:])
+    assert gov.count_all and gov.count_cost() == pytest.approx(0.001)
+
+
+def test_counts_dearer_than_the_budget_are_taken_as_the_credit_pays():
+    """Counts at 20 % of a step, statistics steps at four: after the timing window only
+    the steps the credit pays count, and what the windows add stays within the budget."""
+    clock = FakeClock()
+    gov = Governor(0.05, 8, clock=clock)
+    bare, counts, full, log = 0.1, 0.02, 0.4, 0.01
+    windows = _counted_run(gov, clock, 12, 96, bare=bare, counts=counts, full=full, log=log)
+    assert not gov.count_all
+    later = windows[-6:]
+    assert all(w[0] == "s" for w in later)
+    counted = [w.count("c") for w in later]
+    assert all(0 < c < 96 / 4 for c in counted), counted
+    added = sum(w.count("s") * (full - bare) + w.count("c") * counts + log for w in later)
+    assert added / (bare * 96 * len(later)) <= 0.05
+
+
+def test_windows_that_pay_more_statistics_steps_never_leave_the_counts_out():
+    clock = FakeClock()
+    gov = Governor(0.05, 8, clock=clock)
+    windows = _counted_run(gov, clock, 6, 96, bare=0.1, counts=0.02, full=0.15, log=0.01)
+    assert all("b" not in w for w in windows)
+    assert all(w.count("s") > 1 for w in windows)
+
+
+def test_without_a_bare_function_every_lean_step_counts():
+    clock = FakeClock()
+    gov = Governor(0.05, 8, clock=clock)
+    kinds = []
+    for _ in range(4):
+        gov.begin_window()
+        kinds += [gov.run(lambda: "s", lambda: "c") for _ in range(48)]
+        clock.now += 1.0
+    assert set(kinds) == {"s", "c"} and gov.count_cost() is None
