@@ -27,7 +27,8 @@ def _tensors() -> dict[int, tf.Tensor]:
         2: tf.constant(nan),
         # row 3: not stashed this step (the empty state)
         4: tf.constant(rng.normal(size=(8, 2, 7)), tf.float64),
-        5: tf.constant(rng.normal(size=(8, 40, 4)).astype(np.float32)),  # more than SAMPLE
+        # more than SAMPLE, and than the probes' MEDIAN_SAMPLE
+        5: tf.constant(rng.normal(size=(8, 40, 16)).astype(np.float32)),
         6: tf.constant(np.zeros((8, 1), np.float32)),
     }
 
