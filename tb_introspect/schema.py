@@ -76,7 +76,8 @@ SLOT_HELP: dict[str, str] = {
     "dead_rate": "channels zero for every sample and position",
     "spatial_dead_rate": "positions zero for every sample and channel",
     "activity_steps": "“exact”: counted on every step (rectifier outputs); “sampled”: counted on"
-    " the statistics steps only (other outputs, which essentially never hold exact zeros)",
+    " the statistics steps only (other outputs, which essentially never hold exact zeros), or"
+    " on the steps the overhead budget paid (Keras rectifier outputs whose counts cost more)",
 }
 
 _ILR = FORMULAS["implicit_lr"]

@@ -103,7 +103,7 @@ export const SLOT_HELP = {
   "activation_rate": "share of non-zero elements",
   "dead_rate": "channels zero for every sample and position",
   "spatial_dead_rate": "positions zero for every sample and channel",
-  "activity_steps": "“exact”: counted on every step (rectifier outputs); “sampled”: counted on the statistics steps only (other outputs, which essentially never hold exact zeros)"
+  "activity_steps": "“exact”: counted on every step (rectifier outputs); “sampled”: counted on the statistics steps only (other outputs, which essentially never hold exact zeros), or on the steps the overhead budget paid (Keras rectifier outputs whose counts cost more)"
 };
 
 export const FORMULAS = {

@@ -96,8 +96,11 @@ class Introspect(keras.callbacks.Callback):
     statistics of outputs and output gradients on each epoch's first step and then
     only as often as the budget allows (a device switch, set between executions); the
     other steps count the rectifier outputs' activity (exact dead rates), sum the
-    gradients and record the metrics. The cadence it reached is written with every point
-    (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step in N"). What the
+    gradients and record the metrics. Where those counts cost more than the budget's share
+    of a step (timed once, a few steps without them), they are taken on the steps the
+    budget pays and the activity is written as sampled. The cadence it reached is
+    written with every point (the ``stats_steps`` / ``steps`` slots; the tab shows "1 step
+    in N"). What the
     compiled loss is (a cross-entropy from logits or not, its label smoothing, a
     regression loss) is recorded with the loss metric, for the findings.
 

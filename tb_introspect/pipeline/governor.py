@@ -143,6 +143,9 @@ class Governor:
         self.skippable_counts = False
         self.count_all = True
         self._explore: int | None = None
+        #: Seconds the counts add to a lean step, once timed (``_plan_counts``).
+        self.counts_seconds: float | None = None
+        self._window_times: dict[bool, list[float]] = {True: [], False: []}  # counted, bare
 
     # -------------------------------------------------------------- decisions
 
@@ -153,27 +156,29 @@ class Governor:
             self.last_window = self.cadence()
             self._plan_counts()
         self.window_runs = self.window_stats_runs = 0
+        self._window_times = {True: [], False: []}
 
     def _plan_counts(self) -> None:
-        """The next window's rectifier counts: on every step while they cost at most the
-        budget's share of a plain step, otherwise on the steps the credit pays
-        (``choose_counts``; the activity is then *sampled*). Their cost is timed once
-        (``EXPLORE`` bare executions) after a window whose budget paid only its first
-        statistics step: before that every step counts."""
-        if not self.skippable_counts or self.overhead is None:
+        """After the window that timed the rectifier counts: on every step from now on if
+        they cost at most the budget's share of a plain step, else on the steps the credit
+        pays (``choose_counts``; the activity is then *sampled*). Decided once, from the
+        lean and bare executions of that one window (medians of two kinds taken apart in
+        time would differ by the machine's drift, not the counts). The counts are timed
+        (``EXPLORE`` bare executions) in the window after one whose budget paid only its
+        first statistics step: until then every step counts."""
+        if not self.skippable_counts or self.overhead is None or self.counts_seconds is not None:
             return
-        cost, plain = self.count_cost(), self.plain_step()
-        if cost is None or not plain:
-            if self._explore is None and self.last_window[0] <= 1:
-                self._explore = EXPLORE
-            return
-        self.count_all = cost <= self.rate * plain
+        counted, bare = self._window_times[True], self._window_times[False]
+        if len(bare) >= EXPLORE and counted:
+            self.counts_seconds = max(statistics.median(counted) - statistics.median(bare), 0.0)
+            plain = statistics.median(bare)
+            self.count_all = self.counts_seconds <= self.rate * plain
+        elif self._explore is None and self.last_window[0] <= 1:
+            self._explore = EXPLORE
 
     def count_cost(self) -> float | None:
         """Seconds the rectifier counts add to a lean step (None: not timed)."""
-        if len(self.bare) < EXPLORE or not self.lean:
-            return None
-        return max(statistics.median(self.lean) - statistics.median(self.bare), 0.0)
+        return self.counts_seconds
 
     def choose_counts(self) -> bool:
         """True: the next lean execution counts the rectifier outputs' activity."""
@@ -267,9 +272,10 @@ class Governor:
         return max(statistics.median(self.full) - plain, 0.0)
 
     def plain_step(self) -> float | None:
-        """The plain step time it can observe: the bare steps' median once timed, else the
-        lean steps', less the median instrumentation time reported in them."""
-        if self.bare and self._explore == 0:
+        """The plain step time it can observe: the bare steps' median where the counts are
+        left out, else the lean steps', less the median instrumentation time reported in
+        them."""
+        if self.bare and not self.count_all:
             return statistics.median(self.bare)
         if not self.lean:
             return None
@@ -308,6 +314,8 @@ class Governor:
         if full not in self.compile_seconds:  # the first call traces and compiles
             self.compile_seconds[full] = seconds
             return
+        if not full:
+            self._window_times[counted].append(seconds / steps)
         if not counted:
             self.bare.append(seconds / steps)
             self._accrue(steps)
