@@ -317,6 +317,11 @@ def test_counts_dearer_than_the_budget_are_taken_as_the_credit_pays():
     assert all(0 < c < 96 / 4 for c in counted), counted
     added = sum(w.count("s") * (full - bare) + w.count("c") * counts + log for w in later)
     assert added / (bare * 96 * len(later)) <= 0.05
+    # Decided once: steps that all slow down (the machine, not the counts) change nothing.
+    slower = _counted_run(gov, clock, 3, 96, bare=2 * bare, counts=counts, full=2 * full,
+                          log=log)
+    assert not gov.count_all and gov.count_cost() == pytest.approx(counts)
+    assert all("b" in w for w in slower)
 
 
 def test_windows_that_pay_more_statistics_steps_never_leave_the_counts_out():
