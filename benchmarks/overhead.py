@@ -304,7 +304,8 @@ def run_model(kind: str, args: argparse.Namespace, timers: Timers) -> list[dict]
 
 def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     """Per-step CPU and wall time of plain ``fit``'s train function and of the callback's
-    lean and statistics functions, interleaved over ``--pairs`` rounds of 16 steps each."""
+    lean (with and without the rectifier counts) and statistics functions, interleaved over
+    ``--pairs`` rounds of 16 steps each."""
     ds = dataset(args.steps, batch_size(kind, args), kind, args.autotune)
     fns = {}
     model = make(kind)
@@ -313,6 +314,7 @@ def step_function_rows(kind: str, args: argparse.Namespace) -> None:
     cb = Introspect(tempfile.mkdtemp(dir=args.scratch))
     make(kind).fit(ds, epochs=1, verbose=0, callbacks=[cb])
     fns["lean step"], fns["statistics step"] = cb._lean_fn, cb._instrumented_fn
+    fns["lean step, counts off"] = cb._bare_fn  # the governor's bare execution
     if args.probes:
         off = Introspect(tempfile.mkdtemp(dir=args.scratch), probes=False)
         make(kind).fit(ds, epochs=1, verbose=0, callbacks=[off])
