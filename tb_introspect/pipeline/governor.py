@@ -143,7 +143,7 @@ class Governor:
         self.skippable_counts = False
         self.count_all = True
         self._explore: int | None = None
-        #: Seconds the counts add to a lean step, once timed (``_plan_counts``).
+        #: Seconds the counts add to a lean step, once timed (``_plan_counts``; None: not).
         self.counts_seconds: float | None = None
         self._window_times: dict[bool, list[float]] = {True: [], False: []}  # counted, bare
 
@@ -176,10 +176,6 @@ class Governor:
         elif self._explore is None and self.last_window[0] <= 1:
             self._explore = EXPLORE
 
-    def count_cost(self) -> float | None:
-        """Seconds the rectifier counts add to a lean step (None: not timed)."""
-        return self.counts_seconds
-
     def choose_counts(self) -> bool:
         """True: the next lean execution counts the rectifier outputs' activity."""
         if not self.skippable_counts or self.overhead is None:
@@ -190,7 +186,7 @@ class Governor:
         if self.count_all:
             return True
         self._pay_work()
-        return self.credit >= (self.count_cost() or 0.0)
+        return self.credit >= (self.counts_seconds or 0.0)
 
     def force(self) -> None:
         """The next execution is a statistics execution (a non-finite step was seen: the
@@ -330,7 +326,7 @@ class Governor:
         if full:
             self.credit -= max(seconds - plain * steps, 0.0)
         elif not self.count_all:  # counts the credit chose to pay
-            self.credit -= (self.count_cost() or 0.0) * steps
+            self.credit -= (self.counts_seconds or 0.0) * steps
         else:
             self.credit -= instrumented
 

@@ -300,7 +300,7 @@ def test_counts_the_budget_pays_stay_on_every_step():
     explored = [i for i, w in enumerate(windows) if "b" in w]
     assert len(explored) == 1 and windows[explored[0]].count("b") == 3
     assert all(set(w) == {"s", "c"} for w in windows[explored[0] + 1:])
-    assert gov.count_all and gov.count_cost() == pytest.approx(0.001)
+    assert gov.count_all and gov.counts_seconds == pytest.approx(0.001)
 
 
 def test_counts_dearer_than_the_budget_are_taken_as_the_credit_pays():
@@ -320,7 +320,7 @@ def test_counts_dearer_than_the_budget_are_taken_as_the_credit_pays():
     # Decided once: steps that all slow down (the machine, not the counts) change nothing.
     slower = _counted_run(gov, clock, 3, 96, bare=2 * bare, counts=counts, full=2 * full,
                           log=log)
-    assert not gov.count_all and gov.count_cost() == pytest.approx(counts)
+    assert not gov.count_all and gov.counts_seconds == pytest.approx(counts)
     assert all("b" in w for w in slower)
 
 
@@ -340,4 +340,4 @@ def test_without_a_bare_function_every_lean_step_counts():
         gov.begin_window()
         kinds += [gov.run(lambda: "s", lambda: "c") for _ in range(48)]
         clock.now += 1.0
-    assert set(kinds) == {"s", "c"} and gov.count_cost() is None
+    assert set(kinds) == {"s", "c"} and gov.counts_seconds is None
