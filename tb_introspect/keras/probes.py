@@ -188,12 +188,10 @@ class ProbeStep:
             if not probed:
                 continue
             try:
-                # each output's own seed, as output_probes_fn's: seed + [0, 7919 (i + 1)]
-                seeds = seed[tf.newaxis] + tf.constant(
-                    [[0, 7919 * (self.output_rows[j] + 1) if j in self.output_rows else 0]
-                     for j in group.rows], tf.int64)
+                # the seed output_probes_fn takes for the group's first probed output
+                first = seed + tf.constant([0, 7919 * (probed[0][1] + 1)], tf.int64)
                 pairs = kernels.call(output_probes_many_fn(group.dtype), group.values,
-                                     group.sizes, seeds)
+                                     group.sizes, first)
                 pick = tf.constant([n for n, _ in probed], tf.int32)
                 at = [i for _, i in probed]
                 add("abs_median", at, tf.gather(pairs[:, 0], pick))
