@@ -33,24 +33,15 @@ def abs_sample(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """``[MEDIAN_SAMPLE]`` |values| of ``x`` that ``abs_median`` takes the median of: all
     of a small batch, else a draw; +inf in the other slots and for non-finite values."""
     flat = tf.reshape(x, [-1])
-    n = tf.size(flat, out_type=tf.int64)
-    # One fixed-size sample whatever the batch (a branch per size made XLA sort every
-    # value): all the values of a small batch, padded, else a draw. Drawn before anything
-    # else: the batch itself is read once, by the gather.
-    slots = tf.range(MEDIAN_SAMPLE, dtype=tf.int64)
-    drawn = tf.cast(uniform([MEDIAN_SAMPLE], seed, 0) * tf.cast(n, tf.float64), tf.int64)
-    index = tf.minimum(tf.where(n <= MEDIAN_SAMPLE, slots, drawn), tf.maximum(n - 1, 0))
-    sample = tf.cond(n > 0, lambda: tf.gather(flat, index),
-                     lambda: tf.zeros([MEDIAN_SAMPLE], flat.dtype))
-    sample = tf.abs(to_float(sample))
-    kept = (slots < tf.minimum(n, MEDIAN_SAMPLE)) & tf.math.is_finite(sample)
-    return tf.where(kept, sample, tf.constant(np.inf, sample.dtype))
+    return abs_samples(flat, tf.reshape(tf.size(flat, out_type=tf.int64), [1]), seed)[0]
 
 
 def abs_samples(values: tf.Tensor, sizes: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """``abs_sample`` of each tensor of a ``kernels.Segments`` (``[N, MEDIAN_SAMPLE]``), all
-    drawn at once from one ``seed``: a draw and a gather per tensor were a third of the
-    probes' time on MobileNetV2."""
+    drawn at once from one ``seed`` (a draw and a gather per tensor were a third of the
+    probes' time on MobileNetV2). One fixed-size sample whatever the batch (a branch per
+    size made XLA sort every value): all the values of a small tensor, padded, else a
+    draw. The values are read only by the gather."""
     k = MEDIAN_SAMPLE
     total = tf.size(values, out_type=tf.int64)
     n = sizes[:, tf.newaxis]
