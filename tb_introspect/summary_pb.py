@@ -207,15 +207,18 @@ def activity_value(
     layer: str = "",
     depth: int = 0,
     shape: Sequence[int | None] = (),
+    with_metadata: bool = True,
 ) -> Value:
     """One epoch's activation rate of each channel and of each spatial position (flattened
-    row-major) of layer output ``name``, over ``samples`` samples."""
+    row-major) of layer output ``name``, over ``samples`` samples. The metadata (its slot
+    names: one per channel and position) with the tag's first map in an event file only
+    (``with_metadata``; ``ViewSummaries.activity`` does this bookkeeping)."""
     c = np.asarray(channel_rates, dtype=np.float64).reshape(-1)
     p = np.asarray(spatial_rates, dtype=np.float64).reshape(-1)
     meta = metadata.create_activity_metadata(
         name=name, channels=c.size, positions=p.size, layer=layer, depth=depth, shape=shape
-    )
-    return _vector_value(metadata.activity_tag(name), meta, [epoch, samples, *c, *p])
+    ) if with_metadata else None
+    return Value(metadata.activity_tag(name), np.concatenate([[epoch, samples], c, p]), meta)
 
 
 def activity_pb(channel_rates: Sequence[float] | np.ndarray,
@@ -357,6 +360,17 @@ class ViewSummaries:
                                    **described)
         self._described.add(tag)
         return value
+
+    def activity(self, channel_rates: Sequence[float] | np.ndarray,
+                 spatial_rates: Sequence[float] | np.ndarray = (), *, name: str,
+                 **described) -> Value:
+        """``activity_value`` of one output at one epoch (``described``: its other keywords),
+        with the metadata if the tag has none in this event file yet."""
+        tag = metadata.activity_tag(name)
+        first = tag not in self._described
+        self._described.add(tag)
+        return activity_value(channel_rates, spatial_rates, name=name, with_metadata=first,
+                              **described)
 
     def probes(self, probes: Mapping[str, Sequence[float] | np.ndarray], *, epoch: int = 0,
                cadence: str = "step") -> Value | None:

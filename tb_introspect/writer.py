@@ -182,14 +182,11 @@ class NumpyWriter:
         shape: Sequence[int | None] = (),
     ) -> None:
         """Write one epoch's activation rate of each channel and spatial position of a layer
-        output (``summary_pb.activity_pb``)."""
-        self.add_summary(
-            summary_pb.activity_pb(
-                channel_rates, spatial_rates, name=name, samples=samples, epoch=epoch,
-                layer=layer, depth=depth, shape=shape,
-            ),
-            step,
-        )
+        output (``summary_pb.activity_value``: its metadata with the tag's first map in the
+        file)."""
+        self.add_summary(summary_pb.encode([self._summaries.activity(
+            channel_rates, spatial_rates, name=name, samples=samples, epoch=epoch,
+            layer=layer, depth=depth, shape=shape)]), step)
 
     # ------------------------------------------------------------------ view summaries
 

@@ -351,7 +351,7 @@ class Pipeline:
 
     def _write_maps(self, widths: dict[int, tuple[int, int]], step: int, epoch: int) -> None:
         """The worker: the epoch's activity maps, after its last point's counts."""
-        maps = self.activity.take(self.plan, widths, epoch)
+        maps = self.activity.take(self.plan, widths, epoch, self.summaries)
         self._write([(step, maps)])
 
     def _write_bands(self, extra: Mapping[str, Any] | None) -> None:

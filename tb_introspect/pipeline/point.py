@@ -106,10 +106,10 @@ class EpochActivity:
             prev = self.counts.get(j)
             self.counts[j] = row.astype(np.float64) if prev is None else prev + row
 
-    def take(self, plan: Plan, widths: dict[int, tuple[int, int]],
-             epoch: int) -> list[summary_pb.Value]:
-        """The maps of the epoch (``widths[j]``: output ``j``'s channels and positions);
-        the counts start again."""
+    def take(self, plan: Plan, widths: dict[int, tuple[int, int]], epoch: int,
+             summaries: summary_pb.ViewSummaries) -> list[summary_pb.Value]:
+        """The maps of the epoch (``widths[j]``: output ``j``'s channels and positions),
+        made by the writer's ``summaries``; the counts start again."""
         counts, self.counts = self.counts, {}
         out = []
         for j, row in sorted(counts.items()):
@@ -121,7 +121,7 @@ class EpochActivity:
                 continue
             units = max(positions, 1) * channels
             cnz, snz = row[1:1 + channels], row[1 + channels:1 + channels + positions]
-            out.append(summary_pb.activity_value(
+            out.append(summaries.activity(
                 cnz * channels / count, snz * max(positions, 1) / count, name=spec.name,
                 samples=count / units, epoch=epoch, layer=spec.layer, depth=spec.depth,
                 shape=spec.shape))

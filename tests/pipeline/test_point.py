@@ -133,7 +133,8 @@ def test_the_epochs_activity_maps_are_the_rates_of_every_counted_row():
     acts = EpochActivity()
     for k in range(3):  # three points in the epoch
         acts.add({0: activity_row([relu[k]]), 1: activity_row([dense[k]])})
-    maps = acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=6)
+    summaries = summary_pb.ViewSummaries()
+    maps = acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=6, summaries=summaries)
     assert [m.tag for m in maps] == [metadata.activity_tag("relu"),
                                               metadata.activity_tag("dense")]
     for m, arrays in zip(maps, (relu, dense), strict=True):
@@ -143,7 +144,16 @@ def test_the_epochs_activity_maps_are_the_rates_of_every_counted_row():
         spatial = x.mean(axis=(0, 2)) if x.ndim == 3 else np.zeros(0)
         np.testing.assert_allclose(v, [6, 15, *channels, *spatial], rtol=1e-12)
     assert maps[0].array[2] == 0  # the dead channel
-    assert acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=7) == []  # the counts started again
+    # the counts started again
+    assert acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=7, summaries=summaries) == []
+    # A map's metadata (a slot name per unit) is in the file once, with its tag's first map.
+    assert all(m.metadata is not None for m in maps)
+    acts.add({0: activity_row([relu[0]])})
+    again = acts.take(p, {0: (3, 4), 1: (5, 0)}, epoch=8, summaries=summaries)
+    assert [(m.tag, m.metadata) for m in again] == [(metadata.activity_tag("relu"), None)]
+    summaries.restart()  # a new event file
+    acts.add({0: activity_row([relu[0]])})
+    assert acts.take(p, {0: (3, 4)}, epoch=9, summaries=summaries)[0].metadata is not None
 
 
 def test_no_map_without_counts_a_written_output_or_units():
@@ -155,4 +165,5 @@ def test_no_map_without_counts_a_written_output_or_units():
               2: activity_row([np.ones((2, 1))])})
     p.failures.switch_off(Part("output", "dense"))
     # relu: nothing counted; dense: switched off; scalar: one channel, no positions.
-    assert acts.take(p, {0: (3, 4), 1: (5, 0), 2: (1, 0)}, epoch=0) == []
+    assert acts.take(p, {0: (3, 4), 1: (5, 0), 2: (1, 0)}, epoch=0,
+                     summaries=summary_pb.ViewSummaries()) == []
