@@ -38,10 +38,10 @@ def abs_sample(x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 
 def abs_samples(values: tf.Tensor, sizes: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """``abs_sample`` of each tensor of a ``kernels.Segments`` (``[N, MEDIAN_SAMPLE]``), all
-    drawn at once from one ``seed`` (a draw and a gather per tensor were a third of the
-    probes' time on MobileNetV2). One fixed-size sample whatever the batch (a branch per
-    size made XLA sort every value): all the values of a small tensor, padded, else a
-    draw. The values are read only by the gather."""
+    drawn at once from one ``seed``: one draw and one gather for the group, not one of each
+    per tensor. One fixed-size sample whatever the batch (a branch per size made XLA sort
+    every value): all the values of a small tensor, padded, else a draw. The values are
+    read only by the gather."""
     k = MEDIAN_SAMPLE
     total = tf.size(values, out_type=tf.int64)
     n = sizes[:, tf.newaxis]
